@@ -1,0 +1,325 @@
+"""The engine's child process: runs the user's loader in its main thread and streams events.
+
+NOTE [ Engine process protocol ]
+
+    parent (CLI / dashboard)                    child: python -m engine.child
+    ------------------------                    -----------------------------------------
+    Popen(start_new_session=True) ------------> reads the request (JSON) from stdin
+                                                resolves the target  --(error)--> exit 1
+    <------------ event pipe: JSON lines ------ {"e": "ready", dataset, config, system}
+    <------------------------------------------ {"e": "batches", rows}  every 0.25 s
+    <------------------------------------------ {"e": "resources", procs} every 0.5 s
+    SIGTERM (stop) ---------------------------> handler raises StopRun in the main thread
+                                                kills + reaps its DataLoader workers
+    <------------------------------------------ {"e": "finished", reason}; exit 0
+
+Why a separate process, started fresh (not forked from the server): the user's code may crash,
+hang or leak, and must not take the dashboard with it; torch installs its dead-worker SIGCHLD
+handler only from a main thread; and forking a multi-threaded server is unsafe.
+
+Why the child kills its workers itself instead of ``del iterator``: DataLoader's own shutdown
+joins each worker for up to 5 s, and a worker stuck in a slow ``__getitem__`` would blow the 2 s
+stop promise. The child reaps them (pid 1 in a container may not), then leaves with
+``os._exit`` so no atexit hook can block. If the child itself does not answer within the grace
+period, the parent kills its whole process group (runner.py).
+
+Parent death: a watchdog thread notices when the parent is gone and stops the run the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+import psutil
+
+from . import gpu, system
+from .config import LoaderConfig
+from .describe import describe
+from .errors import EngineError, RunError
+from .measure import Consumer, Measurement, effective_config
+from .target import resolve
+
+FLUSH_INTERVAL_S = 0.25
+SAMPLE_INTERVAL_S = 0.5
+
+
+class StopRun(BaseException):
+    """Raised in the main thread by SIGTERM: a requested stop (BaseException so user code's
+    ``except Exception`` cannot swallow it)."""
+
+
+class Hang(BaseException):
+    """Raised in the main thread by SIGUSR1 when no batch arrived within the timeout."""
+
+
+class EventWriter:
+    """JSON lines to the parent on an inherited pipe; thread-safe, never raises."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def send(self, event: dict) -> None:
+        data = (json.dumps(event, default=str) + "\n").encode()
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.fd, view):]
+            except OSError:  # the parent is gone; the watchdog will stop us
+                self.broken = True
+
+
+class ResourceSampler:
+    """CPU % and RSS of the main process and each worker, plus NVML samples on a GPU."""
+
+    def __init__(self, worker_ids: dict[int, int]) -> None:
+        self.me = psutil.Process()
+        self.worker_ids = worker_ids  # pid -> DataLoader worker id, filled as batches arrive
+        self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
+        self.me.cpu_percent(None)
+        self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
+
+    def sample(self, t: float) -> dict:
+        procs, primed = [], set()
+        for child in self.me.children(recursive=False):
+            if child.pid not in self.known:
+                self.known[child.pid] = child
+                primed.add(child.pid)
+                try:
+                    child.cpu_percent(None)  # the first reading only primes the counter
+                except psutil.Error:
+                    pass
+        for pid, proc in list(self.known.items()):
+            if pid in primed:
+                continue
+            try:
+                with proc.oneshot():
+                    cpu, rss = proc.cpu_percent(None), proc.memory_info().rss / 2**20
+            except psutil.Error:
+                self.known.pop(pid, None)
+                continue
+            role = "main" if pid == self.me.pid else "worker"
+            procs.append(
+                {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
+                 "cpu_percent": cpu, "rss_mb": rss}
+            )
+        event = {"e": "resources", "t": t, "procs": procs}
+        if self.nvml is not None:
+            try:
+                event["gpu"] = self.nvml.sample()
+            except Exception:  # noqa: BLE001
+                pass
+        return event
+
+
+class ChildRun:
+    def __init__(self, request: dict, events: EventWriter) -> None:
+        self.request = request
+        self.events = events
+        self.rows: collections.deque = collections.deque()
+        self.worker_ids: dict[int, int] = {}
+        self.stop_requested = False
+        self.finished = threading.Event()
+        self.last_progress = time.monotonic()
+        self.t0 = time.monotonic()
+        self.hang_info: dict | None = None
+        self.parent_pid = os.getppid()
+
+    # -- signals and watchdog -------------------------------------------------------------
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if not self.stop_requested:
+            self.stop_requested = True
+            raise StopRun()
+
+    def _on_sigusr1(self, signum, frame) -> None:
+        raise Hang()
+
+    def _watchdog(self) -> None:
+        timeout_s = self.request.get("timeout_s") or 0
+        while not self.finished.wait(0.2):
+            if os.getppid() != self.parent_pid:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            if timeout_s and time.monotonic() - self.last_progress > timeout_s:
+                self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0}
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+
+    def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        code = "torch_warning" if "torch" in filename else "python_warning"
+        self.events.send({"e": "warning", "code": code, "message": str(message)})
+
+    # -- streaming threads --------------------------------------------------------------
+
+    def _flush(self) -> None:
+        rows = []
+        while self.rows:
+            rows.append(self.rows.popleft())
+        if rows:
+            self.events.send({"e": "batches", "rows": rows})
+
+    def _flusher(self) -> None:
+        while not self.finished.wait(FLUSH_INTERVAL_S):
+            self._flush()
+
+    def _sampler(self) -> None:
+        sampler = ResourceSampler(self.worker_ids)
+        while not self.finished.wait(SAMPLE_INTERVAL_S):
+            try:
+                self.events.send(sampler.sample(time.monotonic() - self.t0))
+            except Exception:  # noqa: BLE001 - a sampling hiccup must not end the run
+                pass
+
+    # -- the run ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGUSR1, self._on_sigusr1)
+        warnings.showwarning = self._warning_hook
+        threading.Thread(target=self._watchdog, daemon=True).start()
+        reason, code = "deadline", 0
+        try:
+            self._run()
+            reason = "stopped" if self.stop_requested else "deadline"
+        except StopRun:
+            reason = "stopped"
+        except Hang:
+            reason, code = "error", 1
+            self._send_error(self._hang_error())
+        except EngineError as exc:
+            reason, code = "error", 1
+            self._send_error(exc)
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything
+            reason, code = "error", 1
+            self._send_error(loader_failure(exc))
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.finished.set()
+            self._flush()
+            reap_workers()
+            self.events.send({"e": "finished", "reason": reason, "t": time.monotonic() - self.t0})
+        return code
+
+    def _run(self) -> None:
+        request = self.request
+        resolved = resolve(request["target"])
+        config = LoaderConfig.from_settings(request.get("config", {}))
+        config = effective_config(resolved, config, request.get("batch_size_given", False))
+        consumer = Consumer.choose(request.get("step_ms"), resolved.train_step is not None)
+        if request.get("consumer") == "none":
+            consumer = Consumer("none")
+        try:
+            dataset_info = describe(resolved)
+        except Exception as exc:  # noqa: BLE001
+            raise RunError(
+                f"Reading sample 0 failed: {type(exc).__name__}: {exc}",
+                details=traceback.format_exc(),
+                type="getitem_error",
+            ) from exc
+        self.events.send(
+            {
+                "e": "ready",
+                "pid": os.getpid(),
+                "dataset": dataset_info,
+                "config": config.to_json_dict(),
+                "snippet": config.snippet(),
+                "warmup_batches": warmup_for(config),
+                "consumer": consumer.to_dict(),
+                "system": system.snapshot(),
+                "torch": __import__("torch").__version__,
+            }
+        )
+        threading.Thread(target=self._flusher, daemon=True).start()
+        threading.Thread(target=self._sampler, daemon=True).start()
+        self.last_progress = time.monotonic()
+        measurement = Measurement(
+            resolved,
+            config,
+            consumer,
+            seconds=float(request.get("seconds", 10.0)),
+            on_batch=self._on_batch,
+            should_stop=lambda: self.stop_requested,
+            on_epoch=lambda epoch, t, startup: self.events.send(
+                {"e": "epoch", "epoch": epoch, "t": t, "startup_s": startup}
+            ),
+            on_worker=self.worker_ids.__setitem__,
+        )
+        self.t0 = time.monotonic()
+        measurement.run()
+
+    def _on_batch(self, record) -> None:
+        self.last_progress = time.monotonic()
+        self.rows.append(record.to_row())
+
+    def _hang_error(self) -> RunError:
+        info = self.hang_info or {}
+        timeout_s = info.get("timeout_s")
+        return RunError(
+            f"No batch arrived within {timeout_s:g} s: the dataset or a worker seems stuck. "
+            "Check for blocking I/O or locks in __getitem__, or raise --timeout-s if a batch "
+            "really takes that long.",
+            type="hang",
+        )
+
+    def _send_error(self, error: EngineError) -> None:
+        self.events.send({"e": "error", "error": error.to_dict()})
+
+
+def warmup_for(config: LoaderConfig) -> int:
+    from .metrics import warmup_batches
+
+    return warmup_batches(config.num_workers, config.effective_prefetch_factor)
+
+
+def loader_failure(exc: BaseException) -> RunError:
+    """Turn an exception from the loader into a headline (worker errors keep their origin)."""
+    text = str(exc)
+    details = "".join(traceback.format_exception(exc))
+    first_line = text.splitlines()[0] if text else ""
+    if "in DataLoader worker process" in first_line:
+        original = text.split("Original Traceback (most recent call last):", 1)[-1]
+        last = [ln for ln in original.strip().splitlines() if ln.strip()][-1:]
+        cause = last[0].strip() if last else type(exc).__name__
+        return RunError(f"{first_line.rstrip('.')}: {cause}", details=text, type="worker_error")
+    return RunError(f"{type(exc).__name__}: {first_line}", details=details, type="dataset_error")
+
+
+def reap_workers(timeout_s: float = 1.0) -> None:
+    """Kill and wait for every process this child started (its DataLoader workers)."""
+    # torch's SIGCHLD handler would raise "worker killed" for the deaths we are causing.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    children = psutil.Process().children(recursive=True)
+    for proc in children:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=timeout_s)
+
+
+def main() -> None:
+    # stdout belongs to the user's prints; events travel on their own descriptor.
+    request = json.loads(sys.stdin.read())
+    if request.get("cwd"):
+        os.chdir(request["cwd"])
+    code = ChildRun(request, EventWriter(int(os.environ["DLTUNER_EVENT_FD"]))).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

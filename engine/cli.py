@@ -1,0 +1,182 @@
+"""``python -m engine``: profile a dataset's loader, tune it, list saved runs.
+
+Exit codes: 0 ok, 1 the user's dataset or run failed (with the error document), 2 bad usage.
+With ``--json``, stdout holds exactly one JSON document; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .config import LoaderConfig
+from .errors import ConfigError
+from .report import render_text
+from .runner import RunRequest, run_to_completion
+from .store import RunStore, default_db_path
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.add_argument("--db", help=f"run history database (default {default_db_path()}, "
+                                     "or $DLTUNER_DB)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    profile = sub.add_parser("profile", help="run the loader in the background and measure it")
+    profile.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
+    profile.add_argument("--batch-size", type=_positive_int,
+                         help="default: the module's batch_size, else 32")
+    profile.add_argument("--num-workers", type=_non_negative_int, default=0)
+    profile.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False)
+    profile.add_argument("--prefetch-factor", type=_positive_int)
+    profile.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction,
+                         default=False)
+    profile.add_argument("--step-ms", type=_non_negative_float,
+                         help="simulate a training step of this many ms per batch (0: none); "
+                              "default: the module's train_step if it has one")
+    profile.add_argument("--seconds", type=float, default=10.0, help="how long to measure")
+    profile.add_argument("--timeout-s", type=float, default=60.0,
+                         help="fail if no batch arrives for this long")
+    _add_common(profile)
+
+    runs = sub.add_parser("runs", help="list saved runs")
+    runs.add_argument("--limit", type=int, default=50)
+    _add_common(runs)
+
+    from .tune_cli import add_tune_parser  # the tuner's flags live with the tuner
+
+    add_tune_parser(sub, _add_common, _positive_int, _non_negative_float)
+    return parser
+
+
+def _print_doc(doc: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    else:
+        print(render_text(doc))
+
+
+def _error_doc(error: dict) -> dict:
+    return {"status": "error", "error": error, "warnings": []}
+
+
+def config_from_args(args: argparse.Namespace) -> LoaderConfig:
+    return LoaderConfig(
+        batch_size=args.batch_size or 1,
+        num_workers=args.num_workers,
+        pin_memory=args.pin_memory,
+        prefetch_factor=args.prefetch_factor,
+        persistent_workers=args.persistent_workers,
+    )
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        _print_doc(_error_doc(exc.to_dict()), args.json) if args.json else print(
+            f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    request = RunRequest(
+        target=args.target, config=config, batch_size_given=args.batch_size is not None,
+        step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,
+    )
+    store = RunStore(args.db)
+    progress = _Progress(enabled=sys.stderr.isatty())
+    handle = run_to_completion(request, store, on_event=progress.on_event)
+    progress.done()
+    doc = handle.live.summary(handle.state.value)
+    doc["run_id"] = handle.run_id
+    _print_doc(doc, args.json)
+    if doc["status"] == "error" and not args.json and doc["error"].get("details"):
+        print("\ndetails:\n" + doc["error"]["details"].rstrip(), file=sys.stderr)
+    return EXIT_RUN_FAILED if doc["status"] == "error" else EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    store = RunStore(args.db)
+    runs = store.list_runs(args.limit)
+    if args.json:
+        sys.stdout.write(json.dumps({"status": "ok", "db": store.path, "runs": runs},
+                                    default=str) + "\n")
+        return EXIT_OK
+    if not runs:
+        print(f"no runs saved yet in {store.path}")
+    for run in runs:
+        summary = run["summary"] or {}
+        rate = summary.get("samples_per_s") or summary.get("expected_samples_per_s")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"]))
+        rate_text = f"{rate:10.1f} samples/s" if rate else " " * 20
+        print(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:8s} {rate_text}  "
+              f"{run['target']}")
+    return EXIT_OK
+
+
+class _Progress:
+    """One status line on stderr while a run streams (never on stdout)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.batches = 0
+        self.last = 0.0
+
+    def on_event(self, event: dict) -> None:
+        if not self.enabled:
+            return
+        if event["e"] == "batches":
+            self.batches += len(event["rows"])
+        now = time.monotonic()
+        if now - self.last > 0.5:
+            self.last = now
+            sys.stderr.write(f"\r  measuring... {self.batches} batches")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.last:
+            sys.stderr.write("\r" + " " * 40 + "\r")
+            sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "profile":
+            return cmd_profile(args)
+        if args.command == "runs":
+            return cmd_runs(args)
+        from .tune_cli import cmd_tune
+
+        return cmd_tune(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: run stopped, workers reaped", file=sys.stderr)
+        return 130

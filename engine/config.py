@@ -1,0 +1,193 @@
+"""LoaderConfig: the DataLoader settings a user chooses, frozen and validated up front.
+
+Validation mirrors the exclusivity rules DataLoader enforces in its constructor, but runs before
+any worker starts and says how to fix the problem instead of only what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+# Settings the tuner searches and that a settings file carries (JSON-serialisable values).
+TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """What a user passes to ``DataLoader(dataset, ...)``.
+
+    ``None`` for ``prefetch_factor`` means DataLoader's default (2 with workers). Object-valued
+    settings (sampler, collate_fn, ...) are kept as objects; they are rendered by name in the
+    code line and left out of JSON.
+    """
+
+    batch_size: int | None = 1
+    shuffle: bool = False
+    sampler: Any = None
+    batch_sampler: Any = None
+    num_workers: int = 0
+    collate_fn: Callable | None = None
+    pin_memory: bool = False
+    drop_last: bool = False
+    timeout: float = 0
+    worker_init_fn: Callable | None = None
+    multiprocessing_context: Any = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    in_order: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ConfigError(
+                f"num_workers must be an integer >= 0, got {self.num_workers!r}. "
+                "Use 0 to load in the main process.",
+                type="invalid_settings",
+            )
+        if self.batch_size is not None and (
+            not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise ConfigError(
+                f"batch_size must be a positive integer or None, got {self.batch_size!r}.",
+                type="invalid_settings",
+            )
+        if self.timeout < 0:
+            raise ConfigError(
+                f"timeout must be >= 0 seconds, got {self.timeout!r}.", type="invalid_settings"
+            )
+        if self.sampler is not None and self.shuffle:
+            raise ConfigError(
+                "sampler and shuffle=True cannot be used together: the sampler already decides "
+                "the order. Drop shuffle=True, or drop the sampler and keep shuffle=True.",
+                type="invalid_settings",
+            )
+        if self.batch_sampler is not None and (
+            self.batch_size != 1 or self.shuffle or self.sampler is not None or self.drop_last
+        ):
+            raise ConfigError(
+                "batch_sampler cannot be combined with batch_size, shuffle, sampler or drop_last: "
+                "the batch sampler makes the batches. Leave those at their defaults "
+                "(batch_size=1, shuffle=False, sampler=None, drop_last=False).",
+                type="invalid_settings",
+            )
+        if self.num_workers == 0 and self.prefetch_factor is not None:
+            raise ConfigError(
+                "prefetch_factor only applies with worker processes (num_workers > 0). "
+                "Set num_workers >= 1 or leave prefetch_factor unset.",
+                type="invalid_settings",
+            )
+        if self.prefetch_factor is not None and (
+            not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1
+        ):
+            raise ConfigError(
+                f"prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}.",
+                type="invalid_settings",
+            )
+        if self.num_workers == 0 and self.persistent_workers:
+            raise ConfigError(
+                "persistent_workers=True needs worker processes (num_workers > 0). "
+                "Set num_workers >= 1 or persistent_workers=False.",
+                type="invalid_settings",
+            )
+
+    @property
+    def effective_prefetch_factor(self) -> int:
+        """Batches each worker keeps in flight (0 without workers)."""
+        if self.num_workers == 0:
+            return 0
+        return self.prefetch_factor if self.prefetch_factor is not None else 2
+
+    def replace(self, **changes: Any) -> "LoaderConfig":
+        """A copy with ``changes``; dropping workers also drops worker-only settings."""
+        if changes.get("num_workers") == 0:
+            changes.setdefault("prefetch_factor", None)
+            changes.setdefault("persistent_workers", False)
+        return dataclasses.replace(self, **changes)
+
+    def to_kwargs(self, torch_version: str | None = None) -> dict:
+        """Keyword arguments for ``DataLoader``: only settings that differ from its defaults.
+
+        ``in_order`` exists from torch 2.6 on; it is left out for older versions.
+        """
+        defaults = LoaderConfig()
+        kwargs = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value != getattr(defaults, field.name) or field.name in ("batch_size", "num_workers"):
+                kwargs[field.name] = value
+        if kwargs.get("batch_sampler") is not None:
+            kwargs.pop("batch_size", None)  # DataLoader wants batch_size left at its default
+        if torch_version is not None and not _supports_in_order(torch_version):
+            kwargs.pop("in_order", None)
+        return kwargs
+
+    def to_json_dict(self) -> dict:
+        """The JSON-safe kwargs; objects (sampler, functions) are described by name."""
+        out = {}
+        for key, value in self.to_kwargs().items():
+            out[key] = value if _is_json_scalar(value) else describe_object(value)
+        return out
+
+    def snippet(self, dataset_name: str = "dataset") -> str:
+        """The ``DataLoader(...)`` line a user can paste into their training script."""
+        parts = [dataset_name]
+        for key, value in self.to_kwargs().items():
+            rendered = repr(value) if _is_json_scalar(value) else describe_object(value)
+            parts.append(f"{key}={rendered}")
+        return f"DataLoader({', '.join(parts)})"
+
+    @classmethod
+    def from_settings(cls, settings: dict, base: "LoaderConfig | None" = None) -> "LoaderConfig":
+        """Apply a settings dict (from a settings file or the tuner) over ``base``."""
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(
+                f"Unknown DataLoader setting(s): {', '.join(unknown)}. "
+                f"Known: {', '.join(f.name for f in dataclasses.fields(cls))}.",
+                type="invalid_settings",
+            )
+        return dataclasses.replace(base or cls(), **settings)
+
+
+def describe_object(value: Any) -> str:
+    """A readable name for a sampler, function or context in a code line or JSON document."""
+    if isinstance(value, str):
+        return repr(value)
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    if not callable(value) or isinstance(value, type):
+        return f"{name}(...)" if not hasattr(value, "__qualname__") else name
+    return name
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _supports_in_order(torch_version: str) -> bool:
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 6)
+
+
+def load_settings(path: str) -> dict:
+    """Read a settings file written by ``engine tune --out`` for ``DataLoader(ds, **settings)``.
+
+    Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
+    provenance) are ignored.
+    """
+    with open(path, encoding="utf-8") as handle:
+        document = json.load(handle)
+    settings = document.get("dataloader_kwargs", document)
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(LoaderConfig)})
+    if unknown:
+        raise ConfigError(
+            f"{path} has keys that are not DataLoader settings: {', '.join(unknown)}.",
+            type="invalid_settings",
+        )
+    return dict(settings)

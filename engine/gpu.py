@@ -1,0 +1,159 @@
+"""GPU measurements: host-to-device copy time, GPU idle gaps, NVML samples.
+
+Everything here degrades to "not measured, and why" without a CUDA GPU: callers get ``None``
+timers and ``describe()`` says what is missing. Nothing initialises CUDA before the caller asks,
+so forked DataLoader workers stay safe.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+NO_GPU_REASON = (
+    "no CUDA GPU is visible to this process (torch.cuda.is_available() is False), so "
+    "host-to-device copies and GPU idle gaps were not measured"
+)
+
+
+def cuda_available() -> bool:
+    # The NVML-based check answers without creating a CUDA context, so forking workers later
+    # is still safe.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken driver means "no GPU" to us
+        return False
+
+
+def describe() -> dict:
+    """GPU name and memory if there is one, else ``available: False`` with the reason."""
+    if not cuda_available():
+        return {"available": False, "reason": NO_GPU_REASON}
+    info = {"available": True, "reason": None, "count": torch.cuda.device_count()}
+    nvml = NvmlSampler.open()
+    if nvml is not None:
+        info.update(nvml.describe())
+        nvml.close()
+    return info
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        return [t for v in batch.values() for t in _tensors(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _tensors(v)]
+    return []
+
+
+class TransferTimer:
+    """Times each batch's host-to-device copy with CUDA events on a side stream.
+
+    The batch is copied as the loader delivered it (pinned when ``pin_memory=True``); every
+    ``compare_every``-th batch is also copied in the other memory kind, so pinned and pageable
+    are compared at the real batch size in the same run.
+    """
+
+    def __init__(self, compare_every: int = 8) -> None:
+        self.device = torch.device("cuda")
+        self.stream = torch.cuda.Stream()
+        self.compare_every = compare_every
+        self.count = 0
+
+    @classmethod
+    def create(cls) -> "TransferTimer | None":
+        return cls() if cuda_available() else None
+
+    def _timed_copy(self, tensors: list[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            start.record(self.stream)
+            moved = [t.to(self.device, non_blocking=True) for t in tensors]
+            end.record(self.stream)
+        end.synchronize()
+        return start.elapsed_time(end), moved
+
+    def measure(self, batch: Any) -> tuple[float | None, float | None, list[torch.Tensor]]:
+        """Returns (copy ms as delivered, copy ms in the other memory kind or None, on-GPU)."""
+        tensors = _tensors(batch)
+        if not tensors:
+            return None, None, []
+        ms, moved = self._timed_copy(tensors)
+        other = None
+        self.count += 1
+        if self.count % self.compare_every == 0:
+            pinned = all(t.is_pinned() for t in tensors)
+            twins = [t.clone() if pinned else t.pin_memory() for t in tensors]
+            other, _ = self._timed_copy(twins)
+        return ms, other, moved
+
+
+class GapTimer:
+    """GPU idle gaps: from the end of step i to the start of step i+1 on the GPU's timeline."""
+
+    def __init__(self) -> None:
+        self.last_end: torch.cuda.Event | None = None
+
+    @classmethod
+    def create(cls) -> "GapTimer | None":
+        return cls() if cuda_available() else None
+
+    def step_started(self) -> float | None:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        gap = None
+        if self.last_end is not None:
+            start.synchronize()
+            gap = self.last_end.elapsed_time(start)
+        return gap
+
+    def step_ended(self) -> None:
+        self.last_end = torch.cuda.Event(enable_timing=True)
+        self.last_end.record()
+
+
+def simulated_gpu_step(step_s: float) -> None:
+    """Keep the GPU busy for about ``step_s`` without the CPU (like a real forward/backward)."""
+    cycles = int(step_s * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    torch.cuda._sleep(cycles)
+    torch.cuda.current_stream().synchronize()
+
+
+class NvmlSampler:
+    """Utilisation and memory of GPU 0 through nvidia-ml-py (imported as pynvml)."""
+
+    def __init__(self, pynvml: Any, handle: Any) -> None:
+        self.pynvml, self.handle = pynvml, handle
+
+    @classmethod
+    def open(cls) -> "NvmlSampler | None":
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
+        except Exception:  # noqa: BLE001 - no driver / no GPU: NVML samples are simply absent
+            return None
+
+    def describe(self) -> dict:
+        name = self.pynvml.nvmlDeviceGetName(self.handle)
+        memory = self.pynvml.nvmlDeviceGetMemoryInfo(self.handle)
+        return {
+            "name": name.decode() if isinstance(name, bytes) else name,
+            "memory_total_mb": memory.total / 2**20,
+        }
+
+    def sample(self) -> dict:
+        rates = self.pynvml.nvmlDeviceGetUtilizationRates(self.handle)
+        memory = self.pynvml.nvmlDeviceGetMemoryInfo(self.handle)
+        return {"util_percent": rates.gpu, "memory_used_mb": memory.used / 2**20}
+
+    def close(self) -> None:
+        try:
+            self.pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass

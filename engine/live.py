@@ -1,0 +1,68 @@
+"""LiveRun: everything received from a run so far, folded from its events.
+
+Only the runner's reader thread writes to it (append-only lists), so readers can take
+snapshots without locks. The finished, serialisable result is the summary dict from
+``report.summarize``; the live object and the result are different things.
+"""
+
+from __future__ import annotations
+
+from .errors import EngineError
+from .metrics import BatchRecord
+from .report import summarize
+
+
+class LiveRun:
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.dataset: dict | None = None
+        self.config: dict | None = None
+        self.snippet: str | None = None
+        self.consumer: dict | None = None
+        self.system: dict | None = None
+        self.torch_version: str | None = None
+        self.warmup_batches = 1
+        self.batches: list[BatchRecord] = []
+        self.resources: list[dict] = []  # flat rows: t, pid, role, worker_id, cpu_percent, rss_mb
+        self.gpu_samples: list[dict] = []
+        self.epochs: list[dict] = []
+        self.warnings: list[dict] = []
+        self.error: EngineError | None = None
+        self.finished_reason: str | None = None
+        self.elapsed_s = 0.0
+
+    def apply(self, event: dict) -> None:
+        kind = event["e"]
+        if kind == "ready":
+            self.dataset, self.config = event["dataset"], event["config"]
+            self.snippet, self.consumer = event["snippet"], event["consumer"]
+            self.system, self.torch_version = event["system"], event.get("torch")
+            self.warmup_batches = event["warmup_batches"]
+        elif kind == "batches":
+            self.batches.extend(BatchRecord.from_row(row) for row in event["rows"])
+            if self.batches:
+                last = self.batches[-1]
+                self.elapsed_s = max(self.elapsed_s, last.t_ready + last.step_s)
+        elif kind == "resources":
+            self.elapsed_s = max(self.elapsed_s, event["t"])
+            for proc in event["procs"]:
+                self.resources.append({"t": event["t"], **proc})
+            if event.get("gpu"):
+                self.gpu_samples.append({"t": event["t"], **event["gpu"]})
+        elif kind == "epoch":
+            self.epochs.append({k: event[k] for k in ("epoch", "t", "startup_s")})
+        elif kind == "warning":
+            if not any(w["message"] == event["message"] for w in self.warnings):
+                self.warnings.append({"code": event["code"], "message": event["message"]})
+        elif kind == "error":
+            self.error = EngineError.from_dict(event["error"])
+        elif kind == "finished":
+            self.finished_reason = event["reason"]
+            self.elapsed_s = max(self.elapsed_s, event["t"])
+
+    def worker_pids(self) -> set[int]:
+        pids = {r["pid"] for r in self.resources if r["role"] == "worker"}
+        return pids | {b.worker_pid for b in self.batches if b.worker_id >= 0}
+
+    def summary(self, status: str) -> dict:
+        return summarize(self, status)

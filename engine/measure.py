@@ -1,0 +1,205 @@
+"""The measuring loop: run a real DataLoader over the user's dataset and time every batch.
+
+This runs in the engine's child process (see runner.py), but it is plain in-process code so
+tests and benchmarks can drive it directly. It knows nothing about pipes or databases: each
+batch goes to a ``sink`` callable as a ``BatchRecord``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import gpu
+from .config import LoaderConfig
+from .errors import RunError
+from .metrics import BatchRecord
+from .probes import TimedCollate, batch_size_of, clock, nbytes_of, wrap_dataset
+from .target import ResolvedTarget
+
+DEFAULT_BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """What consumes each batch: the module's ``train_step``, a simulated step, or nothing.
+
+    A simulated step sleeps (off the CPU, as a GPU step leaves the CPU free) or, on a GPU,
+    keeps the GPU busy for ``step_ms``.
+    """
+
+    kind: str = "none"  # "train_step" | "simulated" | "none"
+    step_ms: float = 0.0
+
+    @classmethod
+    def choose(cls, step_ms: float | None, has_train_step: bool) -> "Consumer":
+        """--step-ms wins; else the module's train_step; else no consumer."""
+        if step_ms is not None:
+            return cls("simulated", float(step_ms)) if step_ms > 0 else cls("none")
+        return cls("train_step") if has_train_step else cls("none")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "step_ms": self.step_ms if self.kind == "simulated" else None}
+
+
+def effective_config(resolved: ResolvedTarget, requested: LoaderConfig, batch_size_given: bool
+                     ) -> LoaderConfig:
+    """The settings actually used: the request, filled in from the module's own extras.
+
+    The module's ``batch_size`` applies unless the user gave one; its ``collate_fn`` and
+    ``sampler`` apply unless the request sets them.
+    """
+    changes: dict[str, Any] = {}
+    if not batch_size_given and requested.batch_sampler is None:
+        changes["batch_size"] = resolved.batch_size or DEFAULT_BATCH_SIZE
+    if requested.collate_fn is None and resolved.collate_fn is not None:
+        changes["collate_fn"] = resolved.collate_fn
+    if requested.sampler is None and resolved.sampler is not None and not resolved.is_iterable:
+        changes["sampler"] = resolved.sampler
+        changes["shuffle"] = False
+    return requested.replace(**changes) if changes else requested
+
+
+def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
+    """A real DataLoader over the wrapped dataset, with the timing collate."""
+    kwargs = config.to_kwargs(torch.__version__)
+    auto_collation = config.batch_sampler is not None or config.batch_size is not None
+    kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
+    return DataLoader(wrap_dataset(dataset), **kwargs)
+
+
+class Measurement:
+    """Runs the loader epoch after epoch until ``seconds`` pass or ``should_stop()`` is true.
+
+    ``on_batch`` receives each ``BatchRecord``; ``on_epoch(epoch, t, startup_s)`` the start of
+    each epoch with the time its first batch took; ``on_worker(pid, worker_id)`` each worker as
+    it is first seen. Times are relative to the moment the first iterator was created.
+    """
+
+    def __init__(
+        self,
+        resolved: ResolvedTarget,
+        config: LoaderConfig,
+        consumer: Consumer,
+        seconds: float,
+        on_batch: Callable[[BatchRecord], None],
+        should_stop: Callable[[], bool] = lambda: False,
+        on_epoch: Callable[[int, float, float], None] = lambda *a: None,
+        on_worker: Callable[[int, int], None] = lambda *a: None,
+        max_batches: int | None = None,
+    ) -> None:
+        self.resolved, self.config, self.consumer = resolved, config, consumer
+        self.seconds, self.max_batches = seconds, max_batches
+        self.on_batch, self.should_stop = on_batch, should_stop
+        self.on_epoch, self.on_worker = on_epoch, on_worker
+        self.loader = build_loader(resolved.dataset, config)
+        self.transfer = gpu.TransferTimer.create()
+        self.gaps = gpu.GapTimer.create()
+        self.t0 = 0.0
+        self.iterator = None
+
+    def run(self) -> int:
+        """Returns the number of batches consumed."""
+        self.t0 = clock()
+        deadline = self.t0 + self.seconds
+        seq, epoch, seen_workers = 0, 0, set()
+        while True:
+            epoch_start = clock() - self.t0
+            self.iterator = iter(self.loader)
+            in_epoch = 0
+            for batch, meta in self._batches():
+                record = self._consume(batch, meta, seq, epoch)
+                if in_epoch == 0:
+                    self.on_epoch(epoch, epoch_start, record.t_ready - epoch_start)
+                if meta.pid not in seen_workers:
+                    seen_workers.add(meta.pid)
+                    self.on_worker(meta.pid, meta.worker_id)
+                self.on_batch(record)
+                seq, in_epoch = seq + 1, in_epoch + 1
+                if self._done(deadline, seq):
+                    return seq
+            if in_epoch == 0:
+                raise RunError(
+                    "The dataset produced no batches: it is empty, or drop_last=True with fewer "
+                    f"samples than batch_size={self.config.batch_size}.",
+                    type="empty_dataset",
+                )
+            epoch += 1
+            if self._done(deadline, seq):
+                return seq
+
+    def _done(self, deadline: float, seq: int) -> bool:
+        return (
+            self.should_stop()
+            or clock() >= deadline
+            or (self.max_batches is not None and seq >= self.max_batches)
+        )
+
+    def _batches(self):
+        """Yields (batch, meta) pairs, timing each ``next()`` on the way."""
+        iterator = self.iterator
+        while True:
+            self._t_request = clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._t_ready = clock()
+            yield item
+
+    def _consume(self, batch: Any, meta: Any, seq: int, epoch: int) -> BatchRecord:
+        t_request, t_ready = self._t_request, self._t_ready
+        h2d_ms = other_ms = gap_ms = None
+        if self.transfer is not None:
+            h2d_ms, other_ms, _ = self.transfer.measure(batch)
+        if self.gaps is not None:
+            gap_ms = self.gaps.step_started()
+        self._step(batch)
+        if self.gaps is not None:
+            self.gaps.step_ended()
+        step_s = clock() - t_ready
+        t0 = self.t0
+        return BatchRecord(
+            seq=seq,
+            epoch=epoch,
+            t_request=t_request - t0,
+            wait_s=t_ready - t_request,
+            step_s=step_s,
+            samples=batch_size_of(batch),
+            nbytes=nbytes_of(batch),
+            worker_id=meta.worker_id,
+            worker_pid=meta.pid,
+            fetch_start=meta.fetch_start - t0,
+            fetch_s=meta.fetch_s,
+            collate_s=meta.collate_s,
+            h2d_ms=h2d_ms,
+            h2d_other_ms=other_ms,
+            gpu_gap_ms=gap_ms,
+        )
+
+    def _step(self, batch: Any) -> None:
+        kind = self.consumer.kind
+        if kind == "train_step":
+            try:
+                self.resolved.train_step(batch)
+            except Exception as exc:  # noqa: BLE001 - the user's step: report, don't crash
+                raise RunError(
+                    f"train_step raised {type(exc).__name__}: {exc}",
+                    details=_format_exc(exc),
+                    type="train_step_error",
+                ) from exc
+        elif kind == "simulated" and self.consumer.step_ms > 0:
+            if self.gaps is not None:
+                gpu.simulated_gpu_step(self.consumer.step_ms / 1000.0)
+            else:
+                time.sleep(self.consumer.step_ms / 1000.0)
+
+
+def _format_exc(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))

@@ -1,0 +1,206 @@
+"""Pure aggregations over the records a run produces: no clocks, no processes, no I/O.
+
+Every function takes plain records (``BatchRecord`` and resource samples, times in seconds since
+the run started) so tests can feed exact, hand-made timelines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch as the consumer saw it. Times are seconds since the run started.
+
+    ``t_request`` is when the consumer called ``next()``; it got the batch ``wait_s`` later and
+    then spent ``step_s`` in its step. ``fetch_start``/``fetch_s``/``collate_s`` were measured in
+    the worker that made the batch (``worker_id`` -1: the main process).
+    """
+
+    seq: int
+    epoch: int
+    t_request: float
+    wait_s: float
+    step_s: float
+    samples: int
+    nbytes: int
+    worker_id: int
+    worker_pid: int
+    fetch_start: float
+    fetch_s: float
+    collate_s: float
+    h2d_ms: float | None = None
+    h2d_other_ms: float | None = None  # the other memory kind (pageable if pinned), sampled
+    gpu_gap_ms: float | None = None
+
+    @property
+    def t_ready(self) -> float:
+        return self.t_request + self.wait_s
+
+    @property
+    def worker_end(self) -> float:
+        return self.fetch_start + self.fetch_s + self.collate_s
+
+    def to_row(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    @classmethod
+    def from_row(cls, row: Sequence) -> "BatchRecord":
+        return cls(*row)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+BATCH_COLUMNS = tuple(f.name for f in fields(BatchRecord))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_ms(waits_s: Sequence[float]) -> dict:
+    """p50/p95/max/mean of ``next()`` waits, in milliseconds."""
+    if not waits_s:
+        return {"p50": None, "p95": None, "max": None, "mean": None}
+    ms = [w * 1000.0 for w in waits_s]
+    return {
+        "p50": percentile(ms, 50),
+        "p95": percentile(ms, 95),
+        "max": max(ms),
+        "mean": sum(ms) / len(ms),
+    }
+
+
+def warmup_batches(num_workers: int, prefetch_factor: int) -> int:
+    """Batches to skip before the steady-state clock starts.
+
+    When the consumer first calls ``next()``, every worker is already producing: up to
+    ``num_workers * prefetch_factor`` batches arrive back to back and would inflate the rate.
+    Without workers only the first batch (imports, caches, lazy opens) is skipped.
+    """
+    return max(1, num_workers * prefetch_factor)
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    start: float  # when the last warm-up batch arrived
+    end: float  # when the last measured batch's step ended
+    batches: int
+    samples: int
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end - self.start, 0.0)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.samples / self.seconds if self.seconds > 0 and self.batches else None
+
+    @property
+    def batches_per_s(self) -> float | None:
+        return self.batches / self.seconds if self.seconds > 0 and self.batches else None
+
+
+def steady_state(batches: Sequence[BatchRecord], warmup: int) -> SteadyState | None:
+    """The measured window after warm-up, or None when the run is too short to have one.
+
+    The window runs from the moment the last warm-up batch was ready to the end of the last
+    batch's step, so it counts exactly the batches after warm-up and the time they took.
+    """
+    if len(batches) <= warmup:
+        return None
+    first = batches[warmup - 1]
+    measured = batches[warmup:]
+    last = measured[-1]
+    return SteadyState(
+        start=first.t_ready + first.step_s,
+        end=last.t_ready + last.step_s,
+        batches=len(measured),
+        samples=sum(b.samples for b in measured),
+    )
+
+
+def overlap(start: float, end: float, window_start: float, window_end: float) -> float:
+    return max(0.0, min(end, window_end) - max(start, window_start))
+
+
+def busy_fraction(
+    batches: Iterable[BatchRecord], window_start: float, window_end: float
+) -> dict[int, float]:
+    """Per worker: the share of the window it spent fetching and collating batches."""
+    span = window_end - window_start
+    if span <= 0:
+        return {}
+    busy: dict[int, float] = {}
+    for b in batches:
+        busy.setdefault(b.worker_id, 0.0)
+        busy[b.worker_id] += overlap(b.fetch_start, b.worker_end, window_start, window_end)
+    return {worker: min(total / span, 1.0) for worker, total in sorted(busy.items())}
+
+
+def busy_timeline(
+    batches: Sequence[BatchRecord], end: float, window_s: float = 1.0
+) -> list[dict]:
+    """Busy fraction per worker in consecutive windows: rows of {t, worker_id, busy_frac}."""
+    rows = []
+    workers = sorted({b.worker_id for b in batches})
+    n_windows = int(math.ceil(end / window_s)) if end > 0 else 0
+    for i in range(n_windows):
+        lo, hi = i * window_s, min((i + 1) * window_s, end)
+        fractions = busy_fraction(
+            (b for b in batches if b.fetch_start < hi and b.worker_end > lo), lo, hi
+        )
+        for worker in workers:
+            rows.append({"t": lo, "worker_id": worker, "busy_frac": fractions.get(worker, 0.0)})
+    return rows
+
+
+def consumer_idle_fraction(batches: Sequence[BatchRecord], steady: SteadyState) -> float | None:
+    """Share of the steady window the consumer spent waiting in ``next()``."""
+    if steady is None or steady.seconds <= 0:
+        return None
+    waited = sum(
+        overlap(b.t_request, b.t_ready, steady.start, steady.end) for b in batches
+    )
+    return min(waited / steady.seconds, 1.0)
+
+
+def idle_gaps(batches: Sequence[BatchRecord], min_gap_s: float = 0.0) -> list[dict]:
+    """The consumer's waits as a timeline: {t, gap_ms} for each wait above ``min_gap_s``."""
+    return [
+        {"t": b.t_request, "gap_ms": b.wait_s * 1000.0, "seq": b.seq}
+        for b in batches
+        if b.wait_s > min_gap_s
+    ]
+
+
+def input_bound_verdict(idle_frac: float | None) -> str | None:
+    """TensorBoard's input-pipeline-analyzer thresholds: <5% not, 5-20% moderately, >20% highly."""
+    if idle_frac is None:
+        return None
+    if idle_frac < 0.05:
+        return "not input-bound"
+    if idle_frac <= 0.20:
+        return "moderately input-bound"
+    return "highly input-bound"
+
+
+def per_batch_costs(batches: Sequence[BatchRecord]) -> dict:
+    """Median work per batch inside the workers: what the tuner's cost model starts from."""
+    if not batches:
+        return {"fetch_ms": None, "collate_ms": None, "bytes": None}
+    return {
+        "fetch_ms": percentile([b.fetch_s * 1000 for b in batches], 50),
+        "collate_ms": percentile([b.collate_s * 1000 for b in batches], 50),
+        "bytes": percentile([b.nbytes for b in batches], 50),
+    }

@@ -1,0 +1,174 @@
+"""The result document of a run (what ``--json`` prints and the store keeps) and its text form."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import metrics
+from .gpu import NO_GPU_REASON
+
+if TYPE_CHECKING:
+    from .live import LiveRun
+
+MIN_STEADY_BATCHES = 10
+
+
+def summarize(live: "LiveRun", status: str) -> dict:
+    batches = list(live.batches)
+    steady = metrics.steady_state(batches, live.warmup_batches)
+    measured = batches[live.warmup_batches:] if steady else batches
+    window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
+    idle = metrics.consumer_idle_fraction(batches, steady)
+    has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
+    gpu_info = (live.system or {}).get("gpu") or {"available": False, "reason": NO_GPU_REASON}
+    doc = {
+        "status": status,
+        "target": live.target,
+        "dataset": live.dataset,
+        "config": live.config,
+        "snippet": live.snippet,
+        "torch": live.torch_version,
+        "consumer": live.consumer,
+        "seconds": round(live.elapsed_s, 3),
+        "epochs": len(live.epochs),
+        "batches": len(batches),
+        "warmup_batches": live.warmup_batches,
+        "steady_batches": steady.batches if steady else 0,
+        "samples_per_s": steady.samples_per_s if steady else None,
+        "batches_per_s": steady.batches_per_s if steady else None,
+        "batch_latency_ms": metrics.latency_ms([b.wait_s for b in measured]),
+        "startup_s": live.epochs[0]["startup_s"] if live.epochs else None,
+        "per_batch": metrics.per_batch_costs(measured),
+        "workers": _workers(live, batches, window),
+        "main_process": _main_process(live),
+        "consumer_idle_frac": idle if has_consumer else None,
+        "input_bound": metrics.input_bound_verdict(idle) if has_consumer else None,
+        "transfer": _transfer(measured) if gpu_info.get("available") else None,
+        "gpu_idle": _gpu_idle(measured) if gpu_info.get("available") else None,
+        "not_measured": None if gpu_info.get("available") else gpu_info.get("reason"),
+        "system": live.system,
+        "warnings": list(live.warnings) + _warnings(live, steady, gpu_info),
+    }
+    if live.error is not None:
+        doc["error"] = live.error.to_dict()
+    return doc
+
+
+def _resource_stats(rows: list[dict]) -> dict:
+    """Mean CPU % over samples and the last RSS. The sampler skips each process's first
+    psutil reading (it only primes the counter), so every row here is a real measurement."""
+    cpu = [r["cpu_percent"] for r in rows]
+    return {
+        "cpu_percent": sum(cpu) / len(cpu) if cpu else None,
+        "rss_mb": rows[-1]["rss_mb"] if rows else None,
+    }
+
+
+def _workers(live: "LiveRun", batches: list, window: tuple[float, float]) -> list[dict]:
+    """One entry per DataLoader worker id; without persistent_workers each epoch starts new
+    processes for the same ids, so ``pids`` lists them all and ``pid`` is the latest."""
+    busy = metrics.busy_fraction(batches, *window)
+    pid_to_id = {b.worker_pid: b.worker_id for b in batches if b.worker_id >= 0}
+    for row in live.resources:
+        if row["role"] == "worker" and row["worker_id"] is not None:
+            pid_to_id.setdefault(row["pid"], row["worker_id"])
+    workers = []
+    for worker_id in sorted(set(pid_to_id.values())):
+        pids = [pid for pid, wid in pid_to_id.items() if wid == worker_id]
+        rows = [r for r in live.resources if r["pid"] in pids]
+        workers.append({
+            "id": worker_id,
+            "pid": pids[-1],
+            "pids": pids,
+            "busy_frac": busy.get(worker_id, 0.0),
+            "batches": sum(1 for b in batches if b.worker_id == worker_id),
+            **_resource_stats(rows),
+        })
+    return workers
+
+
+def _main_process(live: "LiveRun") -> dict | None:
+    rows = [r for r in live.resources if r["role"] == "main"]
+    if not rows:
+        return None
+    return {"pid": rows[0]["pid"], **_resource_stats(rows)}
+
+
+def _transfer(batches: list) -> dict | None:
+    copies = [b.h2d_ms for b in batches if b.h2d_ms is not None]
+    others = [b.h2d_other_ms for b in batches if b.h2d_other_ms is not None]
+    if not copies:
+        return None
+    sizes = [b.nbytes for b in batches if b.h2d_ms is not None]
+    p50 = metrics.percentile(copies, 50)
+    return {
+        "copy_ms": {"p50": p50, "p95": metrics.percentile(copies, 95)},
+        "other_kind_copy_ms": {"p50": metrics.percentile(others, 50)} if others else None,
+        "gb_per_s": (metrics.percentile(sizes, 50) / 1e9) / (p50 / 1000) if p50 else None,
+    }
+
+
+def _gpu_idle(batches: list) -> dict | None:
+    gaps = [b.gpu_gap_ms for b in batches if b.gpu_gap_ms is not None]
+    if not gaps:
+        return None
+    return {"gap_ms": {"p50": metrics.percentile(gaps, 50), "p95": metrics.percentile(gaps, 95),
+                       "max": max(gaps)}, "total_ms": sum(gaps)}
+
+
+def _warnings(live: "LiveRun", steady, gpu_info: dict) -> list[dict]:
+    found = []
+    if live.error is None and (steady is None or steady.batches < MIN_STEADY_BATCHES):
+        n = steady.batches if steady else 0
+        found.append({
+            "code": "short_run",
+            "message": f"Only {n} batches after the {live.warmup_batches}-batch warm-up: "
+                       "throughput figures are rough. Run longer (--seconds).",
+        })
+    if (live.config or {}).get("pin_memory") and not gpu_info.get("available"):
+        found.append({
+            "code": "pin_memory_without_gpu",
+            "message": "pin_memory=True but no GPU is present: pinning only costs time and "
+                       "locked RAM here. Use pin_memory=False on this machine.",
+        })
+    return found
+
+
+def _fmt(value, spec: str = ".1f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def render_text(doc: dict) -> str:
+    """A short human-readable summary of a run document."""
+    lines = []
+    if doc["status"] == "error":
+        lines.append(f"ERROR: {doc['error']['message']}")
+        if doc.get("batches"):
+            lines.append(f"(after {doc['batches']} batches)")
+        return "\n".join(lines)
+    lat = doc["batch_latency_ms"]
+    lines += [
+        f"{doc.get('snippet') or ''}",
+        f"status: {doc['status']}   {doc['batches']} batches in {doc['seconds']:.1f} s "
+        f"({doc['epochs']} epoch(s), {doc['warmup_batches']} warm-up)",
+        f"throughput: {_fmt(doc['samples_per_s'])} samples/s, "
+        f"{_fmt(doc['batches_per_s'])} batches/s (steady state)",
+        f"batch wait: p50 {_fmt(lat['p50'], '.2f', ' ms')}, p95 {_fmt(lat['p95'], '.2f', ' ms')}, "
+        f"max {_fmt(lat['max'], '.2f', ' ms')}",
+    ]
+    if doc["consumer_idle_frac"] is not None:
+        lines.append(f"consumer idle: {doc['consumer_idle_frac'] * 100:.1f}% "
+                     f"({doc['input_bound']})")
+    for w in doc["workers"]:
+        lines.append(
+            f"  worker {w['id']} pid {w['pid']}: busy {_fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
+            f"cpu {_fmt(w['cpu_percent'], '.0f', '%')}, rss {_fmt(w['rss_mb'], '.0f', ' MB')}, "
+            f"{w['batches']} batches"
+        )
+    if doc["not_measured"]:
+        lines.append(f"GPU: not measured: {doc['not_measured']}.")
+    elif doc["transfer"]:
+        lines.append(f"host-to-device copy: p50 {_fmt(doc['transfer']['copy_ms']['p50'], '.3f', ' ms')}")
+    for w in doc["warnings"]:
+        lines.append(f"warning [{w['code']}]: {w['message']}")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""The parent side of a background run: start, stop, poll events, state.
+
+The process protocol is described once, in NOTE [ Engine process protocol ] in child.py.
+A reader thread drains the child's event pipe continuously (so the child never blocks on a full
+pipe, and nothing depends on how often the UI polls), folds events into a ``LiveRun`` and writes
+them to the run store as they arrive, so a killed server loses at most the last flush.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import psutil
+
+from .config import LoaderConfig
+from .errors import EngineError, RunError
+from .live import LiveRun
+from .store import RunStore
+
+EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
+
+STOP_GRACE_S = 1.2  # child's own clean stop; then its process group is killed
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class RunState(enum.Enum):
+    STARTING = "starting"  # child started, dataset not yet resolved
+    RUNNING = "running"
+    FINISHED = "ok"
+    STOPPED = "stopped"
+    FAILED = "error"
+
+    @property
+    def done(self) -> bool:
+        return self in (RunState.FINISHED, RunState.STOPPED, RunState.FAILED)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything the child needs; JSON-safe so it crosses the process boundary as text."""
+
+    target: str
+    config: LoaderConfig = field(default_factory=LoaderConfig)
+    batch_size_given: bool = False
+    step_ms: float | None = None  # None: the module's train_step if any, else no consumer
+    seconds: float = 10.0
+    timeout_s: float = 60.0
+    kind: str = "profile"
+    label: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "config": self.config.to_json_dict(),
+            "batch_size_given": self.batch_size_given,
+            "step_ms": self.step_ms,
+            "seconds": self.seconds,
+            "timeout_s": self.timeout_s,
+            "cwd": os.getcwd(),
+        }
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned grandchildren (workers of a killed child) so we can reap them.
+
+    Linux only; elsewhere (or if refused) init adopts them as usual.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+class RunHandle:
+    """A run of the user's loader in a child process. Thread-safe; never blocks the caller
+    except in ``stop`` (bounded) and ``wait``."""
+
+    def __init__(self, request: RunRequest, store: RunStore | None = None) -> None:
+        self.request = request
+        self.store = store
+        self.live = LiveRun(request.target)
+        self._lock = threading.Lock()
+        self._events: list[dict] = []
+        self._cursor = 0
+        self._state = RunState.STARTING
+        self._stop_requested = False
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._done = threading.Event()
+        self._log = tempfile.TemporaryFile()
+        self.run_id: int | None = None
+        self.listeners: list[Callable[[dict], None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> "RunHandle":
+        if self._proc is not None:
+            raise RuntimeError("run already started")
+        _become_subreaper()
+        if self.store is not None:
+            self.run_id = self.store.create_run(
+                kind=self.request.kind, target=self.request.target,
+                config=self.request.config.to_json_dict(), label=self.request.label,
+            )
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        env[EVENT_FD_ENV] = str(write_fd)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.child"],
+                stdin=subprocess.PIPE,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                env=env,
+                start_new_session=True,  # its own process group: one killpg reaches its workers
+            )
+        finally:
+            os.close(write_fd)
+        self._proc.stdin.write(json.dumps(self.request.to_json()).encode())
+        self._proc.stdin.close()
+        self._reader = threading.Thread(target=self._read_events, args=(read_fd,), daemon=True)
+        self._reader.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def state(self) -> RunState:
+        return self._state
+
+    def stop(self, timeout_s: float = 2.0) -> RunState:
+        """Stop the run; returns within ``timeout_s`` with the child and its workers gone."""
+        deadline = time.monotonic() + timeout_s
+        proc = self._proc
+        if proc is None or self._done.is_set():
+            return self._state
+        self._stop_requested = True
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=min(STOP_GRACE_S, max(deadline - time.monotonic(), 0.1)))
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+        self._done.wait(max(deadline - time.monotonic(), 0.1))
+        return self._state
+
+    def wait(self, timeout_s: float | None = None) -> RunState:
+        self._done.wait(timeout_s)
+        return self._state
+
+    def close(self) -> None:
+        """Stop if running and release the log file."""
+        self.stop()
+        self._log.close()
+
+    def __enter__(self) -> "RunHandle":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- events ---------------------------------------------------------------------------
+
+    def poll(self) -> list[dict]:
+        """Events received since the last poll (the live state is in ``self.live``)."""
+        with self._lock:
+            events, self._cursor = self._events[self._cursor:], len(self._events)
+        return events
+
+    def output_tail(self, max_bytes: int = 4000) -> str:
+        """The end of what the child printed (the user's prints, tracebacks, torch's text)."""
+        try:
+            self._log.seek(0, os.SEEK_END)
+            size = self._log.tell()
+            self._log.seek(max(size - max_bytes, 0))
+            return self._log.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    # -- the reader thread -----------------------------------------------------------------
+
+    def _read_events(self, fd: int) -> None:
+        buffer = b""
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if ready:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    buffer = self._dispatch(buffer + chunk)
+                elif self._proc.poll() is not None:
+                    # The child is gone; orphaned workers may still hold the pipe open, so do
+                    # not wait for EOF: take what is there and finish.
+                    break
+            buffer = self._dispatch(buffer + _read_available(fd))
+        finally:
+            os.close(fd)
+            self._finish()
+
+    def _dispatch(self, data: bytes) -> bytes:
+        *lines, rest = data.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._apply(json.loads(line))
+        return rest
+
+    def _apply(self, event: dict) -> None:
+        self.live.apply(event)
+        if event["e"] == "ready":
+            self._state = RunState.RUNNING
+        if self.store is not None and self.run_id is not None:
+            self.store.record_event(self.run_id, event)
+        with self._lock:
+            if event["e"] != "batches":
+                self._events.append(event)
+            else:
+                self._events.append({"e": "batches", "count": len(event["rows"])})
+        for listener in self.listeners:
+            listener(event)
+
+    def _finish(self) -> None:
+        proc = self._proc
+        try:
+            returncode = proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+            returncode = proc.wait()
+        self._reap_orphans()
+        if self.live.error is None and self.live.finished_reason is None:
+            self.live.error = _crash_error(returncode, self.output_tail())
+        if self.live.error is not None:
+            self._state = RunState.FAILED
+        elif self._stop_requested or self.live.finished_reason == "stopped":
+            self._state = RunState.STOPPED
+        else:
+            self._state = RunState.FINISHED
+        if self.store is not None and self.run_id is not None:
+            self.store.finish_run(self.run_id, self._state.value, self.live.summary(self._state.value),
+                                  self.live.error.to_dict() if self.live.error else None)
+        self._done.set()
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap_orphans(self) -> None:
+        """Workers orphaned by a killed child were adopted by us (subreaper): reap them."""
+        for pid in self.live.worker_pids():
+            try:
+                if psutil.Process(pid).ppid() == os.getpid():
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except (psutil.Error, ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _read_available(fd: int) -> bytes:
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _crash_error(returncode: int, output: str) -> EngineError:
+    """The child died without saying why: name the signal and show what it printed."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        headline = f"The engine process was killed by {name}"
+        if name == "SIGKILL":
+            headline += " (often the kernel's out-of-memory killer)"
+        elif name == "SIGSEGV":
+            headline += " (a crash in native code, e.g. an extension the dataset uses)"
+    else:
+        headline = f"The engine process exited with code {returncode} without a result"
+    return RunError(headline + ".", details=output, type="engine_crashed")
+
+
+def run_to_completion(request: RunRequest, store: RunStore | None = None,
+                      on_event: Callable[[dict], None] | None = None) -> RunHandle:
+    """Start a run and wait for it; Ctrl-C stops it cleanly (workers reaped) and re-raises."""
+    handle = RunHandle(request, store)
+    if on_event is not None:
+        handle.listeners.append(on_event)
+    handle.start()
+    try:
+        handle.wait(request.seconds + request.timeout_s + 30)
+        if not handle.state.done:
+            handle.stop()
+    except KeyboardInterrupt:
+        handle.stop()
+        raise
+    finally:
+        handle._log.seek(0)
+    return handle

@@ -1,0 +1,220 @@
+"""SQLite run history: the only module that speaks SQL.
+
+Each run is written as it goes: the run row when it starts, then every event batch in its own
+transaction (WAL mode, so readers such as the dashboard never block the writer). A killed
+server therefore loses at most the last flush (a quarter of a second of batches).
+
+Default location: ``$DLTUNER_DB`` if set, else ``$XDG_DATA_HOME/dataloader-tuner/runs.sqlite``
+(``~/.local/share/dataloader-tuner/runs.sqlite``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+
+from .metrics import BATCH_COLUMNS, BatchRecord
+
+DB_ENV = "DLTUNER_DB"
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    label TEXT,
+    target TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    config_json TEXT,
+    dataset_json TEXT,
+    system_json TEXT,
+    summary_json TEXT,
+    error_json TEXT,
+    parent_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS batches (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    {", ".join(f"{c} REAL" for c in BATCH_COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS batches_run ON batches(run_id, seq);
+CREATE TABLE IF NOT EXISTS resources (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t REAL, pid INTEGER, role TEXT, worker_id INTEGER, cpu_percent REAL, rss_mb REAL
+);
+CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id, t);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t REAL, util_percent REAL, memory_used_mb REAL
+);
+CREATE TABLE IF NOT EXISTS run_events (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    kind TEXT, body_json TEXT
+);
+"""
+
+
+def default_db_path() -> str:
+    if os.environ.get(DB_ENV):
+        return os.environ[DB_ENV]
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "dataloader-tuner", "runs.sqlite")
+
+
+class RunStore:
+    """Thread-safe: one connection per thread, all on the same file."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or default_db_path()
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        self._local = threading.local()
+        with self._conn() as conn:
+            conn.executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=10)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def create_run(self, kind: str, target: str, config: dict, label: str | None = None,
+                   parent_id: int | None = None) -> int:
+        with self._conn() as conn:
+            cursor = conn.execute(
+                "INSERT INTO runs (kind, label, target, status, started_at, config_json, parent_id)"
+                " VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                (kind, label, target, time.time(), json.dumps(config), parent_id),
+            )
+            return cursor.lastrowid
+
+    def record_event(self, run_id: int, event: dict) -> None:
+        """Persist one event from a run, in its own transaction."""
+        kind = event["e"]
+        with self._conn() as conn:
+            if kind == "batches":
+                marks = ", ".join("?" * (len(BATCH_COLUMNS) + 1))
+                conn.executemany(
+                    f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
+                    [(run_id, *row) for row in event["rows"]],
+                )
+            elif kind == "resources":
+                conn.executemany(
+                    "INSERT INTO resources VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(run_id, event["t"], p["pid"], p["role"], p["worker_id"], p["cpu_percent"],
+                      p["rss_mb"]) for p in event["procs"]],
+                )
+                if event.get("gpu"):
+                    gpu = event["gpu"]
+                    conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
+                                 (run_id, event["t"], gpu["util_percent"], gpu["memory_used_mb"]))
+            elif kind == "ready":
+                conn.execute(
+                    "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
+                    (json.dumps(event["config"]), json.dumps(event["dataset"]),
+                     json.dumps(event["system"]), run_id),
+                )
+                conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
+                             (run_id, kind, json.dumps(event)))
+            else:
+                conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
+                             (run_id, kind, json.dumps(event)))
+                if kind == "error":
+                    conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
+                                 (json.dumps(event["error"]), run_id))
+
+    def finish_run(self, run_id: int, status: str, summary: dict, error: dict | None) -> None:
+        with self._conn() as conn:
+            conn.execute(
+                "UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, error_json = ? "
+                "WHERE id = ?",
+                (status, time.time(), json.dumps(summary, default=str),
+                 json.dumps(error) if error else None, run_id),
+            )
+
+    def save_result(self, kind: str, target: str, config: dict, status: str, summary: dict,
+                    parent_id: int | None = None, label: str | None = None) -> int:
+        """A run that has no event stream of its own (a tune's overall result)."""
+        run_id = self.create_run(kind, target, config, label=label, parent_id=parent_id)
+        self.finish_run(run_id, status, summary, summary.get("error"))
+        return run_id
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def list_runs(self, limit: int = 100) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
+            "error_json, parent_id FROM runs ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [self._run_row(row) for row in rows]
+
+    def get_run(self, run_id: int) -> dict | None:
+        row = self._conn().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        run = self._run_row(row)
+        for key in ("config", "dataset", "system"):
+            run[key] = json.loads(row[f"{key}_json"]) if row[f"{key}_json"] else None
+        return run
+
+    def batches(self, run_id: int) -> list[BatchRecord]:
+        rows = self._conn().execute(
+            f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE run_id = ? ORDER BY seq",
+            (run_id,),
+        ).fetchall()
+        return [BatchRecord.from_row(_typed_batch_row(tuple(r))) for r in rows]
+
+    def resources(self, run_id: int) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT t, pid, role, worker_id, cpu_percent, rss_mb FROM resources WHERE run_id = ? "
+            "ORDER BY t", (run_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def events(self, run_id: int, kind: str | None = None) -> list[dict]:
+        query = "SELECT body_json FROM run_events WHERE run_id = ?"
+        args: tuple = (run_id,)
+        if kind:
+            query, args = query + " AND kind = ?", (run_id, kind)
+        return [json.loads(r[0]) for r in self._conn().execute(query, args).fetchall()]
+
+    def children(self, run_id: int) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
+            "error_json, parent_id FROM runs WHERE parent_id = ? ORDER BY id", (run_id,)
+        ).fetchall()
+        return [self._run_row(row) for row in rows]
+
+    @staticmethod
+    def _run_row(row: sqlite3.Row) -> dict:
+        run = {k: row[k] for k in ("id", "kind", "label", "target", "status", "started_at",
+                                   "ended_at", "parent_id")}
+        run["summary"] = json.loads(row["summary_json"]) if row["summary_json"] else None
+        run["error"] = json.loads(row["error_json"]) if row["error_json"] else None
+        return run
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+_INT_COLUMNS = {"seq", "epoch", "samples", "nbytes", "worker_id", "worker_pid"}
+
+
+def _typed_batch_row(row: tuple) -> tuple:
+    return tuple(
+        int(v) if (name in _INT_COLUMNS and v is not None) else v
+        for name, v in zip(BATCH_COLUMNS, row)
+    )
