@@ -102,11 +102,13 @@ class ResourceSampler:
                 except psutil.Error:
                     pass
         for pid, proc in list(self.known.items()):
-            if pid in primed:
-                continue
             try:
                 with proc.oneshot():
-                    cpu, rss = proc.cpu_percent(None), proc.memory_info().rss / 2**20
+                    if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped
+                        continue
+                    # A process seen for the first time has no CPU reading yet (None).
+                    cpu = None if pid in primed else proc.cpu_percent(None)
+                    rss = proc.memory_info().rss / 2**20
             except psutil.Error:
                 self.known.pop(pid, None)
                 continue
@@ -135,7 +137,9 @@ class ChildRun:
         self.last_progress = time.monotonic()
         self.t0 = time.monotonic()
         self.hang_info: dict | None = None
-        self.parent_pid = os.getppid()
+        # From the request, not os.getppid(): the parent may die before we get this far.
+        self.parent_pid = request.get("parent_pid") or os.getppid()
+        self.measurement: Measurement | None = None
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -245,7 +249,9 @@ class ChildRun:
         threading.Thread(target=self._flusher, daemon=True).start()
         threading.Thread(target=self._sampler, daemon=True).start()
         self.last_progress = time.monotonic()
-        measurement = Measurement(
+        # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
+        # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.
+        self.measurement = measurement = Measurement(
             resolved,
             config,
             consumer,

@@ -176,6 +176,7 @@ class Measurement:
             fetch_start=meta.fetch_start - t0,
             fetch_s=meta.fetch_s,
             collate_s=meta.collate_s,
+            fetch_cpu_s=meta.fetch_cpu_s,
             h2d_ms=h2d_ms,
             h2d_other_ms=other_ms,
             gpu_gap_ms=gap_ms,

@@ -7,17 +7,19 @@ the run started) so tests can feed exact, hand-made timelines.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Sequence
 
 
-@dataclass(frozen=True)
-class BatchRecord:
+class BatchRecord(NamedTuple):
     """One batch as the consumer saw it. Times are seconds since the run started.
 
     ``t_request`` is when the consumer called ``next()``; it got the batch ``wait_s`` later and
     then spent ``step_s`` in its step. ``fetch_start``/``fetch_s``/``collate_s`` were measured in
     the worker that made the batch (``worker_id`` -1: the main process).
+
+    A NamedTuple rather than a dataclass: one is built per batch in the measuring loop, where
+    a frozen dataclass's construction cost shows up against tiny in-memory batches.
     """
 
     seq: int
@@ -32,6 +34,7 @@ class BatchRecord:
     fetch_start: float
     fetch_s: float
     collate_s: float
+    fetch_cpu_s: float = 0.0  # CPU time the worker spent in the fetch (its process clock)
     h2d_ms: float | None = None
     h2d_other_ms: float | None = None  # the other memory kind (pageable if pinned), sampled
     gpu_gap_ms: float | None = None
@@ -45,17 +48,17 @@ class BatchRecord:
         return self.fetch_start + self.fetch_s + self.collate_s
 
     def to_row(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        return tuple(self)
 
     @classmethod
     def from_row(cls, row: Sequence) -> "BatchRecord":
         return cls(*row)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
-BATCH_COLUMNS = tuple(f.name for f in fields(BatchRecord))
+BATCH_COLUMNS = BatchRecord._fields
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -198,9 +201,10 @@ def input_bound_verdict(idle_frac: float | None) -> str | None:
 def per_batch_costs(batches: Sequence[BatchRecord]) -> dict:
     """Median work per batch inside the workers: what the tuner's cost model starts from."""
     if not batches:
-        return {"fetch_ms": None, "collate_ms": None, "bytes": None}
+        return {"fetch_ms": None, "fetch_cpu_ms": None, "collate_ms": None, "bytes": None}
     return {
         "fetch_ms": percentile([b.fetch_s * 1000 for b in batches], 50),
+        "fetch_cpu_ms": percentile([b.fetch_cpu_s * 1000 for b in batches], 50),
         "collate_ms": percentile([b.collate_s * 1000 for b in batches], 50),
         "bytes": percentile([b.nbytes for b in batches], 50),
     }

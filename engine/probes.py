@@ -23,6 +23,8 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
 clock = time.monotonic
+# CPU time of this process: fetch CPU vs fetch wall time tells CPU-bound from waiting.
+cpu_clock = time.process_time
 
 
 class BatchMeta(NamedTuple):
@@ -33,26 +35,35 @@ class BatchMeta(NamedTuple):
     fetch_start: float
     fetch_s: float
     collate_s: float
+    fetch_cpu_s: float
 
 
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
-    __slots__ = ("start", "total")
+    __slots__ = ("start", "cpu_start", "total")
 
     def __init__(self) -> None:
         self.start = None
+        self.cpu_start = None
         self.total = 0.0
+
+    def begin(self) -> float:
+        """Called before each fetch; notes the CPU clock at the batch's first fetch."""
+        if self.start is None and self.cpu_start is None:
+            self.cpu_start = cpu_clock()
+        return clock()
 
     def add(self, start: float, end: float) -> None:
         if self.start is None:
             self.start = start
         self.total += end - start
 
-    def take(self, now: float) -> tuple[float, float]:
+    def take(self, now: float) -> tuple[float, float, float]:
         start, total = (self.start if self.start is not None else now), self.total
-        self.start, self.total = None, 0.0
-        return start, total
+        cpu = cpu_clock() - self.cpu_start if self.cpu_start is not None else 0.0
+        self.start, self.cpu_start, self.total = None, None, 0.0
+        return start, total, cpu
 
 
 _timer = _FetchTimer()  # each worker process gets its own copy
@@ -74,13 +85,13 @@ class TimedMapDataset(Dataset):
         return len(self.inner)
 
     def __getitem__(self, index: Any) -> Any:
-        start = clock()
+        start = _timer.begin()
         item = self.inner[index]
         _timer.add(start, clock())
         return item
 
     def __getitems__(self, indices: list) -> list:
-        start = clock()
+        start = _timer.begin()
         if self._inner_getitems:
             items = self._inner_getitems(indices)
         else:
@@ -104,9 +115,9 @@ class TimedIterableDataset(IterableDataset):
 
     def __iter__(self):
         iterator = iter(self.inner)
-        add = _timer.add
+        begin, add = _timer.begin, _timer.add
         while True:
-            start = clock()
+            start = begin()
             try:
                 item = next(iterator)
             except StopIteration:
@@ -125,13 +136,14 @@ class TimedCollate:
         self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
 
     def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
-        fetch_start, fetch_s = _timer.take(clock())
+        fetch_start, fetch_s, fetch_cpu_s = _timer.take(clock())
         start = clock()
         batch = self.collate_fn(samples)
         collate_s = clock() - start
         info = get_worker_info()
         worker_id = info.id if info is not None else -1
-        return batch, BatchMeta(worker_id, os.getpid(), fetch_start, fetch_s, collate_s)
+        return batch, BatchMeta(worker_id, os.getpid(), fetch_start, fetch_s, collate_s,
+                                fetch_cpu_s)
 
 
 def wrap_dataset(dataset: Dataset) -> Dataset:

@@ -55,12 +55,12 @@ def summarize(live: "LiveRun", status: str) -> dict:
 
 
 def _resource_stats(rows: list[dict]) -> dict:
-    """Mean CPU % over samples and the last RSS. The sampler skips each process's first
-    psutil reading (it only primes the counter), so every row here is a real measurement."""
-    cpu = [r["cpu_percent"] for r in rows]
+    """Mean CPU % over samples and the last RSS. A process's first sample has no CPU reading
+    (psutil's first call only primes the counter), so short-lived workers may have none."""
+    cpu = [r["cpu_percent"] for r in rows if r["cpu_percent"] is not None]
     return {
         "cpu_percent": sum(cpu) / len(cpu) if cpu else None,
-        "rss_mb": rows[-1]["rss_mb"] if rows else None,
+        "rss_mb": next((r["rss_mb"] for r in reversed(rows) if r["rss_mb"]), None),
     }
 
 

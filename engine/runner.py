@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -68,6 +69,7 @@ class RunRequest:
             "seconds": self.seconds,
             "timeout_s": self.timeout_s,
             "cwd": os.getcwd(),
+            "parent_pid": os.getpid(),
         }
 
 
@@ -201,23 +203,33 @@ class RunHandle:
     # -- the reader thread -----------------------------------------------------------------
 
     def _read_events(self, fd: int) -> None:
-        buffer = b""
         try:
-            while True:
-                ready, _, _ = select.select([fd], [], [], 0.2)
-                if ready:
-                    chunk = os.read(fd, 1 << 16)
-                    if not chunk:
-                        break
-                    buffer = self._dispatch(buffer + chunk)
-                elif self._proc.poll() is not None:
-                    # The child is gone; orphaned workers may still hold the pipe open, so do
-                    # not wait for EOF: take what is there and finish.
-                    break
-            buffer = self._dispatch(buffer + _read_available(fd))
+            self._pump(fd)
+        except Exception as exc:  # noqa: BLE001 - a bug here must still end the run cleanly
+            self.live.error = RunError(
+                f"Internal error while reading the run's events: {type(exc).__name__}: {exc}",
+                details="".join(traceback.format_exception(exc)),
+                type="engine_internal",
+            )
+            self._kill_group()
         finally:
             os.close(fd)
             self._finish()
+
+    def _pump(self, fd: int) -> None:
+        buffer = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                buffer = self._dispatch(buffer + chunk)
+            elif self._proc.poll() is not None:
+                # The child is gone; orphaned workers may still hold the pipe open, so do
+                # not wait for EOF: take what is there and finish.
+                break
+        self._dispatch(buffer + _read_available(fd))
 
     def _dispatch(self, data: bytes) -> bytes:
         *lines, rest = data.split(b"\n")

@@ -1,0 +1,103 @@
+"""TrialResult: one measured loader configuration, reduced to the numbers the tuner reasons on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from . import metrics
+from .metrics import BatchRecord
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    num_workers: int
+    prefetch_factor: int | None
+    persistent_workers: bool
+    pin_memory: bool
+    batch_size: int | None
+    samples_per_s: float
+    batches: int  # steady-state batches behind samples_per_s
+    seconds: float  # wall time the trial cost, start-up included
+    startup_s: float  # iterator created -> first batch
+    consumer_idle_frac: float | None
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    worker_ms: float | None  # median fetch + collate per batch inside a worker (or main)
+    worker_cpu_ms: float | None  # median CPU of that work
+    worker_ms_cv: float | None  # spread of per-batch worker time (burstiness)
+    step_ms: float | None  # median consumer step per batch
+    main_cpu_ms: float | None  # main-process CPU per batch (receiving batches, the step)
+    batch_bytes: float | None
+    worker_private_mb: float | None  # per-worker memory not shared with the parent
+    h2d_ms: float | None = None  # copy as delivered (pinned when pin_memory)
+    h2d_other_ms: float | None = None  # the other memory kind, same batches
+    repeat: int = 0
+    phase: str = "search"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple:
+        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrialResult":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def summarize_trial(
+    records: list[BatchRecord],
+    warmup: int,
+    *,
+    num_workers: int,
+    prefetch_factor: int | None,
+    persistent_workers: bool,
+    pin_memory: bool,
+    batch_size: int | None,
+    seconds: float,
+    has_consumer: bool,
+    main_cpu_s: float | None,
+    worker_private_mb: float | None,
+    phase: str = "search",
+    repeat: int = 0,
+) -> TrialResult | None:
+    """Reduce one trial's batch records; None when too few batches reached steady state."""
+    steady = metrics.steady_state(records, warmup)
+    if steady is None or not steady.samples_per_s:
+        return None
+    measured = records[warmup:]
+    work = [(b.fetch_s + b.collate_s) * 1000 for b in measured]
+    mean = sum(work) / len(work)
+    variance = sum((w - mean) ** 2 for w in work) / len(work)
+    copies = [b.h2d_ms for b in measured if b.h2d_ms is not None]
+    others = [b.h2d_other_ms for b in measured if b.h2d_other_ms is not None]
+    idle = metrics.consumer_idle_fraction(records, steady) if has_consumer else None
+    return TrialResult(
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers,
+        pin_memory=pin_memory,
+        batch_size=batch_size,
+        samples_per_s=steady.samples_per_s,
+        batches=steady.batches,
+        seconds=seconds,
+        startup_s=records[0].wait_s if records else 0.0,
+        consumer_idle_frac=idle,
+        latency_p50_ms=metrics.percentile([b.wait_s * 1000 for b in measured], 50),
+        latency_p95_ms=metrics.percentile([b.wait_s * 1000 for b in measured], 95),
+        worker_ms=metrics.percentile(work, 50),
+        worker_cpu_ms=metrics.percentile(
+            [(b.fetch_cpu_s + b.collate_s) * 1000 for b in measured], 50),
+        worker_ms_cv=(variance ** 0.5) / mean if mean > 0 else None,
+        step_ms=metrics.percentile([b.step_s * 1000 for b in measured], 50),
+        main_cpu_ms=(main_cpu_s * 1000 / len(records)) if main_cpu_s is not None else None,
+        batch_bytes=metrics.percentile([b.nbytes for b in measured], 50),
+        worker_private_mb=worker_private_mb,
+        h2d_ms=metrics.percentile(copies, 50) if copies else None,
+        h2d_other_ms=metrics.percentile(others, 50) if others else None,
+        phase=phase,
+        repeat=repeat,
+    )

@@ -1,0 +1,51 @@
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATASETS = os.path.join(ROOT, "tests", "datasets")
+EXAMPLES = os.path.join(ROOT, "examples")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def dataset_path(name: str) -> str:
+    return os.path.join(DATASETS, name)
+
+
+def live_descendants() -> list[psutil.Process]:
+    """Our descendants, zombies included: a zombie is a process nobody reaped."""
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every test must leave no child, grandchild or unreaped zombie behind.
+
+    Processes get 3 s to disappear on their own; we never reap for the code under test (that
+    would hide a missing wait), only afterwards so one leak does not fail later tests.
+    """
+    before = {p.pid for p in live_descendants()}
+    yield
+    deadline = time.monotonic() + 3.0
+    leaked = [p for p in live_descendants() if p.pid not in before]
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        leaked = [p for p in live_descendants() if p.pid not in before]
+    described = []
+    for proc in leaked:
+        try:
+            described.append(f"{proc.pid} {proc.name()} ({proc.status()})")
+            proc.kill()
+            proc.wait(timeout=2)
+        except psutil.Error:
+            pass
+    assert not described, f"processes left behind: {described}"
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "runs.sqlite")

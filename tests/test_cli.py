@@ -1,0 +1,66 @@
+"""The CLI as a user runs it: a real process, real JSON on stdout, real exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT, dataset_path
+
+
+def cli(*args, db):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "engine", *args, "--db", db],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+REQUIRED = {"status", "config", "samples_per_s", "batches", "batch_latency_ms", "workers",
+            "consumer_idle_frac", "transfer", "system", "warnings"}
+
+
+def test_profile_json_is_one_document_with_the_contract(db_path):
+    result = cli("profile", dataset_path("small_map.py"), "--num-workers", "1", "--seconds",
+                 "1.5", "--json", db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)  # exactly one document: json.loads rejects trailing data
+    assert REQUIRED <= doc.keys()
+    assert doc["status"] == "ok" and doc["config"]["num_workers"] == 1
+    assert set(doc["batch_latency_ms"]) >= {"p50", "p95", "max"}
+    assert {"id", "pid", "busy_frac", "cpu_percent", "rss_mb", "batches"} <= doc["workers"][0].keys()
+    assert doc["transfer"] is None and doc["not_measured"]
+
+
+def test_profile_text_and_the_runs_listing(db_path):
+    result = cli("profile", dataset_path("with_step.py"), "--seconds", "1", db=db_path)
+    assert result.returncode == 0, result.stderr
+    assert "samples/s" in result.stdout and "consumer idle" in result.stdout
+    assert "GPU: not measured" in result.stdout
+    listing = cli("runs", "--json", db=db_path)
+    runs = json.loads(listing.stdout)["runs"]
+    assert len(runs) == 1 and runs[0]["status"] == "ok"
+    assert "with_step.py" in cli("runs", db=db_path).stdout
+
+
+def test_failed_dataset_exits_1_with_an_error_document(db_path):
+    result = cli("profile", dataset_path("factory_raises.py"), "--json", db=db_path)
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "error"
+    assert doc["error"]["type"] == "target_factory_error"
+    assert "FileNotFoundError" in doc["error"]["message"] and doc["error"]["details"]
+
+
+def test_failed_dataset_text_mode_shows_headline_first(db_path):
+    result = cli("profile", dataset_path("missing_import.py"), db=db_path)
+    assert result.returncode == 1
+    assert result.stdout.startswith("ERROR: Importing")
+    assert "definitely_not_installed_pkg" in result.stdout
+
+
+def test_bad_usage_exits_2(db_path):
+    assert cli("profile", dataset_path("small_map.py"), "--num-workers", "-3", db=db_path).returncode == 2
+    invalid = cli("profile", dataset_path("small_map.py"), "--prefetch-factor", "2", "--json",
+                  db=db_path)
+    assert invalid.returncode == 2
+    assert "prefetch_factor only applies" in json.loads(invalid.stdout)["error"]["message"]
+    assert cli("frobnicate", db=db_path).returncode == 2

@@ -1,0 +1,69 @@
+"""The measuring loop in-process, with real worker processes."""
+
+import pytest
+
+from engine.config import LoaderConfig
+from engine.errors import RunError
+from engine.measure import Consumer, Measurement, effective_config
+from engine.target import resolve
+
+from .conftest import dataset_path
+
+
+def _measure(target, config, consumer=Consumer(), seconds=30.0, max_batches=None, given=True):
+    resolved = resolve(dataset_path(target))
+    config = effective_config(resolved, config, batch_size_given=given)
+    records, epochs = [], []
+    Measurement(resolved, config, consumer, seconds, records.append,
+                on_epoch=lambda *a: epochs.append(a), max_batches=max_batches).run()
+    return records, epochs
+
+
+def test_zero_workers_crosses_epochs_until_max_batches():
+    records, epochs = _measure("small_map.py", LoaderConfig(batch_size=16), max_batches=10)
+    assert len(records) == 10
+    assert [e[0] for e in epochs] == [0, 1, 2]  # 64 samples / 16 = 4 batches per epoch
+    assert {r.worker_id for r in records} == {-1}
+    assert all(r.samples == 16 and r.nbytes > 0 for r in records)
+    assert [r.seq for r in records] == list(range(10))
+
+
+def test_several_workers_are_attributed():
+    records, _ = _measure("small_map.py", LoaderConfig(batch_size=8, num_workers=2),
+                          max_batches=16)
+    assert {r.worker_id for r in records} == {0, 1}
+    assert all(r.fetch_start >= 0 for r in records)
+
+
+def test_module_batch_size_applies_unless_given():
+    records, _ = _measure("small_map.py", LoaderConfig(), max_batches=2, given=False)
+    assert records[0].samples == 4
+
+
+def test_iterable_dataset_with_workers():
+    records, _ = _measure("stream.py", LoaderConfig(batch_size=5, num_workers=2), max_batches=30)
+    assert {r.worker_id for r in records} == {0, 1}
+
+
+def test_train_step_consumer_is_timed():
+    records, _ = _measure("with_step.py", LoaderConfig(batch_size=4),
+                          consumer=Consumer("train_step"), max_batches=5)
+    assert all(r.step_s >= 0.002 for r in records)
+
+
+def test_simulated_step_without_gpu_sleeps():
+    records, _ = _measure("small_map.py", LoaderConfig(batch_size=4),
+                          consumer=Consumer("simulated", 5.0), max_batches=3)
+    assert all(r.step_s >= 0.005 for r in records)
+
+
+def test_empty_dataset_is_reported():
+    with pytest.raises(RunError, match="produced no batches"):
+        _measure("empty.py", LoaderConfig(batch_size=4), max_batches=3)
+
+
+def test_consumer_choice():
+    assert Consumer.choose(None, True).kind == "train_step"
+    assert Consumer.choose(None, False).kind == "none"
+    assert Consumer.choose(10, True) == Consumer("simulated", 10.0)
+    assert Consumer.choose(0, True).kind == "none"

@@ -1,0 +1,89 @@
+"""Aggregations on hand-made timelines: every time is given, nothing is measured."""
+
+import pytest
+
+from engine import metrics
+from engine.metrics import BatchRecord
+
+
+def batch(seq, t_request, wait, step=0.0, worker=0, fetch_start=None, fetch=0.01, collate=0.0,
+          samples=4):
+    return BatchRecord(
+        seq=seq, epoch=0, t_request=t_request, wait_s=wait, step_s=step, samples=samples,
+        nbytes=100, worker_id=worker, worker_pid=1000 + worker,
+        fetch_start=t_request if fetch_start is None else fetch_start, fetch_s=fetch,
+        collate_s=collate,
+    )
+
+
+def test_percentile_matches_linear_interpolation():
+    assert metrics.percentile([1, 2, 3, 4], 50) == 2.5
+    assert metrics.percentile([10], 95) == 10
+    assert metrics.percentile([], 50) is None
+    assert metrics.percentile(list(range(101)), 95) == 95
+
+
+def test_latency_in_ms():
+    lat = metrics.latency_ms([0.001, 0.002, 0.003])
+    assert lat["p50"] == pytest.approx(2.0) and lat["max"] == pytest.approx(3.0)
+
+
+def test_warmup_counts_prefetched_batches():
+    assert metrics.warmup_batches(16, 2) == 32
+    assert metrics.warmup_batches(0, 0) == 1
+
+
+def test_steady_state_excludes_warmup_burst():
+    # 4 batches arrive at once (prefetched), then one every 0.1 s
+    batches = [batch(i, 0.0, 0.5) for i in range(4)]
+    batches += [batch(4 + i, 0.5 + 0.1 * i, 0.1) for i in range(10)]
+    steady = metrics.steady_state(batches, warmup=4)
+    assert steady.batches == 10
+    assert steady.seconds == pytest.approx(1.0)
+    assert steady.samples_per_s == pytest.approx(40.0)
+    assert steady.batches_per_s == pytest.approx(10.0)
+
+
+def test_steady_state_none_when_too_short():
+    assert metrics.steady_state([batch(0, 0, 0.1)], warmup=1) is None
+
+
+def test_busy_fraction_clips_to_the_window():
+    records = [
+        batch(0, 0.0, 0.0, worker=0, fetch_start=0.0, fetch=0.5),  # busy 0.0-0.5
+        batch(1, 0.0, 0.0, worker=1, fetch_start=0.8, fetch=0.4),  # busy 0.8-1.2
+    ]
+    busy = metrics.busy_fraction(records, 0.0, 1.0)
+    assert busy == {0: pytest.approx(0.5), 1: pytest.approx(0.2)}
+
+
+def test_busy_timeline_windows():
+    records = [batch(0, 0.0, 0.0, worker=0, fetch_start=0.5, fetch=1.0)]  # busy 0.5-1.5
+    rows = metrics.busy_timeline(records, end=2.0, window_s=1.0)
+    assert [r["busy_frac"] for r in rows] == [pytest.approx(0.5), pytest.approx(0.5)]
+
+
+def test_consumer_idle_fraction_and_verdicts():
+    # after warm-up: each 0.1 s cycle waits 0.03 s then steps 0.07 s
+    batches = [batch(0, 0.0, 0.0)]
+    t = 0.0
+    for i in range(1, 11):
+        batches.append(batch(i, t, 0.03, step=0.07))
+        t += 0.1
+    steady = metrics.steady_state(batches, warmup=1)
+    idle = metrics.consumer_idle_fraction(batches, steady)
+    assert idle == pytest.approx(0.3)
+    assert metrics.input_bound_verdict(idle) == "highly input-bound"
+    assert metrics.input_bound_verdict(0.1) == "moderately input-bound"
+    assert metrics.input_bound_verdict(0.01) == "not input-bound"
+    assert metrics.input_bound_verdict(None) is None
+
+
+def test_idle_gaps_timeline():
+    gaps = metrics.idle_gaps([batch(0, 1.0, 0.02), batch(1, 2.0, 0.0)], min_gap_s=0.001)
+    assert gaps == [{"t": 1.0, "gap_ms": pytest.approx(20.0), "seq": 0}]
+
+
+def test_record_row_roundtrip():
+    record = batch(3, 1.0, 0.5)
+    assert BatchRecord.from_row(record.to_row()) == record
