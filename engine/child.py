@@ -163,6 +163,8 @@ class ChildRun:
                 return
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if self.request.get("mode") == "tune" and "suggested max number of worker" in str(message):
+            return  # the tuner tries such counts on purpose and judges them by measurement
         code = "torch_warning" if "torch" in filename else "python_warning"
         self.events.send({"e": "warning", "code": code, "message": str(message)})
 
@@ -233,19 +235,22 @@ class ChildRun:
                 details=traceback.format_exc(),
                 type="getitem_error",
             ) from exc
-        self.events.send(
-            {
-                "e": "ready",
-                "pid": os.getpid(),
-                "dataset": dataset_info,
-                "config": config.to_json_dict(),
-                "snippet": config.snippet(),
-                "warmup_batches": warmup_for(config),
-                "consumer": consumer.to_dict(),
-                "system": system.snapshot(),
-                "torch": __import__("torch").__version__,
-            }
-        )
+        ready = {
+            "e": "ready",
+            "mode": request.get("mode", "profile"),
+            "pid": os.getpid(),
+            "dataset": dataset_info,
+            "config": config.to_json_dict(),
+            "snippet": config.snippet(),
+            "warmup_batches": warmup_for(config),
+            "consumer": consumer.to_dict(),
+            "system": system.snapshot(),
+            "torch": __import__("torch").__version__,
+        }
+        self.events.send(ready)
+        if request.get("mode") == "tune":
+            self._tune(resolved, config, consumer, ready["system"])
+            return
         threading.Thread(target=self._flusher, daemon=True).start()
         threading.Thread(target=self._sampler, daemon=True).start()
         self.last_progress = time.monotonic()
@@ -265,6 +270,16 @@ class ChildRun:
         )
         self.t0 = time.monotonic()
         measurement.run()
+
+    def _tune(self, resolved, config, consumer, system) -> None:
+        from .tune_session import run_tune
+
+        def on_trial(trial) -> None:
+            self.last_progress = time.monotonic()
+            self.events.send({"e": "trial", "trial": trial.to_dict()})
+
+        document = run_tune(resolved, config, consumer, system, self.request, on_trial)
+        self.events.send({"e": "tune_result", "result": document})
 
     def _on_batch(self, record) -> None:
         self.last_progress = time.monotonic()

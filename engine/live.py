@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import EngineError
 from .metrics import BatchRecord
-from .report import summarize
+from .report import summarize, summarize_tune
 
 
 class LiveRun:
@@ -30,6 +30,9 @@ class LiveRun:
         self.error: EngineError | None = None
         self.finished_reason: str | None = None
         self.elapsed_s = 0.0
+        self.mode = "profile"
+        self.trials: list[dict] = []  # tune runs: each measured configuration
+        self.tune_result: dict | None = None
 
     def apply(self, event: dict) -> None:
         kind = event["e"]
@@ -38,6 +41,11 @@ class LiveRun:
             self.snippet, self.consumer = event["snippet"], event["consumer"]
             self.system, self.torch_version = event["system"], event.get("torch")
             self.warmup_batches = event["warmup_batches"]
+            self.mode = event.get("mode", "profile")
+        elif kind == "trial":
+            self.trials.append(event["trial"])
+        elif kind == "tune_result":
+            self.tune_result = event["result"]
         elif kind == "batches":
             self.batches.extend(BatchRecord.from_row(row) for row in event["rows"])
             if self.batches:
@@ -65,4 +73,6 @@ class LiveRun:
         return pids | {b.worker_pid for b in self.batches if b.worker_id >= 0}
 
     def summary(self, status: str) -> dict:
+        if self.mode == "tune":
+            return summarize_tune(self, status)
         return summarize(self, status)

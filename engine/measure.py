@@ -132,6 +132,11 @@ class Measurement:
             if self._done(deadline, seq):
                 return seq
 
+    def close(self) -> None:
+        """Shut the loader's workers down (DataLoader's own, graceful shutdown)."""
+        self.iterator = None
+        self.loader = None
+
     def _done(self, deadline: float, seq: int) -> bool:
         return (
             self.should_stop()

@@ -54,6 +54,25 @@ def summarize(live: "LiveRun", status: str) -> dict:
     return doc
 
 
+def summarize_tune(live: "LiveRun", status: str) -> dict:
+    """The tune document: the child's result plus what the parent knows (status, errors)."""
+    doc = {"status": status, "target": live.target, "dataset": live.dataset,
+           "system": live.system, "consumer": live.consumer, "torch": live.torch_version}
+    if live.tune_result is not None:
+        doc.update(live.tune_result)
+        doc["warnings"] = list(live.warnings) + list(live.tune_result.get("warnings", []))
+    else:
+        doc.update({"recommended": None, "expected_samples_per_s": None, "baseline": None,
+                    "trials": list(live.trials), "reasons": [], "warnings": list(live.warnings)})
+        if status == "ok":
+            doc["status"] = "error"
+            doc["error"] = {"type": "tune_incomplete", "details": "",
+                            "message": "The tuner stopped before reaching a recommendation."}
+    if live.error is not None:
+        doc["error"] = live.error.to_dict()
+    return doc
+
+
 def _resource_stats(rows: list[dict]) -> dict:
     """Mean CPU % over samples and the last RSS. A process's first sample has no CPU reading
     (psutil's first call only primes the counter), so short-lived workers may have none."""

@@ -57,8 +57,11 @@ class RunRequest:
     step_ms: float | None = None  # None: the module's train_step if any, else no consumer
     seconds: float = 10.0
     timeout_s: float = 60.0
-    kind: str = "profile"
+    kind: str = "profile"  # "profile" | "tune" | "verify"
     label: str | None = None
+    budget_s: float = 45.0  # tune only
+    max_workers: int = 32  # tune only
+    local_world_size: int = 1  # tune only
 
     def to_json(self) -> dict:
         return {
@@ -70,6 +73,10 @@ class RunRequest:
             "timeout_s": self.timeout_s,
             "cwd": os.getcwd(),
             "parent_pid": os.getpid(),
+            "mode": "tune" if self.kind == "tune" else "profile",
+            "budget_s": self.budget_s,
+            "max_workers": self.max_workers,
+            "local_world_size": self.local_world_size,
         }
 
 
@@ -322,7 +329,8 @@ def run_to_completion(request: RunRequest, store: RunStore | None = None,
         handle.listeners.append(on_event)
     handle.start()
     try:
-        handle.wait(request.seconds + request.timeout_s + 30)
+        limit = request.budget_s + 60 if request.kind == "tune" else request.seconds
+        handle.wait(limit + request.timeout_s + 30)
         if not handle.state.done:
             handle.stop()
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, IterableDataset
 from .errors import TargetError
 
 DEFAULT_NAMES = ("make_dataset", "get_dataset", "dataset")
-EXTRA_NAMES = ("batch_size", "collate_fn", "sampler", "train_step")
+EXTRA_NAMES = ("batch_size", "collate_fn", "sampler", "train_step", "dataloader_kwargs")
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ResolvedTarget:
     collate_fn: Callable | None = None
     sampler: Any = None
     train_step: Callable | None = None
+    dataloader_kwargs: dict | None = None  # the settings the user trains with today
 
     @property
     def is_iterable(self) -> bool:

@@ -1,5 +1,106 @@
-"""Placeholder replaced by the tuner's CLI."""
+"""``python -m engine tune``: search the loader settings and print (or save) the recommendation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .config import LoaderConfig
+from .runner import RunRequest, run_to_completion
+from .store import RunStore
 
 
-def add_tune_parser(sub, add_common, positive_int, non_negative_float):
-    return None
+def add_tune_parser(sub, add_common, positive_int, non_negative_float) -> None:
+    tune = sub.add_parser("tune", help="find the best num_workers / pin_memory / prefetch settings")
+    tune.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
+    tune.add_argument("--batch-size", type=positive_int,
+                      help="default: the module's batch_size, else 32")
+    tune.add_argument("--step-ms", type=non_negative_float,
+                      help="simulate a training step of this many ms per batch (0: none); "
+                           "default: the module's train_step if it has one")
+    tune.add_argument("--budget-s", type=float, default=45.0,
+                      help="stop searching after this many seconds (default 45)")
+    tune.add_argument("--max-workers", type=positive_int, default=32,
+                      help="never try more workers than this (default 32)")
+    tune.add_argument("--local-world-size", type=positive_int, default=1,
+                      help="ranks sharing this machine's CPUs (default 1)")
+    tune.add_argument("--timeout-s", type=float, default=60.0,
+                      help="fail if no trial finishes for this long")
+    tune.add_argument("--out", help="write the recommended settings to this JSON file")
+    add_common(tune)
+
+
+def settings_file(doc: dict) -> dict:
+    """What ``--out`` writes: the kwargs for ``DataLoader(ds, **settings)`` and their evidence."""
+    return {
+        "dataloader_kwargs": doc["recommended"],
+        "target": doc["target"],
+        "expected_samples_per_s": doc["expected_samples_per_s"],
+        "baseline": doc["baseline"],
+        "reasons": doc["reasons"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_with": "from engine import load_settings; DataLoader(ds, **load_settings(path))",
+    }
+
+
+def render_tune_text(doc: dict) -> str:
+    if doc["status"] == "error":
+        return f"ERROR: {doc['error']['message']}"
+    if doc["status"] == "stopped" or not doc.get("recommended"):
+        return "Tuning stopped before a recommendation."
+    lines = [doc["snippet"], ""]
+    base = doc["baseline"] or {}
+    rate = doc["expected_samples_per_s"]
+    uncertainty = doc.get("uncertainty_pct")
+    noise = f" (±{uncertainty:.0f}% between repeats)" if uncertainty is not None else ""
+    lines.append(f"expected: {rate:.0f} samples/s{noise}")
+    if base.get("samples_per_s"):
+        lines.append(f"baseline ({base['source']}): {base['samples_per_s']:.0f} samples/s -> "
+                     f"{base['speedup']:.2f}x")
+    lines.append(f"tuned in {doc['tuning_seconds']:.1f} s over {len(doc['trials'])} trials")
+    lines.append("")
+    lines += [f"- {reason}" for reason in doc["reasons"]]
+    for warning in doc["warnings"]:
+        lines.append(f"warning [{warning['code']}]: {warning['message']}")
+    return "\n".join(lines)
+
+
+class _TrialProgress:
+    """A line on stderr per finished trial (stdout stays clean for --json)."""
+
+    def on_event(self, event: dict) -> None:
+        if event["e"] == "ready":
+            sys.stderr.write("tuning: dataset loaded, measuring...\n")
+        elif event["e"] == "trial":
+            t = event["trial"]
+            idle = t.get("consumer_idle_frac")
+            extra = f", consumer idle {idle:.0%}" if idle is not None else ""
+            sys.stderr.write(f"  [{t['phase']}] num_workers={t['num_workers']:<3d} "
+                             f"{t['samples_per_s']:10.1f} samples/s{extra}\n")
+        sys.stderr.flush()
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    request = RunRequest(
+        target=args.target, config=LoaderConfig(batch_size=args.batch_size or 1),
+        batch_size_given=args.batch_size is not None, step_ms=args.step_ms,
+        timeout_s=args.timeout_s, kind="tune", budget_s=args.budget_s,
+        max_workers=args.max_workers, local_world_size=args.local_world_size,
+    )
+    store = RunStore(args.db)
+    handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
+    doc = handle.live.summary(handle.state.value)
+    doc["run_id"] = handle.run_id
+    if args.out and doc.get("recommended"):
+        with open(args.out, "w", encoding="utf-8") as handle_out:
+            json.dump(settings_file(doc), handle_out, indent=2)
+        doc["settings_file"] = args.out
+    if args.json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    else:
+        print(render_tune_text(doc))
+        if args.out and doc.get("recommended"):
+            print(f"\nsettings written to {args.out}")
+    return 1 if doc["status"] == "error" else 0

@@ -1,0 +1,108 @@
+"""The dataset's cost profile, learnt from the first two trials, and what it predicts.
+
+A Plumber-style rate model with three limits on batches per second for ``n`` workers:
+
+    workers:  n / cycle          each worker makes one batch per cycle (fetch, collate, hand-off)
+    CPU:      cpus / cpu_cost    all CPU work per batch (workers' and the main process's)
+                                 shares the cores this loader may use
+    consumer: 1 / main_serial    the main process receives each batch and runs the step, serially
+
+Throughput is the smallest of the three. CPU-bound Python hits the CPU limit near the core count;
+waiting (I/O, sleeps) uses little CPU, so the worker limit keeps rising far past it; tiny
+in-memory samples hit the consumer limit at once, where workers only add hand-off cost and
+``num_workers=0`` wins. The model only proposes where to look: every pick is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .trials import TrialResult
+
+PEAK_SHARE = 0.97  # workers enough to reach this share of the binding limit count as "the peak"
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    serial_ms: float  # one batch with num_workers=0, step included (the main process does all)
+    cycle_ms: float  # one worker's time per batch, hand-off included (from the 1-worker trial)
+    worker_ms: float  # fetch + collate inside the worker
+    worker_cpu_ms: float  # CPU of that work
+    main_cpu_ms: float  # main-process CPU per batch with workers
+    step_ms: float  # the consumer's step per batch (0 without one)
+    step_on_cpu: bool  # a train_step in this process uses the CPU; a simulated step does not
+    cpu_budget: float  # cores this loader may use
+    batch_bytes: float
+    startup_s: float  # first batch after starting one worker
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time / wall time of the fetch: ~1 is CPU-bound, ~0 is waiting."""
+        return min(self.worker_cpu_ms / self.worker_ms, 1.0) if self.worker_ms > 0 else 1.0
+
+    @property
+    def main_serial_ms(self) -> float:
+        receive = self.main_cpu_ms - (self.step_ms if self.step_on_cpu else 0.0)
+        return max(receive, 0.01) + self.step_ms
+
+    def limits(self, n: int) -> dict[str, float]:
+        """Batches/s allowed by each limit with ``n >= 1`` workers."""
+        cpu_cost = self.worker_cpu_ms + max(self.main_cpu_ms, 0.01)
+        return {
+            "workers": n * 1000.0 / self.cycle_ms,
+            "cpu": self.cpu_budget * 1000.0 / cpu_cost if cpu_cost > 0 else math.inf,
+            "consumer": 1000.0 / self.main_serial_ms,
+        }
+
+    def predict(self, n: int) -> float:
+        """Predicted batches/s with ``n`` workers."""
+        if n == 0:
+            return 1000.0 / self.serial_ms
+        return min(self.limits(n).values())
+
+    def binding_limit(self, n: int) -> str:
+        limits = self.limits(n)
+        return min(limits, key=limits.get)
+
+    def peak_workers(self, max_workers: int) -> int:
+        """The fewest workers predicted to reach ``PEAK_SHARE`` of the best with workers."""
+        ceiling = self.limits(1)
+        cap = min(ceiling["cpu"], ceiling["consumer"])
+        n = math.ceil(PEAK_SHARE * cap * self.cycle_ms / 1000.0)
+        return max(1, min(n, max_workers))
+
+    def fed_workers(self, max_workers: int, margin: float = 1.15) -> int:
+        """The fewest workers predicted to produce batches faster than the consumer takes them."""
+        demand = 1000.0 / self.main_serial_ms
+        n = math.ceil(margin * demand * self.cycle_ms / 1000.0)
+        return max(1, min(n, max_workers))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cpu_share": self.cpu_share, "main_serial_ms": self.main_serial_ms}
+
+
+def learn(serial: TrialResult, one_worker: TrialResult, cpu_budget: float,
+          step_on_cpu: bool) -> CostProfile:
+    """Fit the profile from a ``num_workers=0`` trial and a ``num_workers=1`` trial."""
+    bs = serial.batch_size or 1
+    serial_ms = 1000.0 * bs / serial.samples_per_s
+    cycle_ms = 1000.0 * (one_worker.batch_size or 1) / one_worker.samples_per_s
+    worker_ms = one_worker.worker_ms or cycle_ms
+    step_ms = one_worker.step_ms or 0.0
+    # With one worker the consumer may be what limits the rate; then the worker's own cycle is
+    # its measured work (plus hand-off), not the observed rate.
+    if one_worker.consumer_idle_frac is not None and one_worker.consumer_idle_frac < 0.05:
+        cycle_ms = max(worker_ms, 0.01)
+    return CostProfile(
+        serial_ms=serial_ms,
+        cycle_ms=max(cycle_ms, worker_ms, 0.01),
+        worker_ms=max(worker_ms, 0.001),
+        worker_cpu_ms=min(one_worker.worker_cpu_ms or 0.0, worker_ms),
+        main_cpu_ms=one_worker.main_cpu_ms or 0.0,
+        step_ms=step_ms,
+        step_on_cpu=step_on_cpu,
+        cpu_budget=max(cpu_budget, 0.5),
+        batch_bytes=one_worker.batch_bytes or 0.0,
+        startup_s=one_worker.startup_s,
+    )

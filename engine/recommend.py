@@ -1,0 +1,228 @@
+"""The decision: from measured trials to recommended DataLoader settings and plain reasons.
+
+Pure functions over recorded measurements (no clocks, no processes), so the logic is tested
+on recorded trials. Every reason quotes the numbers it rests on.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from .costmodel import CostProfile
+from .trials import TrialResult
+
+FEWER_WORKERS_TOLERANCE = 0.02  # take fewer workers when within 2% of the fastest
+FED_TOLERANCE = 0.02  # consumer idle within 2 points of the best counts as fed
+PIN_GAIN = 0.10  # pinned copies must be 10% faster to be worth the locked RAM
+PERSISTENT_SHARE = 0.01  # restart cost above 1% of an epoch makes persistent_workers pay
+BURSTY_CV = 0.5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the machine gives this loader, and why the search stopped where it did."""
+
+    cpus_usable: int
+    other_load_cpus: float
+    local_world_size: int
+    cpu_budget: float
+    max_workers: int  # the user's cap
+    memory_max_workers: int | None  # the cap RAM and /dev/shm allow, if it binds
+    gpu_available: bool
+    dataset_length: int | None
+
+    @classmethod
+    def from_system(cls, system: dict, local_world_size: int, max_workers: int,
+                    dataset_length: int | None) -> "Limits":
+        usable = system.get("cpus_usable") or 1
+        quota = system.get("cpu_quota")
+        other = system.get("other_load_cpus") or 0.0
+        cores = min(usable, quota) if quota else usable
+        budget = max((cores - other) / max(local_world_size, 1), 0.5)
+        return cls(usable, other, max(local_world_size, 1), budget, max_workers, None,
+                   bool((system.get("gpu") or {}).get("available")), dataset_length)
+
+
+@dataclass
+class Recommendation:
+    kwargs: dict
+    expected_samples_per_s: float
+    uncertainty_pct: float | None
+    reasons: list[str]
+    warnings: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def by_workers(trials: list[TrialResult]) -> dict[int, list[TrialResult]]:
+    groups: dict[int, list[TrialResult]] = {}
+    for trial in trials:
+        groups.setdefault(trial.num_workers, []).append(trial)
+    return dict(sorted(groups.items()))
+
+
+def median_rate(trials: list[TrialResult]) -> float:
+    return statistics.median(t.samples_per_s for t in trials)
+
+
+def median_idle(trials: list[TrialResult]) -> float | None:
+    idles = [t.consumer_idle_frac for t in trials if t.consumer_idle_frac is not None]
+    return statistics.median(idles) if idles else None
+
+
+def spread_pct(trials: list[TrialResult]) -> float | None:
+    """Half the range of repeated measurements, as % of their median: the answer's own noise."""
+    if len(trials) < 2:
+        return None
+    rates = [t.samples_per_s for t in trials]
+    return 50.0 * (max(rates) - min(rates)) / statistics.median(rates)
+
+
+def pick_fastest(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
+    """The fewest workers within ``FEWER_WORKERS_TOLERANCE`` of the fastest measured setting."""
+    rates = {n: median_rate(ts) for n, ts in groups.items()}
+    best_n = max(rates, key=rates.get)
+    pick = min(n for n, r in rates.items() if r >= (1 - FEWER_WORKERS_TOLERANCE) * rates[best_n])
+    if pick == best_n:
+        more = [n for n in rates if n > pick]
+        if more:
+            nxt = min(more)
+            why = (f"{pick} workers gave {rates[pick]:.0f} samples/s; {nxt} gave "
+                   f"{rates[nxt]:.0f} samples/s, so more workers stopped paying there.")
+        else:
+            why = f"{pick} workers gave the best throughput measured, {rates[pick]:.0f} samples/s."
+    else:
+        why = (f"{pick} workers gave {rates[pick]:.0f} samples/s, within "
+               f"{FEWER_WORKERS_TOLERANCE:.0%} of the fastest ({best_n} workers, "
+               f"{rates[best_n]:.0f} samples/s), with fewer processes and less memory.")
+    return pick, why
+
+
+def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
+    """The fewest workers whose consumer idle is within 2 points of the best any setting got."""
+    idles = {n: median_idle(ts) for n, ts in groups.items()}
+    idles = {n: i for n, i in idles.items() if i is not None}
+    best = min(idles.values())
+    pick = min(n for n, i in idles.items() if i <= best + FED_TOLERANCE)
+    step = statistics.median(t.step_ms or 0 for t in groups[pick])
+    why = (f"Your step takes {step:.1f} ms per batch. With {pick} worker(s) it waits "
+           f"{idles[pick]:.1%} of the time, within {FED_TOLERANCE * 100:.0f} points of the best "
+           f"measured ({best:.1%}); more workers would only cost memory.")
+    fewer = [n for n in idles if n < pick]
+    if fewer:
+        below = max(fewer)
+        why += f" With {below} it waits {idles[below]:.1%}."
+    return pick, why
+
+
+def describe_profile(profile: CostProfile, limits: Limits) -> str:
+    if profile.serial_ms <= 1.2 * profile.main_serial_ms:
+        return (f"Batches are cheap to make: {profile.serial_ms:.2f} ms each in the main "
+                f"process, while receiving one from a worker costs the main process "
+                f"{profile.main_serial_ms:.2f} ms, so the hand-off between processes is the "
+                "bottleneck.")
+    if profile.cpu_share >= 0.6:
+        kind = (f"CPU-bound: {profile.worker_cpu_ms:.1f} ms of CPU in each "
+                f"{profile.worker_ms:.1f} ms batch, so throughput tops out near the "
+                f"{limits.cpu_budget:g} CPU(s) this loader can use")
+    elif profile.cpu_share <= 0.3:
+        kind = (f"mostly waiting: only {profile.worker_cpu_ms:.1f} ms of CPU in each "
+                f"{profile.worker_ms:.1f} ms batch, so workers beyond the "
+                f"{limits.cpu_budget:g} usable CPU(s) still overlap the waits")
+    else:
+        kind = (f"mixed: {profile.cpu_share:.0%} of each {profile.worker_ms:.1f} ms batch is "
+                "CPU work")
+    return f"The dataset is {kind}."
+
+
+def pin_memory_decision(chosen: list[TrialResult], limits: Limits) -> tuple[bool, str]:
+    if not limits.gpu_available:
+        return False, ("pin_memory=False: no GPU is visible, so pinned copies could not be "
+                       "measured; pinning here would only cost locked RAM and a copy.")
+    pageable = [t.h2d_ms for t in chosen if t.h2d_ms is not None and not t.pin_memory]
+    pinned = [t.h2d_other_ms for t in chosen if t.h2d_other_ms is not None and not t.pin_memory]
+    if not pageable or not pinned:
+        return False, "pin_memory=False: host-to-device copies could not be timed on this GPU."
+    page_ms, pin_ms = statistics.median(pageable), statistics.median(pinned)
+    if pin_ms < (1 - PIN_GAIN) * page_ms:
+        return True, (f"pin_memory=True: at this batch size a pinned copy took {pin_ms:.3f} ms "
+                      f"against {page_ms:.3f} ms pageable ({page_ms / pin_ms:.1f}x faster).")
+    return False, (f"pin_memory=False: pinned copies ({pin_ms:.3f} ms) were not clearly faster "
+                   f"than pageable ones ({page_ms:.3f} ms) at this batch size.")
+
+
+def persistent_decision(n: int, chosen: list[TrialResult], limits: Limits,
+                        samples_per_s: float) -> tuple[bool, str | None]:
+    if n == 0:
+        return False, None
+    startup = statistics.median(t.startup_s for t in chosen)
+    batch = chosen[0].batch_size or 1
+    if limits.dataset_length is None:
+        return True, (f"persistent_workers=True: starting {n} worker(s) took {startup:.2f} s "
+                      "before the first batch, paid again every epoch otherwise.")
+    epoch_s = limits.dataset_length / samples_per_s
+    share = startup / epoch_s if epoch_s > 0 else 1.0
+    if share >= PERSISTENT_SHARE:
+        return True, (f"persistent_workers=True: restarting {n} worker(s) costs {startup:.2f} s "
+                      f"per epoch, {share:.1%} of a {epoch_s:.1f} s epoch "
+                      f"({limits.dataset_length} samples, batch {batch}).")
+    return False, (f"persistent_workers=False: worker start-up ({startup:.2f} s) is under "
+                   f"{PERSISTENT_SHARE:.0%} of a {epoch_s:.0f} s epoch.")
+
+
+def prefetch_decision(n: int, chosen: list[TrialResult], has_consumer: bool
+                      ) -> tuple[int | None, str | None]:
+    if n == 0:
+        return None, None
+    cvs = [t.worker_ms_cv for t in chosen if t.worker_ms_cv is not None]
+    cv = statistics.median(cvs) if cvs else 0.0
+    idle = median_idle(chosen)
+    if cv > BURSTY_CV and (not has_consumer or (idle or 0) > FED_TOLERANCE):
+        return 4, (f"prefetch_factor=4: batch times vary a lot (coefficient of variation "
+                   f"{cv:.2f}), so a deeper queue absorbs slow batches.")
+    return None, (f"prefetch_factor left at 2: batch times are steady (coefficient of "
+                  f"variation {cv:.2f}).")
+
+
+def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Limits,
+              has_consumer: bool, batch_size: int | None) -> Recommendation:
+    groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None])
+    n, why = pick_fed(groups) if has_consumer else pick_fastest(groups)
+    chosen = groups[n]
+    rate = median_rate(chosen)
+    reasons = []
+    if profile is not None:
+        reasons.append(describe_profile(profile, limits))
+    reasons.append(why)
+    if 0 in groups and n != 0:
+        base = median_rate(groups[0])
+        reasons.append(f"That is {rate / base:.1f}x the {base:.0f} samples/s of num_workers=0.")
+    elif n == 0 and len(groups) > 1:
+        one = median_rate(groups[min(k for k in groups if k > 0)])
+        reasons.append(f"Loading in the main process beats worker processes here "
+                       f"({rate:.0f} vs {one:.0f} samples/s): handing each batch between "
+                       "processes costs more than making it.")
+    if limits.memory_max_workers is not None and limits.memory_max_workers < limits.max_workers:
+        reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
+                       "(worker memory plus batches in flight against free RAM and /dev/shm).")
+    if limits.local_world_size > 1:
+        reasons.append(f"The machine's CPUs are shared by {limits.local_world_size} ranks: "
+                       f"{limits.cpu_budget:g} CPU(s) for this one.")
+    pin, pin_reason = pin_memory_decision(chosen, limits)
+    persistent, persistent_reason = persistent_decision(n, chosen, limits, rate)
+    prefetch, prefetch_reason = prefetch_decision(n, chosen, has_consumer)
+    reasons += [r for r in (pin_reason, persistent_reason, prefetch_reason) if r]
+    kwargs = {"batch_size": batch_size, "num_workers": n, "pin_memory": pin}
+    if n > 0:
+        kwargs["persistent_workers"] = persistent
+        if prefetch is not None:
+            kwargs["prefetch_factor"] = prefetch
+    warnings = []
+    spread = spread_pct(chosen)
+    if spread is not None and spread > 10:
+        warnings.append({"code": "noisy_machine",
+                         "message": f"Repeated measurements of the pick varied by ±{spread:.0f}%: "
+                                    "other load on this machine makes the numbers uncertain."})
+    return Recommendation(kwargs, rate, spread, reasons, warnings)

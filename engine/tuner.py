@@ -1,0 +1,213 @@
+"""The search: few, short, steady-state trials guided by the cost model, then a noise check.
+
+1. Probe: measure ``num_workers=0`` and ``1``; learn the cost profile (costmodel.py).
+2. Predict: the fewest workers that reach the peak (or, with a consumer, that keep it fed).
+3. Climb: measure the prediction, then step up while more workers still pay (>= 3% more
+   samples/s, or 2 points less consumer idle) and down while fewer lose nothing (within 2%).
+   Like tf.data's AUTOTUNE hill-climb, but starting where the model says the peak is, so a
+   latency-bound dataset jumps straight to many workers and a tiny one stays at zero.
+4. Confirm: re-measure the leading candidates interleaved (A B A B) so one noisy trial cannot
+   flip the decision; the spread of the repeats is reported as the answer's uncertainty.
+
+The search is pure: it calls ``measure(spec)`` and gets a ``TrialResult`` back, so tests drive
+it with simulated workloads and no processes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from . import costmodel
+from .costmodel import CostProfile
+from .recommend import Limits, Recommendation, by_workers, median_idle, median_rate, recommend
+from .trials import TrialResult
+
+MORE_WORKERS_GAIN = 0.03
+LESS_IDLE_GAIN = 0.02
+KEEP_FEWER_SHARE = 0.98
+CONFIRM_WITHIN = 0.10  # candidates within 10% of the best are re-measured
+MEMORY_SHARE = 0.5  # workers may use at most half the free RAM and half of /dev/shm
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    num_workers: int
+    phase: str = "search"
+    repeat: int = 0
+
+
+@dataclass
+class TuneOutcome:
+    trials: list[TrialResult]
+    profile: CostProfile | None
+    recommendation: Recommendation
+    limits: Limits
+    stopped_by_budget: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def grow(n: int) -> int:
+    return n + 1 if n < 4 else math.ceil(n * 1.5)
+
+
+def shrink(n: int) -> int:
+    return n - 1 if n <= 4 else math.floor(n / 1.5)
+
+
+def memory_max_workers(one_worker: TrialResult, system: dict, prefetch: int = 2) -> int | None:
+    """Workers that fit: private memory each plus batches in flight, against free RAM and shm."""
+    batch_mb = (one_worker.batch_bytes or 0) / 2**20
+    per_worker = (one_worker.worker_private_mb or 0) + prefetch * batch_mb
+    caps = []
+    if per_worker > 0 and system.get("ram_available_mb"):
+        caps.append(int(MEMORY_SHARE * system["ram_available_mb"] / per_worker))
+    shm = system.get("shm") or {}
+    if batch_mb > 0 and shm.get("free_mb"):
+        caps.append(int(MEMORY_SHARE * shm["free_mb"] / (prefetch * batch_mb)))
+    return max(min(caps), 1) if caps else None
+
+
+class Tuner:
+    def __init__(
+        self,
+        measure: Callable[[TrialSpec], TrialResult | None],
+        limits: Limits,
+        system: dict,
+        has_consumer: bool,
+        step_on_cpu: bool,
+        budget_s: float,
+        batch_size: int | None,
+        on_trial: Callable[[TrialResult], None] = lambda trial: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.measure_fn, self.limits, self.system = measure, limits, system
+        self.has_consumer, self.step_on_cpu = has_consumer, step_on_cpu
+        self.budget_s, self.batch_size = budget_s, batch_size
+        self.on_trial, self.clock = on_trial, clock
+        self.trials: list[TrialResult] = []
+        self.started = 0.0
+        self.out_of_budget = False
+        self.max_n = limits.max_workers
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def _measure(self, n: int, phase: str = "search", repeat: int = 0) -> list[TrialResult]:
+        """Measure ``n`` workers unless already measured; returns all its trials."""
+        done = [t for t in self.trials if t.num_workers == n]
+        if done and phase != "confirm":
+            return done
+        if self.clock() - self.started > self.budget_s:
+            self.out_of_budget = True
+            return done
+        trial = self.measure_fn(TrialSpec(n, phase, repeat))
+        if trial is not None:
+            self.trials.append(trial)
+            self.on_trial(trial)
+        return [t for t in self.trials if t.num_workers == n]
+
+    def _score(self, n: int) -> float | None:
+        trials = [t for t in self.trials if t.num_workers == n]
+        if not trials:
+            return None
+        if self.has_consumer:
+            idle = median_idle(trials)
+            return -idle if idle is not None else None
+        return median_rate(trials)
+
+    def _better(self, new: float, old: float) -> bool:
+        if self.has_consumer:
+            return new > old + LESS_IDLE_GAIN
+        return new > old * (1 + MORE_WORKERS_GAIN)
+
+    def _no_worse(self, new: float, old: float) -> bool:
+        if self.has_consumer:
+            return new >= old - LESS_IDLE_GAIN
+        return new >= old * KEEP_FEWER_SHARE
+
+    # -- the search -----------------------------------------------------------------------
+
+    def run(self) -> TuneOutcome:
+        self.started = self.clock()
+        profile = self._probe()
+        if profile is not None:
+            start = (profile.fed_workers(self.max_n) if self.has_consumer
+                     else profile.peak_workers(self.max_n))
+            if self.has_consumer or profile.predict(start) > profile.predict(0):
+                self._climb(start)
+            # else: the main process alone beats what any worker count can hand it (the
+            # measured 0- and 1-worker trials already show it); climbing would waste trials.
+        self._confirm()
+        groups = by_workers(self.trials)
+        if not groups:
+            raise RuntimeError("no trial reached steady state")
+        recommendation = recommend(self.trials, profile, self.limits, self.has_consumer,
+                                   self.batch_size)
+        if self.out_of_budget:
+            recommendation.warnings.append({
+                "code": "budget_reached",
+                "message": f"The {self.budget_s:g} s budget ran out before the search finished; "
+                           "the pick is the best measured so far. Raise --budget-s to search on.",
+            })
+        return TuneOutcome(self.trials, profile, recommendation, self.limits, self.out_of_budget)
+
+    def _probe(self) -> CostProfile | None:
+        serial = self._measure(0, "probe")
+        if self.max_n < 1:
+            return None
+        one = self._measure(1, "probe")
+        if not serial or not one:
+            return None
+        cap = memory_max_workers(one[0], self.system)
+        if cap is not None and cap < self.max_n:
+            self.max_n = cap
+            self.limits = replace(self.limits, memory_max_workers=cap)
+        return costmodel.learn(serial[0], one[0], self.limits.cpu_budget, self.step_on_cpu)
+
+    def _climb(self, start: int) -> None:
+        current = max(1, min(start, self.max_n))
+        self._measure(current)
+        # Up while more workers pay.
+        while not self.out_of_budget and current < self.max_n:
+            nxt = min(grow(current), self.max_n)
+            self._measure(nxt)
+            new, old = self._score(nxt), self._score(current)
+            if new is None or old is None or not self._better(new, old):
+                break
+            current = nxt
+        # Down while fewer workers lose nothing against the best worker count so far.
+        with_workers = [n for n in self._measured() if n > 0 and self._score(n) is not None]
+        if not with_workers:
+            return
+        best = max(with_workers, key=lambda n: (self._score(n), -n))
+        current = best
+        while not self.out_of_budget and current > 1:
+            nxt = shrink(current)
+            self._measure(nxt)
+            new = self._score(nxt)
+            if new is None or not self._no_worse(new, self._score(best)):
+                break
+            current = nxt
+
+    def _measured(self) -> list[int]:
+        return sorted({t.num_workers for t in self.trials})
+
+    def _confirm(self) -> None:
+        """Re-measure the leading candidates, interleaved, where noise could flip the pick."""
+        scores = {n: self._score(n) for n in self._measured()}
+        scores = {n: s for n, s in scores.items() if s is not None}
+        if len(scores) < 2:
+            return
+        best = max(scores.values())
+        if self.has_consumer:
+            close = [n for n, s in scores.items() if s >= best - 2 * LESS_IDLE_GAIN]
+        else:
+            close = [n for n, s in scores.items() if s >= best * (1 - CONFIRM_WITHIN)]
+        leaders = sorted(close, key=lambda n: (-scores[n], n))[:2]
+        if len(leaders) < 2:
+            leaders = sorted(scores, key=lambda n: -scores[n])[:2]
+        for repeat in (1,):
+            for n in leaders:
+                self._measure(n, "confirm", repeat)
