@@ -47,8 +47,8 @@ from .errors import EngineError, RunError
 from .measure import Consumer, Measurement, effective_config
 from .target import resolve
 
-FLUSH_INTERVAL_S = 0.25
-SAMPLE_INTERVAL_S = 0.5
+TICK_S = 0.25  # batches reach the parent at least this often
+SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
 
 
 class StopRun(BaseException):
@@ -140,6 +140,7 @@ class ChildRun:
         # From the request, not os.getppid(): the parent may die before we get this far.
         self.parent_pid = request.get("parent_pid") or os.getppid()
         self.measurement: Measurement | None = None
+        self.streaming = False  # profile runs stream batches and resource samples
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -151,16 +152,41 @@ class ChildRun:
     def _on_sigusr1(self, signum, frame) -> None:
         raise Hang()
 
-    def _watchdog(self) -> None:
+    def _check_watchdog(self) -> bool:
+        """Parent gone or no progress within the timeout: interrupt the main thread."""
+        if os.getppid() != self.parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return True
         timeout_s = self.request.get("timeout_s") or 0
-        while not self.finished.wait(0.2):
-            if os.getppid() != self.parent_pid:
-                os.kill(os.getpid(), signal.SIGTERM)
+        if timeout_s and time.monotonic() - self.last_progress > timeout_s:
+            self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0}
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return True
+        return False
+
+    def _ticker(self) -> None:
+        """The child's one helper thread: watchdog, batch flush and resource samples.
+
+        One thread waking every TICK_S, not three: with the cores saturated by workers, each
+        extra wake-up of this process delays the main thread handing out indices, which costs
+        the pipeline more than the wake-up's own CPU time.
+        """
+        sampler = None
+        tick = 0
+        while not self.finished.wait(TICK_S):
+            tick += 1
+            if self._check_watchdog():
                 return
-            if timeout_s and time.monotonic() - self.last_progress > timeout_s:
-                self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0}
-                os.kill(os.getpid(), signal.SIGUSR1)
-                return
+            if not self.streaming:
+                continue
+            self._flush()
+            if sampler is None:
+                sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
+            elif tick % SAMPLE_EVERY_TICKS == 0:
+                try:
+                    self.events.send(sampler.sample(time.monotonic() - self.t0))
+                except Exception:  # noqa: BLE001 - a sampling hiccup must not end the run
+                    pass
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if self.request.get("mode") == "tune" and "suggested max number of worker" in str(message):
@@ -177,25 +203,13 @@ class ChildRun:
         if rows:
             self.events.send({"e": "batches", "rows": rows})
 
-    def _flusher(self) -> None:
-        while not self.finished.wait(FLUSH_INTERVAL_S):
-            self._flush()
-
-    def _sampler(self) -> None:
-        sampler = ResourceSampler(self.worker_ids)
-        while not self.finished.wait(SAMPLE_INTERVAL_S):
-            try:
-                self.events.send(sampler.sample(time.monotonic() - self.t0))
-            except Exception:  # noqa: BLE001 - a sampling hiccup must not end the run
-                pass
-
     # -- the run ----------------------------------------------------------------------
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
         warnings.showwarning = self._warning_hook
-        threading.Thread(target=self._watchdog, daemon=True).start()
+        threading.Thread(target=self._ticker, daemon=True).start()
         reason, code = "deadline", 0
         try:
             self._run()
@@ -251,8 +265,7 @@ class ChildRun:
         if request.get("mode") == "tune":
             self._tune(resolved, config, consumer, ready["system"])
             return
-        threading.Thread(target=self._flusher, daemon=True).start()
-        threading.Thread(target=self._sampler, daemon=True).start()
+        self.streaming = True
         self.last_progress = time.monotonic()
         # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
         # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.

@@ -226,7 +226,7 @@ class RunHandle:
     def _pump(self, fd: int) -> None:
         buffer = b""
         while True:
-            ready, _, _ = select.select([fd], [], [], 0.2)
+            ready, _, _ = select.select([fd], [], [], 0.5)
             if ready:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:

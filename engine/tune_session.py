@@ -20,7 +20,8 @@ from .trials import TrialResult, summarize_trial
 from .tuner import Tuner, TrialSpec, TuneOutcome
 
 MIN_STEADY_BATCHES = 8
-MIN_WINDOW_S = 0.5
+MIN_WINDOW_S = 0.6
+PREWARM_S = 0.4
 MAX_TRIAL_S = 3.0
 
 
@@ -86,6 +87,9 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat)
 
     started = time.monotonic()
+    # The first batches in a fresh process pay for page faults, allocator growth and lazy
+    # imports; an untimed pass keeps that out of the first probe.
+    measure_trial(resolved, search_config, consumer, "prewarm", 0, max_trial_s=PREWARM_S)
     tuner = Tuner(measure, limits, system, has_consumer=consumer.kind != "none",
                   step_on_cpu=consumer.kind == "train_step",
                   budget_s=float(request.get("budget_s") or 45.0),

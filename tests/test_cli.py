@@ -64,3 +64,43 @@ def test_bad_usage_exits_2(db_path):
     assert invalid.returncode == 2
     assert "prefetch_factor only applies" in json.loads(invalid.stdout)["error"]["message"]
     assert cli("frobnicate", db=db_path).returncode == 2
+
+
+def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_path):
+    from torch.utils.data import DataLoader
+
+    from engine import load_settings
+
+    out = tmp_path / "settings.json"
+    result = cli("tune", dataset_path("small_map.py"), "--max-workers", "2", "--budget-s", "20",
+                 "--json", "--out", str(out), db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "ok"
+    assert {"num_workers", "pin_memory", "batch_size"} <= doc["recommended"].keys()
+    assert doc["recommended"]["pin_memory"] is False  # no GPU here
+    assert doc["expected_samples_per_s"] > 0 and doc["baseline"]["samples_per_s"] > 0
+    assert doc["baseline"]["speedup"] == doc["expected_samples_per_s"] / doc["baseline"]["samples_per_s"]
+    assert len(doc["trials"]) >= 2 and all(t["samples_per_s"] > 0 for t in doc["trials"])
+    assert doc["reasons"] and any("no GPU" in r for r in doc["reasons"])
+    assert "num_workers=" in result.stderr  # progress lines went to stderr
+    settings = load_settings(str(out))
+    from tests.datasets.small_map import SmallMap
+
+    assert len(list(DataLoader(SmallMap(), **settings))) > 0
+    saved = json.loads(cli("runs", "--json", db=db_path).stdout)["runs"][0]
+    assert saved["kind"] == "tune" and saved["summary"]["recommended"] == doc["recommended"]
+
+
+def test_tune_text_prints_the_code_line(db_path):
+    result = cli("tune", dataset_path("small_map.py"), "--max-workers", "1", "--budget-s", "10",
+                 db=db_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("DataLoader(dataset, batch_size=4")
+    assert "expected:" in result.stdout
+
+
+def test_tune_bad_target_exits_1(db_path):
+    result = cli("tune", dataset_path("two_classes.py"), "--json", db=db_path)
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["error"]["type"] == "target_ambiguous"

@@ -1,0 +1,1 @@
+"""Streamlit pages and pure figure builders. All measuring happens in engine/."""

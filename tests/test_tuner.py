@@ -1,0 +1,177 @@
+"""The search and the decision on simulated workloads and recorded trials: no timing here."""
+
+import math
+
+import pytest
+
+from engine import costmodel
+from engine.recommend import Limits, pick_fastest, pick_fed, recommend
+from engine.trials import TrialResult
+from engine.tuner import Tuner, grow, memory_max_workers, shrink
+
+SYSTEM = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
+          "shm": {"free_mb": 10000}, "gpu": {"available": False}}
+
+
+def trial(n, rate, idle=None, worker_ms=10.0, cpu_ms=9.0, main_cpu_ms=0.2, step_ms=0.0,
+          startup=0.05, bytes_=4096, private_mb=20.0, phase="search", cv=0.1, **kw):
+    return TrialResult(
+        num_workers=n, prefetch_factor=None, persistent_workers=False, pin_memory=False,
+        batch_size=16, samples_per_s=rate, batches=20, seconds=1.0, startup_s=startup,
+        consumer_idle_frac=idle, latency_p50_ms=1.0, latency_p95_ms=2.0, worker_ms=worker_ms,
+        worker_cpu_ms=cpu_ms, worker_ms_cv=cv, step_ms=step_ms, main_cpu_ms=main_cpu_ms,
+        batch_bytes=bytes_, worker_private_mb=private_mb, phase=phase, **kw)
+
+
+def limits(max_workers=32, length=4096, gpu=False):
+    return Limits.from_system({**SYSTEM, "gpu": {"available": gpu}}, 1, max_workers, length)
+
+
+class Simulated:
+    """A workload defined by a throughput curve (samples/s per worker count); counts trials."""
+
+    def __init__(self, curve, worker_ms, cpu_ms, main_cpu_ms=0.2, idle=None, step_ms=0.0):
+        self.curve, self.calls = curve, []
+        self.worker_ms, self.cpu_ms, self.main_cpu_ms = worker_ms, cpu_ms, main_cpu_ms
+        self.idle, self.step_ms = idle, step_ms
+
+    def __call__(self, spec):
+        self.calls.append(spec.num_workers)
+        n = spec.num_workers
+        idle = self.idle(n) if self.idle else None
+        return trial(n, self.curve(n), idle=idle, worker_ms=self.worker_ms, cpu_ms=self.cpu_ms,
+                     main_cpu_ms=self.main_cpu_ms, step_ms=self.step_ms, phase=spec.phase)
+
+
+def run(sim, has_consumer=False, max_workers=32, budget=60.0):
+    tuner = Tuner(sim, limits(max_workers), SYSTEM, has_consumer=has_consumer,
+                  step_on_cpu=False, budget_s=budget, batch_size=16)
+    return tuner.run()
+
+
+def grid_best(curve, max_workers=32):
+    return max(curve(n) for n in range(max_workers + 1))
+
+
+def test_cpu_bound_peaks_near_the_core_count():
+    # 10 ms per batch of 16, all CPU, 2 cores: 1600 samples/s per worker up to 2 workers
+    curve = lambda n: 1300.0 if n == 0 else min(n, 2) * 1600.0 * (0.99 ** max(n - 2, 0))
+    sim = Simulated(curve, worker_ms=10.0, cpu_ms=9.8)
+    outcome = run(sim)
+    n = outcome.recommendation.kwargs["num_workers"]
+    assert curve(n) >= 0.95 * grid_best(curve)
+    assert len(sim.calls) <= 9
+
+
+def test_latency_bound_jumps_to_many_workers():
+    # 160 ms per batch, almost no CPU: scales linearly to 32 workers
+    curve = lambda n: 49.0 if n == 0 else n * 50.0
+    sim = Simulated(curve, worker_ms=160.0, cpu_ms=0.5)
+    outcome = run(sim)
+    assert outcome.recommendation.kwargs["num_workers"] == 32
+    assert sim.calls[:3] == [0, 1, 32]  # the model sends it straight to the top
+    assert any("mostly waiting" in r for r in outcome.recommendation.reasons)
+
+
+def test_tiny_samples_stay_in_the_main_process():
+    curve = lambda n: 300000.0 if n == 0 else 40000.0 + 1000 * n
+    sim = Simulated(curve, worker_ms=0.05, cpu_ms=0.05, main_cpu_ms=0.7)
+    outcome = run(sim)
+    assert outcome.recommendation.kwargs == {"batch_size": 16, "num_workers": 0,
+                                             "pin_memory": False}
+    assert set(sim.calls) == {0, 1}  # no climbing when the hand-off is the bottleneck
+    assert any("hand-off" in r for r in outcome.recommendation.reasons)
+
+
+def test_consumer_picks_fewest_workers_that_keep_it_fed():
+    # step 12 ms, worker 16 ms/batch: idle falls until 2 workers, then flat
+    idle = lambda n: {0: 0.6, 1: 0.25}.get(n, 0.03 + 0.001 * n)
+    curve = lambda n: 16 / (0.012 + 0.016 * idle(n))
+    sim = Simulated(curve, worker_ms=16.0, cpu_ms=15.0, idle=idle, step_ms=12.0)
+    outcome = run(sim, has_consumer=True)
+    assert outcome.recommendation.kwargs["num_workers"] == 2
+    assert any("keep" in r or "waits" in r for r in outcome.recommendation.reasons)
+
+
+def test_budget_stops_the_search_with_a_warning():
+    clock = iter(range(0, 1000, 10))
+    sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
+    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False, budget_s=15,
+                  batch_size=16, clock=lambda: next(clock))
+    outcome = tuner.run()
+    assert outcome.stopped_by_budget
+    assert any(w["code"] == "budget_reached" for w in outcome.recommendation.warnings)
+
+
+def test_grow_and_shrink_steps():
+    assert [grow(n) for n in (1, 3, 4, 8)] == [2, 4, 6, 12]
+    assert [shrink(n) for n in (2, 4, 6, 32)] == [1, 3, 4, 21]
+
+
+def test_memory_caps_the_worker_count():
+    one = trial(1, 100, private_mb=1000.0, bytes_=100 * 2**20)
+    cap = memory_max_workers(one, {"ram_available_mb": 12000, "shm": {"free_mb": 4000}})
+    assert cap == min(int(0.5 * 12000 / 1200), int(0.5 * 4000 / 200))
+
+
+def test_cost_profile_limits():
+    serial = trial(0, 1000.0)
+    one = trial(1, 1600.0, worker_ms=10.0, cpu_ms=9.8, main_cpu_ms=0.2)
+    profile = costmodel.learn(serial, one, cpu_budget=2.0, step_on_cpu=False)
+    assert profile.cpu_share == pytest.approx(0.98)
+    assert profile.limits(1)["cpu"] == pytest.approx(2 * 1000 / 10.0)
+    assert profile.peak_workers(32) == 2
+    assert profile.predict(0) == pytest.approx(1000 / 16)
+
+
+def test_pick_fastest_prefers_fewer_workers_within_two_percent():
+    groups = {2: [trial(2, 1000.0)], 3: [trial(3, 1015.0)], 4: [trial(4, 900.0)]}
+    n, why = pick_fastest(groups)
+    assert n == 2 and "within 2%" in why
+
+
+def test_pick_fed_uses_consumer_idle():
+    groups = {1: [trial(1, 800, idle=0.30)], 2: [trial(2, 990, idle=0.04)],
+              3: [trial(3, 1000, idle=0.03)]}
+    n, why = pick_fed(groups)
+    assert n == 2 and "4.0%" in why
+
+
+def test_pin_memory_false_without_gpu_with_reason():
+    rec = recommend([trial(0, 100), trial(1, 200)], None, limits(), False, 16)
+    assert rec.kwargs["pin_memory"] is False
+    assert any("no GPU is visible" in r for r in rec.reasons)
+
+
+def test_pin_memory_true_only_when_measured_faster_on_gpu():
+    faster = [trial(0, 100), trial(1, 200, h2d_ms=2.0, h2d_other_ms=0.8)]
+    assert recommend(faster, None, limits(gpu=True), False, 16).kwargs["pin_memory"] is True
+    same = [trial(0, 100), trial(1, 200, h2d_ms=1.0, h2d_other_ms=0.95)]
+    assert recommend(same, None, limits(gpu=True), False, 16).kwargs["pin_memory"] is False
+
+
+def test_persistent_workers_when_startup_is_a_real_share_of_an_epoch():
+    slow_start = [trial(0, 100), trial(2, 1000, startup=0.5)]  # epoch 4096/1000 = 4.1 s
+    rec = recommend(slow_start, None, limits(), False, 16)
+    assert rec.kwargs["persistent_workers"] is True
+    quick = [trial(0, 100), trial(2, 1000, startup=0.001)]
+    assert recommend(quick, None, limits(length=10**7), False, 16).kwargs[
+        "persistent_workers"] is False
+
+
+def test_bursty_batches_get_a_deeper_prefetch():
+    rec = recommend([trial(0, 100), trial(2, 1000, cv=0.9)], None, limits(), False, 16)
+    assert rec.kwargs["prefetch_factor"] == 4
+
+
+def test_uncertainty_is_reported_from_repeats():
+    trials = [trial(0, 100), trial(2, 1000), trial(2, 1200, phase="confirm")]
+    rec = recommend(trials, None, limits(), False, 16)
+    assert rec.uncertainty_pct == pytest.approx(50 * 200 / 1100)
+    assert any(w["code"] == "noisy_machine" for w in rec.warnings) is (rec.uncertainty_pct > 10)
+
+
+def test_limits_divide_cpus_between_ranks():
+    lim = Limits.from_system({**SYSTEM, "cpus_usable": 16, "other_load_cpus": 4.0}, 4, 32, None)
+    assert lim.cpu_budget == pytest.approx(3.0)
+    assert math.isclose(Limits.from_system(SYSTEM, 1, 32, None).cpu_budget, 2.0)
