@@ -336,6 +336,4 @@ def run_to_completion(request: RunRequest, store: RunStore | None = None,
     except KeyboardInterrupt:
         handle.stop()
         raise
-    finally:
-        handle._log.seek(0)
     return handle

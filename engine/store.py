@@ -142,13 +142,6 @@ class RunStore:
                  json.dumps(error) if error else None, run_id),
             )
 
-    def save_result(self, kind: str, target: str, config: dict, status: str, summary: dict,
-                    parent_id: int | None = None, label: str | None = None) -> int:
-        """A run that has no event stream of its own (a tune's overall result)."""
-        run_id = self.create_run(kind, target, config, label=label, parent_id=parent_id)
-        self.finish_run(run_id, status, summary, summary.get("error"))
-        return run_id
-
     # -- reading ---------------------------------------------------------------------------
 
     def list_runs(self, limit: int = 100) -> list[dict]:
@@ -187,13 +180,6 @@ class RunStore:
         if kind:
             query, args = query + " AND kind = ?", (run_id, kind)
         return [json.loads(r[0]) for r in self._conn().execute(query, args).fetchall()]
-
-    def children(self, run_id: int) -> list[dict]:
-        rows = self._conn().execute(
-            "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
-            "error_json, parent_id FROM runs WHERE parent_id = ? ORDER BY id", (run_id,)
-        ).fetchall()
-        return [self._run_row(row) for row in rows]
 
     @staticmethod
     def _run_row(row: sqlite3.Row) -> dict:
