@@ -45,6 +45,7 @@ from .config import LoaderConfig
 from .describe import describe
 from .errors import EngineError, RunError
 from .measure import Consumer, Measurement, effective_config
+from .metrics import warmup_batches
 from .target import resolve
 
 TICK_S = 0.25  # batches reach the parent at least this often
@@ -313,8 +314,6 @@ class ChildRun:
 
 
 def warmup_for(config: LoaderConfig) -> int:
-    from .metrics import warmup_batches
-
     return warmup_batches(config.num_workers, config.effective_prefetch_factor)
 
 

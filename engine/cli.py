@@ -103,8 +103,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as exc:
-        _print_doc(_error_doc(exc.to_dict()), args.json) if args.json else print(
-            f"error: {exc}", file=sys.stderr)
+        if args.json:
+            _print_doc(_error_doc(exc.to_dict()), as_json=True)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     request = RunRequest(
         target=args.target, config=config, batch_size_given=args.batch_size is not None,

@@ -8,6 +8,7 @@ batch goes to a ``sink`` callable as a ``BatchRecord``.
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -206,6 +207,4 @@ class Measurement:
 
 
 def _format_exc(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(exc))
