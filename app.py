@@ -1,12 +1,12 @@
-"""DataLoader Tuner dashboard entry point: `streamlit run app.py`.
-
-Until the live dashboard lands, this page runs a real, short profile of a dataset module through
-the engine and shows its measured summary.
-"""
+"""DataLoader Tuner dashboard: `streamlit run app.py` (serves on 127.0.0.1, see .streamlit/)."""
 
 import streamlit as st
 
-from dashboard.profile_page import render
+from dashboard import history_page, live_page
 
 st.set_page_config(page_title="DataLoader Tuner", layout="wide")
-render()
+page = st.navigation([
+    st.Page(live_page.render, title="Live", url_path="live", default=True),
+    st.Page(history_page.render, title="History", url_path="history"),
+])
+page.run()

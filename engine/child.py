@@ -263,6 +263,8 @@ class ChildRun:
             "torch": __import__("torch").__version__,
         }
         self.events.send(ready)
+        if request.get("mode") == "inspect":  # the dashboard's check of a target: no loader
+            return
         if request.get("mode") == "tune":
             self._tune(resolved, config, consumer, ready["system"])
             return

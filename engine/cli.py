@@ -1,4 +1,4 @@
-"""``python -m engine``: profile a dataset's loader, tune it, list saved runs.
+"""``python -m engine``: profile a dataset's loader, tune it, list and export saved runs.
 
 Exit codes: 0 ok, 1 the user's dataset or run failed (with the error document), 2 bad usage.
 With ``--json``, stdout holds exactly one JSON document; progress goes to stderr.
@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--timeout-s", type=float, default=60.0,
                          help="fail if no batch arrives for this long")
     _add_common(profile)
+
+    inspect = sub.add_parser("inspect", help="check a target: what dataset it finds, a sample")
+    inspect.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
+    inspect.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+    trace = sub.add_parser("trace", help="export a saved run as Chrome/Perfetto trace JSON")
+    trace.add_argument("run_id", type=int)
+    trace.add_argument("--out", help="file to write (default: stdout)")
+    trace.add_argument("--db", help=f"run history database (default {default_db_path()}, "
+                                    "or $DLTUNER_DB)")
 
     runs = sub.add_parser("runs", help="list saved runs")
     runs.add_argument("--limit", type=int, default=50)
@@ -143,6 +153,45 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    handle = run_to_completion(RunRequest(target=args.target, kind="inspect", seconds=0))
+    if handle.live.error is not None:
+        doc = {"status": "error", "error": handle.live.error.to_dict()}
+    else:
+        doc = {"status": "ok", "dataset": handle.live.dataset, "config": handle.live.config,
+               "consumer": handle.live.consumer, "system": handle.live.system}
+    if args.json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    elif doc["status"] == "error":
+        print(f"ERROR: {doc['error']['message']}")
+    else:
+        for key, value in doc["dataset"].items():
+            print(f"{key}: {value}")
+    return EXIT_RUN_FAILED if doc["status"] == "error" else EXIT_OK
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from .trace import chrome_trace
+
+    store = RunStore(args.db)
+    run = store.get_run(args.run_id)
+    if run is None:
+        print(f"error: no run {args.run_id} in {store.path}; list them with "
+              "`python -m engine runs`", file=sys.stderr)
+        return EXIT_USAGE
+    doc = chrome_trace(store.batches(args.run_id), store.resources(args.run_id),
+                       label=f"run {args.run_id}: {run['target']}")
+    text = json.dumps(doc)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {len(doc['traceEvents'])} trace events to {args.out}; open it in "
+              "https://ui.perfetto.dev", file=sys.stderr)
+    else:
+        sys.stdout.write(text + "\n")
+    return EXIT_OK
+
+
 class _Progress:
     """One status line on stderr while a run streams (never on stdout)."""
 
@@ -176,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_profile(args)
         if args.command == "runs":
             return cmd_runs(args)
+        if args.command == "inspect":
+            return cmd_inspect(args)
+        if args.command == "trace":
+            return cmd_trace(args)
         from .tune_cli import cmd_tune
 
         return cmd_tune(args)

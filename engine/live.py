@@ -7,6 +7,8 @@ snapshots without locks. The finished, serialisable result is the summary dict f
 
 from __future__ import annotations
 
+import copy
+
 from .errors import EngineError
 from .metrics import BatchRecord
 from .report import summarize, summarize_tune
@@ -71,6 +73,19 @@ class LiveRun:
     def worker_pids(self) -> set[int]:
         pids = {r["pid"] for r in self.resources if r["role"] == "worker"}
         return pids | {b.worker_pid for b in self.batches if b.worker_id >= 0}
+
+    def recent(self, max_batches: int) -> "LiveRun":
+        """A view of the last ``max_batches`` batches (and the resource samples since), for a
+        live display that must stay cheap on runs with 100k+ batches. The window's first batch
+        starts its steady-state clock."""
+        if len(self.batches) <= max_batches:
+            return self
+        view = copy.copy(self)
+        view.batches = self.batches[-max_batches:]
+        view.warmup_batches = 1
+        since = view.batches[0].t_request
+        view.resources = [r for r in self.resources if r["t"] >= since]
+        return view
 
     def summary(self, status: str) -> dict:
         if self.mode == "tune":

@@ -152,19 +152,28 @@ def busy_fraction(
 
 
 def busy_timeline(
-    batches: Sequence[BatchRecord], end: float, window_s: float = 1.0
+    batches: Sequence[BatchRecord], end: float, window_s: float = 1.0, start: float = 0.0
 ) -> list[dict]:
-    """Busy fraction per worker in consecutive windows: rows of {t, worker_id, busy_frac}."""
+    """Busy fraction per worker in consecutive windows from ``start`` to ``end``: rows of
+    {t, worker_id, busy_frac}.
+
+    One pass over the batches (the live view recomputes this every second on long runs).
+    """
+    n_windows = int(math.ceil((end - start) / window_s)) if end > start else 0
+    busy: dict[int, list[float]] = {}
+    for b in batches:
+        totals = busy.setdefault(b.worker_id, [0.0] * n_windows)
+        lo, hi = max(b.fetch_start, start), min(b.worker_end, end)
+        first = max(int((lo - start) // window_s), 0)
+        for i in range(first, min(int(math.ceil((hi - start) / window_s)), n_windows)):
+            w_lo = start + i * window_s
+            totals[i] += overlap(lo, hi, w_lo, w_lo + window_s)
     rows = []
-    workers = sorted({b.worker_id for b in batches})
-    n_windows = int(math.ceil(end / window_s)) if end > 0 else 0
     for i in range(n_windows):
-        lo, hi = i * window_s, min((i + 1) * window_s, end)
-        fractions = busy_fraction(
-            (b for b in batches if b.fetch_start < hi and b.worker_end > lo), lo, hi
-        )
-        for worker in workers:
-            rows.append({"t": lo, "worker_id": worker, "busy_frac": fractions.get(worker, 0.0)})
+        lo, hi = start + i * window_s, min(start + (i + 1) * window_s, end)
+        for worker in sorted(busy):
+            rows.append({"t": lo, "worker_id": worker,
+                         "busy_frac": min(busy[worker][i] / (hi - lo), 1.0) if hi > lo else 0.0})
     return rows
 
 

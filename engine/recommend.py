@@ -14,6 +14,7 @@ from .trials import TrialResult
 
 FEWER_WORKERS_TOLERANCE = 0.02  # take fewer workers when within 2% of the fastest
 FED_TOLERANCE = 0.02  # consumer idle within 2 points of the best counts as fed
+FED_RATE_TOLERANCE = 0.05  # ...among settings within 5% of the best throughput
 PIN_GAIN = 0.10  # pinned copies must be 10% faster to be worth the locked RAM
 PERSISTENT_SHARE = 0.01  # restart cost above 1% of an epoch makes persistent_workers pay
 BURSTY_CV = 0.5
@@ -101,11 +102,19 @@ def pick_fastest(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
 
 
 def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
-    """The fewest workers whose consumer idle is within 2 points of the best any setting got."""
+    """The fewest workers whose consumer idle is within 2 points of the best, among settings
+    within 5% of the best throughput.
+
+    Idle alone can mislead when the step runs on the CPU too: extra workers steal its cores,
+    the step stretches and its idle share falls while the training as a whole gets slower.
+    """
     idles = {n: median_idle(ts) for n, ts in groups.items()}
     idles = {n: i for n, i in idles.items() if i is not None}
-    best = min(idles.values())
-    pick = min(n for n, i in idles.items() if i <= best + FED_TOLERANCE)
+    rates = {n: median_rate(groups[n]) for n in idles}
+    top_rate = max(rates.values())
+    fast = {n: i for n, i in idles.items() if rates[n] >= (1 - FED_RATE_TOLERANCE) * top_rate}
+    best = min(fast.values())
+    pick = min(n for n, i in fast.items() if i <= best + FED_TOLERANCE)
     step = statistics.median(t.step_ms or 0 for t in groups[pick])
     why = (f"Your step takes {step:.1f} ms per batch. With {pick} worker(s) it waits "
            f"{idles[pick]:.1%} of the time, within {FED_TOLERANCE * 100:.0f} points of the best "
@@ -114,6 +123,11 @@ def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
     if fewer:
         below = max(fewer)
         why += f" With {below} it waits {idles[below]:.1%}."
+    least_idle = min(idles, key=idles.get)
+    if least_idle not in fast:
+        why += (f" {least_idle} worker(s) waited least ({idles[least_idle]:.1%}) but ran at "
+                f"{rates[least_idle]:.0f} samples/s against {rates[pick]:.0f}: their CPU use "
+                "slowed the step itself.")
     return pick, why
 
 

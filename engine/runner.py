@@ -57,11 +57,12 @@ class RunRequest:
     step_ms: float | None = None  # None: the module's train_step if any, else no consumer
     seconds: float = 10.0
     timeout_s: float = 60.0
-    kind: str = "profile"  # "profile" | "tune" | "verify"
+    kind: str = "profile"  # "profile" | "tune" | "verify" | "inspect"
     label: str | None = None
     budget_s: float = 45.0  # tune only
     max_workers: int = 32  # tune only
     local_world_size: int = 1  # tune only
+    baseline: dict | None = None  # tune only: settings to compare against (the user's current)
 
     def to_json(self) -> dict:
         return {
@@ -73,10 +74,11 @@ class RunRequest:
             "timeout_s": self.timeout_s,
             "cwd": os.getcwd(),
             "parent_pid": os.getpid(),
-            "mode": "tune" if self.kind == "tune" else "profile",
+            "mode": self.kind if self.kind in ("tune", "inspect") else "profile",
             "budget_s": self.budget_s,
             "max_workers": self.max_workers,
             "local_world_size": self.local_world_size,
+            "baseline": self.baseline,
         }
 
 
@@ -112,6 +114,7 @@ class RunHandle:
         self._done = threading.Event()
         self._log = tempfile.TemporaryFile()
         self.run_id: int | None = None
+        self.started_at: float | None = None  # time.monotonic() at start
         self.listeners: list[Callable[[dict], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -120,6 +123,7 @@ class RunHandle:
         if self._proc is not None:
             raise RuntimeError("run already started")
         _become_subreaper()
+        self.started_at = time.monotonic()
         if self.store is not None:
             self.run_id = self.store.create_run(
                 kind=self.request.kind, target=self.request.target,
@@ -267,7 +271,8 @@ class RunHandle:
             self._kill_group()
             returncode = proc.wait()
         self._reap_orphans()
-        if self.live.error is None and self.live.finished_reason is None:
+        if (self.live.error is None and self.live.finished_reason is None
+                and not self._stop_requested):  # stopped before its handler was installed
             self.live.error = _crash_error(returncode, self.output_tail())
         if self.live.error is not None:
             self._state = RunState.FAILED

@@ -95,21 +95,24 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   budget_s=float(request.get("budget_s") or 45.0),
                   batch_size=config.batch_size, on_trial=on_trial)
     outcome = tuner.run()
-    baseline = _baseline(resolved, config, consumer, outcome, on_trial)
+    baseline = _baseline(resolved, config, consumer, outcome, on_trial, request.get("baseline"))
     return tune_document(outcome, baseline, config, time.monotonic() - started)
 
 
 def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None]) -> dict:
-    """The module's declared ``dataloader_kwargs`` if any, else ``num_workers=0``."""
-    declared = resolved.dataloader_kwargs
+              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
+              current: dict | None = None) -> dict:
+    """What the recommendation is compared with: the caller's current settings (the
+    dashboard's controls) if given, else the module's declared ``dataloader_kwargs``, else
+    ``num_workers=0``."""
+    declared = current or resolved.dataloader_kwargs
     if declared:
         base = LoaderConfig.from_settings(dict(declared), config.replace(num_workers=0))
         trial = measure_trial(resolved, base, consumer, "baseline", 0)
         if trial is not None:
             outcome.trials.append(trial)
             on_trial(trial)
-        source = "the module's dataloader_kwargs"
+        source = "your current settings" if current else "the module's dataloader_kwargs"
     else:
         base = config.replace(num_workers=0)
         zeros = [t for t in outcome.trials if t.num_workers == 0]
@@ -133,6 +136,15 @@ def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
     snippet = LoaderConfig.from_settings(recommended, config.replace(num_workers=0)).snippet()
     chosen = [t for t in outcome.trials if t.num_workers == rec.kwargs["num_workers"]
               and t.phase != "baseline"]
+    warnings = list(rec.warnings)
+    base_rate = baseline.get("samples_per_s")
+    if base_rate and rec.expected_samples_per_s and base_rate > 1.05 * rec.expected_samples_per_s:
+        warnings.append({
+            "code": "baseline_faster",
+            "message": f"The baseline ({baseline['source']}) measured {base_rate:.0f} samples/s, "
+                       f"more than the pick's {rec.expected_samples_per_s:.0f}. The machine's "
+                       "load may have shifted during tuning: verify before switching.",
+        })
     return {
         "recommended": recommended,
         "snippet": snippet,
@@ -142,7 +154,7 @@ def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
         "baseline": baseline,
         "trials": [t.to_dict() for t in outcome.trials],
         "reasons": rec.reasons,
-        "warnings": rec.warnings,
+        "warnings": warnings,
         "profile": outcome.profile.to_dict() if outcome.profile else None,
         "limits": outcome.limits.__dict__,
         "tuning_seconds": seconds,

@@ -1,39 +1,167 @@
-"""The entry page in Streamlit's AppTest (no browser): a real profile and an error state."""
+"""Each page in Streamlit's AppTest (no browser), with real engine runs behind it.
 
+AppTest does not fire ``run_every`` fragments on its own; ``settle`` re-runs the page the way
+the browser's timer would until the job board is idle.
+"""
+
+import json
 import os
+import time
 
+import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
+
+from dashboard.shared import get_jobs
+from engine import LoaderConfig, RunRequest, RunStore, run_to_completion
 
 from .conftest import ROOT, dataset_path
 
+HISTORY_SCRIPT = "from dashboard import history_page\nhistory_page.render()\n"
 
-def _app(tmp_path, monkeypatch):
-    monkeypatch.setenv("DLTUNER_DB", str(tmp_path / "runs.sqlite"))
+
+@pytest.fixture
+def app_env(tmp_path, monkeypatch):
+    db = str(tmp_path / "runs.sqlite")
+    monkeypatch.setenv("DLTUNER_DB", db)
+    monkeypatch.setenv("DLTUNER_AUTOSTART", "0")
     monkeypatch.chdir(ROOT)
-    return AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=60).run()
+    st.cache_resource.clear()  # a fresh job board on this test's database
+    yield db
+    get_jobs().stop_all()
+    st.cache_resource.clear()
 
 
-def test_page_opens_on_the_demo_dataset(tmp_path, monkeypatch):
-    at = _app(tmp_path, monkeypatch)
+def live_app() -> AppTest:
+    return AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=90).run()
+
+
+def settle(at: AppTest, timeout_s: float = 120.0) -> AppTest:
+    deadline = time.monotonic() + timeout_s
+    while get_jobs().busy() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    at.run()
+    assert not get_jobs().busy(), "the job did not finish in time"
+    return at.run()
+
+
+def button(at: AppTest, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "success", "info", "warning", "error", "caption")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+
+
+def set_target(at: AppTest, target: str) -> AppTest:
+    at.text_input(key="target").input(target)
+    return at.run()
+
+
+def test_live_page_opens_on_the_demo_dataset(app_env):
+    at = live_app()
     assert not at.exception
-    assert at.text_input[0].label == "Dataset module"
-    assert at.text_input[0].value.endswith("cpu_bound.py")
+    assert at.text_input(key="target").label == "Dataset module"
+    assert at.text_input(key="target").value.endswith("with_train_step.py")
+    assert "FeatureDataset" in at.success[0].value
+    assert "No run yet" in texts(at)
+    assert button(at, "Stop").disabled and not button(at, "Start").disabled
+    assert at.radio(key="ctl_consumer").value == "train_step"
+    assert at.number_input(key="ctl_batch_size").value == 16  # the module's batch_size
 
 
-def test_profile_shows_measured_numbers(tmp_path, monkeypatch):
-    at = _app(tmp_path, monkeypatch)
-    at.text_input[0].input(dataset_path("small_map.py"))
-    at.number_input[1].set_value(1.5)
-    at.button[0].click().run()
+def test_start_streams_a_run_and_shows_every_chart(app_env):
+    at = set_target(live_app(), dataset_path("small_map.py"))
+    at.number_input(key="ctl_seconds").set_value(2.0)
+    at.number_input(key="ctl_num_workers").set_value(2)
+    at = at.radio(key="ctl_consumer").set_value("simulated").run()
+    at = at.number_input(key="ctl_step_ms").set_value(2.0).run()
+    button(at, "Start").click()
+    at = settle(at.run())
     assert not at.exception
-    assert "Measured" in at.success[0].value
-    assert float(at.metric[0].value) > 0
-    assert any("GPU: not measured" in w.value for w in at.warning)
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["samples/s"]) > 0
+    assert metrics["input-bound?"] in ("not", "moderately", "highly")
+    titles = chart_titles(at)
+    for name in ("Batch latency", "Worker utilization", "GPU idle gaps"):
+        assert any(name in t for t in titles), (name, titles)
+    page = texts(at)
+    assert "Pinned-memory transfer" in page and "not measured" in page
+    assert "ok" in page and "num_workers=2" in at.code[0].value
+    assert get_jobs().store.list_runs()[0]["status"] == "ok"
 
 
-def test_bad_target_shows_a_clear_error(tmp_path, monkeypatch):
-    at = _app(tmp_path, monkeypatch)
-    at.text_input[0].input(dataset_path("syntax_error.py"))
-    at.button[0].click().run()
+def test_a_bad_target_shows_an_error_card_and_the_page_stays_usable(app_env):
+    at = set_target(live_app(), dataset_path("syntax_error.py"))
     assert not at.exception
     assert "Syntax error" in at.error[0].value and "line 3" in at.error[0].value
+    assert button(at, "Start").disabled and button(at, "Tune").disabled
+    at = set_target(at, dataset_path("small_map.py"))
+    assert not at.error and "SmallMap" in at.success[0].value
+
+
+def test_a_failing_run_shows_the_worker_error(app_env):
+    at = set_target(live_app(), dataset_path("getitem_raises.py"))
+    at.number_input(key="ctl_num_workers").set_value(2)
+    at = at.run()
+    button(at, "Start").click()
+    at = settle(at.run())
+    assert not at.exception
+    assert at.error and "worker" in at.error[0].value.lower()
+    assert get_jobs().store.list_runs()[0]["status"] == "error"
+
+
+def test_tune_recommends_and_apply_verifies(app_env):
+    at = set_target(live_app(), dataset_path("small_map.py"))
+    at.number_input(key="ctl_budget_s").set_value(5.0)
+    at.number_input(key="ctl_max_workers").set_value(2)
+    at.number_input(key="ctl_verify_seconds").set_value(1.0)
+    at.radio(key="ctl_consumer").set_value("none")
+    at = at.run()
+    button(at, "Tune").click()
+    at = settle(at.run())
+    assert not at.exception
+    assert any(s.value == "Recommendation" for s in at.subheader)
+    assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
+    assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
+    recommended = get_jobs().summary(get_jobs().tune)["recommended"]
+    button(at, "Apply recommended settings").click()
+    at = at.run()
+    assert at.number_input(key="ctl_num_workers").value == recommended["num_workers"]
+    assert "Applied" in texts(at)
+    at = settle(at)
+    assert not at.exception
+    applied = next(s.value for s in at.success if "Applied" in s.value)
+    assert "with the new settings" in applied and "median of 2 runs" in applied
+    assert "Throughput over time" in chart_titles(at)
+
+
+def test_history_page_empty_then_compares_and_exports(app_env):
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    assert not at.exception and "No runs saved yet" in at.info[0].value
+    store = RunStore(app_env)
+    for workers in (0, 1):
+        run_to_completion(RunRequest(target=dataset_path("small_map.py"), seconds=1.0,
+                                     config=LoaderConfig(batch_size=4, num_workers=workers)),
+                          store)
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert len(at.dataframe) == 1 and len(at.selectbox) == 3
+    assert {m.label for m in at.metric} >= {"samples/s", "p50 wait", "consumer idle"}
+    titles = chart_titles(at)
+    assert "Throughput over time" in titles and "Batch latency: distribution compared" in titles
+    assert at.get("download_button")
+
+
+def test_history_shows_a_failed_run_with_its_headline(app_env):
+    store = RunStore(app_env)
+    run_to_completion(RunRequest(target=dataset_path("getitem_raises.py"), seconds=1.0), store)
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert at.error and "KeyError" in at.error[0].value

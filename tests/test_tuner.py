@@ -137,6 +137,14 @@ def test_pick_fed_uses_consumer_idle():
     assert n == 2 and "4.0%" in why
 
 
+def test_pick_fed_ignores_low_idle_bought_with_a_slower_step():
+    # 3 workers idle least, but their CPU use stretched the step: the training got slower.
+    groups = {0: [trial(0, 556, idle=0.40)], 1: [trial(1, 600, idle=0.05)],
+              3: [trial(3, 389, idle=0.02)]}
+    n, why = pick_fed(groups)
+    assert n == 1 and "slowed the step" in why
+
+
 def test_pin_memory_false_without_gpu_with_reason():
     rec = recommend([trial(0, 100), trial(1, 200)], None, limits(), False, 16)
     assert rec.kwargs["pin_memory"] is False

@@ -1,0 +1,99 @@
+"""Saved runs from the SQLite store: list them, compare two side by side, export a trace."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import streamlit as st
+
+from engine.trace import chrome_trace
+
+from . import charts, views
+from .shared import get_jobs
+
+MEASURED_KINDS = ("profile", "verify")
+
+
+def _rate(run: dict):
+    summary = run["summary"] or {}
+    return summary.get("samples_per_s") or summary.get("expected_samples_per_s")
+
+
+def _label(run: dict) -> str:
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run["started_at"]))
+    extra = f" {run['label']}" if run["label"] else ""
+    return f"#{run['id']} {run['kind']}{extra} {when}: {run['target']}"
+
+
+def _table(runs: list[dict]) -> None:
+    rows = []
+    for run in runs:
+        summary = run["summary"] or {}
+        rows.append({
+            "id": run["id"], "kind": run["kind"], "label": run["label"], "status": run["status"],
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"])),
+            "target": run["target"],
+            "samples/s": None if _rate(run) is None else round(_rate(run), 1),
+            "settings": summary.get("snippet"),
+            "error": (run["error"] or {}).get("message"),
+        })
+    st.dataframe(rows, hide_index=True)
+
+
+def _side(run: dict) -> None:
+    summary = run["summary"] or {}
+    st.markdown(f"**{_label(run)}**")
+    if summary.get("snippet"):
+        st.code(summary["snippet"], language="python")
+    if run["error"]:
+        views.error_card(run["error"])
+    lat = summary.get("batch_latency_ms") or {}
+    idle = summary.get("consumer_idle_frac")
+    cols = st.columns(4)
+    cols[0].metric("samples/s", views.fmt(summary.get("samples_per_s")))
+    cols[1].metric("p50 wait", views.fmt(lat.get("p50"), ".2f", " ms"))
+    cols[2].metric("p95 wait", views.fmt(lat.get("p95"), ".2f", " ms"))
+    cols[3].metric("consumer idle", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
+
+
+def render() -> None:
+    store = get_jobs().store
+    st.title("Run history")
+    st.caption(f"Every run is saved as it goes in `{store.path}`.")
+    runs = store.list_runs(500)
+    if not runs:
+        st.info("No runs saved yet. Start one on the Live page, or run "
+                "`python -m engine profile TARGET`.")
+        return
+    _table(runs)
+    measured = {r["id"]: r for r in runs if r["kind"] in MEASURED_KINDS}
+    if not measured:
+        return
+    ids = list(measured)
+    st.subheader("Compare two runs")
+    cols = st.columns(2)
+    first = cols[0].selectbox("Run A", ids, index=min(1, len(ids) - 1),
+                              format_func=lambda i: _label(measured[i]))
+    second = cols[1].selectbox("Run B", ids, index=0, format_func=lambda i: _label(measured[i]))
+    with cols[0]:
+        _side(measured[first])
+    with cols[1]:
+        _side(measured[second])
+    series = []
+    for run_id in (first, second):
+        summary = measured[run_id]["summary"] or {}
+        series.append((f"run {run_id}", store.batches(run_id), summary.get("warmup_batches") or 0))
+    st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series]),
+                    key="compare-throughput")
+    st.plotly_chart(charts.compare_latency_figure(series), key="compare-latency")
+
+    st.subheader("Export a trace")
+    st.caption("Chrome trace JSON: workers and the main process on one timeline. Open it in "
+               "https://ui.perfetto.dev or chrome://tracing.")
+    chosen = st.selectbox("Run to export", ids, format_func=lambda i: _label(measured[i]))
+    trace = chrome_trace(store.batches(chosen), store.resources(chosen),
+                         label=f"run {chosen}: {measured[chosen]['target']}")
+    st.download_button("Download Perfetto trace", json.dumps(trace),
+                       file_name=f"dataloader-tuner-run-{chosen}.trace.json",
+                       mime="application/json")

@@ -1,0 +1,198 @@
+"""The server-wide job board: which run, tune or verification is going on.
+
+One ``Jobs`` object lives for the whole Streamlit server (``st.cache_resource``), not per
+browser tab: closing or reloading a tab does not stop a run, a reload re-attaches to it, and
+two tabs see the same run. One loader job at a time: runs competing for the same cores would
+spoil each other's measurements, so starting a job stops the one before.
+
+No Streamlit in this module; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import threading
+import time
+
+from engine import LoaderConfig, RunHandle, RunRequest, RunStore
+from engine.config import TUNABLE_KEYS
+from engine.live import LiveRun
+from engine.verify import Verification
+
+INSPECT_TIMEOUT_S = 60.0
+INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
+# While a run streams, the live view recomputes its figures every second. Over a whole
+# 100k-batch run that would cost the server most of a core, so a running run is shown over its
+# most recent batches; the final summary covers every batch.
+LIVE_WINDOW_BATCHES = 3000
+
+
+def live_view(handle: RunHandle) -> LiveRun:
+    """What the live view shows of a run: all of it when done, its recent batches while running."""
+    return handle.live if handle.state.done else handle.live.recent(LIVE_WINDOW_BATCHES)
+
+
+class Jobs:
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self.run: RunHandle | None = None  # the profile or verification run the live view shows
+        self.tune: RunHandle | None = None
+        self.tune_request: RunRequest | None = None
+        self.verification: Verification | None = None
+        self.applied: dict | None = None  # the settings last applied, with what they replaced
+        self.started_any = False
+        self._lock = threading.Lock()
+        self._inspections: dict[tuple, tuple[float, dict]] = {}
+        self._summaries: dict[int, dict] = {}
+        atexit.register(self.stop_all)
+
+    def summary(self, handle: RunHandle) -> dict:
+        """The run's result document; computed once when the run is over (it is then final).
+        While it runs, over its last ``LIVE_WINDOW_BATCHES`` batches only (see live_view)."""
+        if not handle.state.done:
+            return live_view(handle).summary(handle.state.value)
+        key = id(handle)
+        if key not in self._summaries:
+            self._summaries[key] = handle.live.summary(handle.state.value)
+        return self._summaries[key]
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        jobs = [self.run, self.tune]
+        return any(j is not None and not j.state.done for j in jobs) or (
+            self.verification is not None and self.verification.state == "running")
+
+    def start_run(self, request: RunRequest) -> RunHandle:
+        with self._lock:
+            self._stop_jobs()
+            self._summaries.clear()
+            self.run = RunHandle(request, self.store).start()
+            self.applied = None
+            self.started_any = True
+            return self.run
+
+    def start_tune(self, request: RunRequest) -> RunHandle:
+        with self._lock:
+            self._stop_jobs()
+            self.tune_request = request
+            self.tune = RunHandle(request, self.store).start()
+            self.started_any = True
+            return self.tune
+
+    def apply(self, before: RunRequest, after: RunRequest, rounds: int = 2) -> Verification:
+        """Start measuring the old settings against the new ones (see engine.verify)."""
+        with self._lock:
+            self._stop_jobs()
+            self.applied = {"before": before.config.to_json_dict(),
+                            "after": after.config.to_json_dict(), "at": time.time()}
+            self.verification = Verification(before, after, self.store, rounds,
+                                              on_run=self._show_run).start()
+            self.started_any = True
+            return self.verification
+
+    def _show_run(self, handle: RunHandle) -> None:
+        self.run = handle
+
+    def stop_all(self) -> None:
+        """Stop whatever runs. Bounded by RunHandle.stop (about 2 s per job)."""
+        with self._lock:
+            self._stop_jobs()
+
+    def stop_in_background(self) -> threading.Thread:
+        """For the page: the stop takes up to 2 s and the page must not wait for it."""
+        thread = threading.Thread(target=self.stop_all, daemon=True)
+        thread.start()
+        return thread
+
+    def _stop_jobs(self) -> None:
+        if self.verification is not None and self.verification.state == "running":
+            self.verification.stop()
+        for job in (self.run, self.tune):
+            if job is not None and not job.state.done:
+                job.stop()
+
+    # -- checking a target -----------------------------------------------------------------
+
+    def inspect(self, target: str) -> dict:
+        """What the target resolves to: ``{"status": "ok", "dataset": ...}`` or an error.
+
+        Resolved in a short-lived child process, never in the server: importing the user's
+        module may crash, hang or print, and must not take the dashboard with it. Cached per
+        file modification time.
+        """
+        key = (target, _mtime(target))
+        cached = self._inspections.get(key)
+        if cached and (key[1] is not None or time.monotonic() - cached[0] < INSPECT_CACHE_S):
+            return cached[1]
+        handle = RunHandle(RunRequest(target=target, kind="inspect", seconds=0)).start()
+        try:
+            handle.wait(INSPECT_TIMEOUT_S)
+        finally:
+            handle.close()
+        if handle.live.error is not None:
+            result = {"status": "error", "error": handle.live.error.to_dict()}
+        elif handle.live.dataset is None:
+            result = {"status": "error", "error": {
+                "type": "inspect_timeout", "details": handle.output_tail(),
+                "message": f"Loading the module took longer than {INSPECT_TIMEOUT_S:g} s. "
+                           "Does it download or read a lot at import time?"}}
+        else:
+            result = {"status": "ok", "dataset": handle.live.dataset,
+                      "consumer": handle.live.consumer, "system": handle.live.system}
+        self._inspections[key] = (time.monotonic(), result)
+        return result
+
+
+def _mtime(target: str) -> float | None:
+    path = target.split(":", 1)[0]
+    try:
+        return os.path.getmtime(path) if path.endswith(".py") else None
+    except OSError:
+        return None
+
+
+def request_from_controls(target: str, controls: dict, kind: str = "profile") -> RunRequest:
+    """A run request from the page's control values (see live_page.CONTROL_DEFAULTS)."""
+    workers = int(controls["num_workers"])
+    config = LoaderConfig(
+        batch_size=int(controls["batch_size"]),
+        num_workers=workers,
+        pin_memory=bool(controls["pin_memory"]),
+        prefetch_factor=int(controls["prefetch_factor"]) if workers else None,
+        persistent_workers=bool(controls["persistent_workers"]) if workers else False,
+    )
+    consumer = controls["consumer"]
+    step_ms = {"train_step": None, "none": 0.0}.get(consumer, float(controls["step_ms"]))
+    return RunRequest(target=target, config=config, batch_size_given=True, step_ms=step_ms,
+                      seconds=float(controls["seconds"]), timeout_s=float(controls["timeout_s"]),
+                      kind=kind)
+
+
+def tune_request(target: str, controls: dict) -> RunRequest:
+    """Tune from the controls; the controls' own settings are the baseline it reports against."""
+    request = request_from_controls(target, controls, kind="tune")
+    current = {k: v for k, v in request.config.to_json_dict().items() if k in TUNABLE_KEYS}
+    return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
+                               max_workers=int(controls["max_workers"]), baseline=current)
+
+
+def recommended_config(base: LoaderConfig, recommended: dict) -> LoaderConfig:
+    """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
+    workers = int(recommended["num_workers"])
+    return base.replace(
+        num_workers=workers,
+        batch_size=recommended.get("batch_size", base.batch_size),
+        pin_memory=bool(recommended.get("pin_memory", False)),
+        prefetch_factor=recommended.get("prefetch_factor") if workers else None,
+        persistent_workers=bool(recommended.get("persistent_workers", False)) if workers else False,
+    )
+
+
+def verification_requests(tuned: RunRequest, recommended: dict, seconds: float
+                          ) -> tuple[RunRequest, RunRequest]:
+    """(before, after): the settings the tune started from, and the recommended ones."""
+    before = dataclasses.replace(tuned, kind="verify", seconds=seconds, baseline=None)
+    return before, dataclasses.replace(before, config=recommended_config(tuned.config, recommended))

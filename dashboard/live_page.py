@@ -1,0 +1,316 @@
+"""The main page: point at a dataset module, run it live, tune it, apply the result.
+
+Button actions run as ``on_click`` callbacks (before the script), so what the page draws
+already reflects them. The live view is a fragment that refreshes every second only while a
+job runs; when the job ends it re-runs the whole page once, which draws the final state
+(recommendation card, "Applied" comparison) and stops the refresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import streamlit as st
+
+from engine import RunHandle
+from engine.tune_cli import settings_file
+
+from . import charts, views
+from .jobs import Jobs, live_view, request_from_controls, tune_request, verification_requests
+from .shared import get_jobs
+
+DEMO_TARGET = os.path.join("examples", "with_train_step.py")
+AUTOSTART_ENV = "DLTUNER_AUTOSTART"  # "0": do not start the demo run on first open (tests)
+REFRESH_S = 1.0
+WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
+
+CONTROL_DEFAULTS = {
+    "batch_size": 32, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
+    "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": 30.0,
+    "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "verify_seconds": 5.0,
+}
+CONSUMERS = {
+    "train_step": "the module's train_step",
+    "simulated": "a simulated GPU step",
+    "none": "none (the loader alone)",
+}
+
+
+def controls() -> dict:
+    return {name: st.session_state[f"ctl_{name}"] for name in CONTROL_DEFAULTS}
+
+
+def _init_state() -> None:
+    st.session_state.setdefault("target", DEMO_TARGET)
+    for name, value in CONTROL_DEFAULTS.items():
+        st.session_state.setdefault(f"ctl_{name}", value)
+
+
+# -- actions (on_click callbacks) ------------------------------------------------------------
+
+def _start(jobs: Jobs) -> None:
+    jobs.start_run(request_from_controls(st.session_state.target.strip(), controls()))
+
+
+def _tune(jobs: Jobs) -> None:
+    jobs.start_tune(tune_request(st.session_state.target.strip(), controls()))
+
+
+def _apply(jobs: Jobs, recommended: dict) -> None:
+    """Put the recommendation into the controls and verify it against the settings it replaces."""
+    before, after = verification_requests(jobs.tune_request, recommended,
+                                          float(st.session_state.ctl_verify_seconds))
+    st.session_state.ctl_num_workers = after.config.num_workers
+    st.session_state.ctl_pin_memory = after.config.pin_memory
+    st.session_state.ctl_prefetch_factor = after.config.prefetch_factor or 2
+    st.session_state.ctl_persistent_workers = after.config.persistent_workers
+    st.session_state.ctl_batch_size = after.config.batch_size
+    jobs.apply(before, after)
+
+
+# -- page parts --------------------------------------------------------------------------------
+
+def _dataset_card(info: dict) -> None:
+    if info["status"] != "ok":
+        views.error_card(info["error"])
+        return
+    ds = info["dataset"]
+    length = "unknown length (IterableDataset)" if ds["length"] is None else f"{ds['length']} samples"
+    sample = ""
+    if ds["sample"] is not None:
+        size = f", {ds['sample_bytes'] / 1024:.1f} KiB" if ds["sample_bytes"] else ""
+        sample = f"; sample 0: `{json.dumps(ds['sample'])}`{size}"
+    extras = [name for flag, name in ((ds["has_train_step"], "train_step"),
+                                      (ds["has_collate_fn"], "collate_fn"),
+                                      (ds["has_sampler"], "sampler"),
+                                      (ds["module_batch_size"], f"batch_size={ds['module_batch_size']}"))
+              if flag]
+    st.success(f"Found **{ds['class']}** ({ds['kind']}-style, via `{ds['found_as']}`): "
+               f"{length}{sample}" + (f". Module also defines: {', '.join(extras)}." if extras
+                                      else "."), icon="✅")
+
+
+def _sync_controls(info: dict) -> list[str]:
+    """Follow the module: its batch_size when a new target is checked; consumer choices."""
+    if info["status"] != "ok":
+        return list(CONSUMERS)
+    ds = info["dataset"]
+    if st.session_state.get("synced_target") != ds["target"]:
+        st.session_state.synced_target = ds["target"]
+        if ds["module_batch_size"]:
+            st.session_state.ctl_batch_size = int(ds["module_batch_size"])
+        st.session_state.ctl_consumer = "train_step" if ds["has_train_step"] else "none"
+    options = [c for c in CONSUMERS if c != "train_step" or ds["has_train_step"]]
+    if st.session_state.ctl_consumer not in options:
+        st.session_state.ctl_consumer = options[0]
+    return options
+
+
+def _sidebar(consumer_options: list[str]) -> None:
+    bar = st.sidebar
+    bar.header("Loader settings")
+    bar.number_input("batch_size", min_value=1, max_value=1 << 20, key="ctl_batch_size")
+    bar.number_input("num_workers", min_value=0, max_value=512, key="ctl_num_workers")
+    bar.checkbox("pin_memory", key="ctl_pin_memory")
+    no_workers = st.session_state.ctl_num_workers == 0
+    bar.number_input("prefetch_factor", min_value=1, max_value=64, key="ctl_prefetch_factor",
+                     disabled=no_workers, help="Batches each worker keeps ready; needs workers.")
+    bar.checkbox("persistent_workers", key="ctl_persistent_workers", disabled=no_workers,
+                 help="Keep workers alive between epochs; needs workers.")
+    bar.header("Consumer")
+    bar.radio("What consumes each batch", consumer_options, key="ctl_consumer",
+              format_func=CONSUMERS.get)
+    bar.number_input("Simulated step (ms)", min_value=0.0, max_value=60000.0, key="ctl_step_ms",
+                     disabled=st.session_state.ctl_consumer != "simulated")
+    bar.header("Run")
+    bar.number_input("Run length (s)", min_value=1.0, max_value=3600.0, key="ctl_seconds")
+    bar.number_input("Fail if no batch for (s)", min_value=1.0, max_value=3600.0,
+                     key="ctl_timeout_s")
+    bar.header("Tuning")
+    bar.number_input("Tuning budget (s)", min_value=5.0, max_value=900.0, key="ctl_budget_s")
+    bar.number_input("Most workers to try", min_value=1, max_value=512, key="ctl_max_workers")
+    bar.number_input("Seconds per verification run", min_value=1.0, max_value=600.0,
+                     key="ctl_verify_seconds",
+                     help="Apply measures the old and the new settings twice each, A B A B.")
+
+
+def _autostart(jobs: Jobs, info: dict) -> None:
+    """The first open of a fresh server starts the demo, so something real runs at once."""
+    if (os.environ.get(AUTOSTART_ENV, "1") != "0" and not jobs.started_any
+            and info["status"] == "ok" and st.session_state.target == DEMO_TARGET):
+        _start(jobs)
+
+
+def _applied_block(jobs: Jobs) -> None:
+    verification = jobs.verification
+    if jobs.applied is None or verification is None:
+        return
+    result = verification.result()
+    if verification.state == "running":
+        st.info(f"**Applied.** Verifying: measuring the old and the new settings, run "
+                f"{len(verification.runs)} of {verification.total_runs} (A B A B).", icon="⏱️")
+        return
+    if verification.state == "error":
+        views.error_card({"message": f"Applied, but verification failed: {verification.error}"})
+        return
+    if verification.state == "stopped":
+        st.warning("**Applied**, but the verification was stopped before it finished.")
+        return
+    before, after = result["before"], result["after"]
+    speedup = result["speedup"]
+    if before["config"] == after["config"]:
+        st.caption("The recommended settings are the ones you already had: this measures the "
+                   "run-to-run noise of this machine.")
+    idle = ""
+    if before["consumer_idle_frac"] is not None and after["consumer_idle_frac"] is not None:
+        idle = (f" Consumer idle {before['consumer_idle_frac'] * 100:.1f} % before, "
+                f"{after['consumer_idle_frac'] * 100:.1f} % after.")
+    st.success(f"**Applied.** Measured {views.fmt(after['samples_per_s'])} samples/s with the new "
+               f"settings vs {views.fmt(before['samples_per_s'])} before: "
+               f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result['rounds']} runs each, "
+               f"interleaved).{idle}", icon="✅")
+    cols = st.columns(2)
+    for col, arm in zip(cols, ("before", "after")):
+        data = result[arm]
+        idle = data["consumer_idle_frac"]
+        col.markdown(f"**{arm.capitalize()}**: `{data['snippet']}`")
+        col.metric(f"{arm}: samples/s", views.fmt(data["samples_per_s"]))
+        col.caption("rounds: " + ", ".join(f"{r:.1f}" for r in data["samples_per_s_rounds"])
+                    + ("" if idle is None else f"; consumer idle {idle * 100:.1f} %")
+                    + f"; saved as runs {', '.join(map(str, data['run_ids']))}")
+    runs = [(f"{arm} (run {h.run_id})", list(h.live.batches)) for arm, h in verification.runs[-2:]]
+    st.plotly_chart(charts.compare_throughput_figure(runs), key="applied-compare")
+
+
+def _recommendation_block(jobs: Jobs) -> None:
+    tune = jobs.tune
+    if tune is None or not tune.state.done:
+        return
+    doc = jobs.summary(tune)
+    st.subheader("Recommendation")
+    if doc["status"] == "error":
+        views.error_card(doc["error"], tune.output_tail())
+        return
+    if not doc.get("recommended"):
+        st.warning("Tuning was stopped before it reached a recommendation.")
+        return
+    rec = doc["recommended"]
+    st.plotly_chart(charts.tune_figure(doc["trials"], rec.get("num_workers")), key="tune-final")
+    base = doc.get("baseline") or {}
+    speedup = base.get("speedup")
+    noise = doc.get("uncertainty_pct")
+    with st.container(border=True):
+        st.markdown(
+            f"**Expected {views.fmt(doc['expected_samples_per_s'])} samples/s**"
+            + (f" (±{noise:.0f} % between repeats)" if noise is not None else "")
+            + (f": **{speedup:.2f}x** {base.get('source')} "
+               f"({views.fmt(base.get('samples_per_s'))} samples/s measured)" if speedup else ""))
+        st.code(doc["snippet"], language="python")
+        for reason in doc["reasons"]:
+            st.markdown(f"- {reason}")
+        views.warnings_list(doc.get("warnings") or [])
+        left, right = st.columns(2)
+        left.button("Apply recommended settings", type="primary", on_click=_apply,
+                    args=(jobs, rec), disabled=jobs.busy())
+        right.download_button("Download settings file",
+                              json.dumps(settings_file(doc), indent=2),
+                              file_name="dataloader_settings.json", mime="application/json")
+    st.caption(f"Tuned in {doc['tuning_seconds']:.1f} s with {len(doc['trials'])} measured "
+               "trials. Load the file with `engine.load_settings(path)`.")
+
+
+def _tune_progress(tune: RunHandle) -> None:
+    budget = tune.request.budget_s
+    elapsed = time.monotonic() - (tune.started_at or time.monotonic())
+    trials = list(tune.live.trials)
+    last = trials[-1] if trials else None
+    text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s of about {budget:.0f} s"
+            + (f"; last: num_workers={last['num_workers']} gave "
+               f"{views.fmt(last['samples_per_s'])} samples/s" if last else "; loading the dataset"))
+    st.progress(min(elapsed / max(budget, 1.0), 0.99), text=text)
+    if trials:
+        st.plotly_chart(charts.tune_figure(trials), key="tune-live")
+
+
+def _run_view(jobs: Jobs, handle: RunHandle) -> None:
+    state = handle.state
+    doc = jobs.summary(handle)
+    label = f" ({handle.request.label})" if handle.request.label else ""
+    title = f"Run {handle.run_id}{label}: `{handle.request.target}`"
+    if state.done:
+        st.markdown(f"{title}: **{state.value}** after {doc.get('seconds') or 0:.1f} s")
+    else:
+        st.markdown(f"{title}: **{state.value}**, {handle.live.elapsed_s:.1f} s of "
+                    f"{handle.request.seconds:g} s")
+    if doc.get("snippet"):
+        st.code(doc["snippet"], language="python")
+    if doc["status"] == "error" and doc.get("error"):
+        views.error_card(doc["error"], handle.output_tail())
+    views.warnings_list(doc.get("warnings") or [])
+    live = live_view(handle)
+    if not live.batches:
+        return
+    views.headline(doc)
+    if live is not handle.live:
+        st.caption(f"While the run goes, figures and charts cover its last "
+                   f"{len(live.batches)} of {len(handle.live.batches)} batches; the saved "
+                   "result covers all of them.")
+    views.run_charts(doc, list(live.batches), key="live")
+    with st.expander("Workers and the main process", expanded=False):
+        views.workers_table(doc)
+    st.markdown("**System**")
+    views.system_panel(doc.get("system"), handle.live.gpu_samples, live=not state.done)
+
+
+def _live_view(jobs: Jobs) -> None:
+    busy = jobs.busy()
+    if st.session_state.get("live_was_busy") and not busy:
+        st.session_state.live_was_busy = False
+        st.rerun()  # the whole page once: final charts, recommendation, "Applied"
+    st.session_state.live_was_busy = busy
+    if jobs.verification is not None and jobs.verification.state == "running":
+        st.caption(f"Verification run {len(jobs.verification.runs)} of "
+                   f"{jobs.verification.total_runs}")
+    if jobs.tune is not None and not jobs.tune.state.done:
+        _tune_progress(jobs.tune)
+        return
+    if jobs.run is None:
+        st.info("No run yet. Press **Start** to run the loader with the settings on the left.")
+        return
+    _run_view(jobs, jobs.run)
+
+
+def _watch_for_jobs(jobs: Jobs) -> None:
+    """An idle tab: re-draw when a job starts elsewhere (another tab, a reload)."""
+    if jobs.busy():
+        st.rerun()
+
+
+def render() -> None:
+    jobs = get_jobs()
+    _init_state()
+    st.title("DataLoader Tuner")
+    st.caption("Runs your Dataset in a real DataLoader in a background process and measures it. "
+               "This dashboard executes the module you point it at; it listens on 127.0.0.1.")
+    st.text_input("Dataset module", key="target",
+                  help="path/to/data.py[:attr] or pkg.module[:attr]: a Dataset instance, a "
+                       "Dataset class, or a function returning one")
+    with st.spinner("Checking the module..."):
+        info = jobs.inspect(st.session_state.target.strip())
+    _dataset_card(info)
+    _sidebar(_sync_controls(info))
+    _autostart(jobs, info)
+    ready = info["status"] == "ok"
+    busy = jobs.busy()
+    cols = st.columns([1, 1, 1, 6])
+    cols[0].button("Start", type="primary", on_click=_start, args=(jobs,), disabled=not ready)
+    cols[1].button("Stop", on_click=jobs.stop_in_background, disabled=not busy)
+    cols[2].button("Tune", on_click=_tune, args=(jobs,), disabled=not ready)
+    _applied_block(jobs)
+    _recommendation_block(jobs)
+    st.subheader("Live view")
+    st.fragment(_live_view, run_every=REFRESH_S if busy else None)(jobs)
+    if not busy:
+        st.fragment(_watch_for_jobs, run_every=WATCH_S)(jobs)

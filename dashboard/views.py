@@ -1,0 +1,138 @@
+"""Streamlit pieces shared by the pages: headline figures, the charts of one run, the system
+panel, warnings and error cards. Each takes plain data (a run's summary document, its batch
+records) so the live page and the history page show a run the same way."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import psutil
+import streamlit as st
+
+from engine import metrics
+from engine.metrics import BatchRecord
+
+from . import charts
+
+
+def fmt(value, spec: str = ".1f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def error_card(error: dict, output_tail: str | None = None) -> None:
+    """The headline first, the traceback only on request."""
+    st.error(f"**{error['message']}**", icon="🛑")
+    details = (error.get("details") or "").strip()
+    if details or output_tail:
+        with st.expander("Details (traceback and the run's output)"):
+            if details:
+                st.code(details, language="text")
+            if output_tail and output_tail.strip() and output_tail.strip() not in details:
+                st.code(output_tail, language="text")
+
+
+def headline(doc: dict) -> None:
+    """samples/s, batches/s, p50/p95 wait, consumer idle and the input-bound verdict."""
+    lat = doc.get("batch_latency_ms") or {}
+    cols = st.columns(6)
+    cols[0].metric("samples/s", fmt(doc.get("samples_per_s")))
+    cols[1].metric("batches/s", fmt(doc.get("batches_per_s")))
+    cols[2].metric("p50 batch wait", fmt(lat.get("p50"), ".2f", " ms"))
+    cols[3].metric("p95 batch wait", fmt(lat.get("p95"), ".2f", " ms"))
+    idle = doc.get("consumer_idle_frac")
+    cols[4].metric("consumer idle", fmt(idle * 100 if idle is not None else None, ".1f", " %"))
+    verdict = doc.get("input_bound")
+    cols[5].metric("input-bound?", verdict.split()[0] if verdict else "no consumer",
+                   help="TensorBoard's input-pipeline-analyzer thresholds: idle under 5 % is not "
+                        "input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
+                        "(the module's train_step or a simulated step).")
+    if doc.get("steady_batches") is not None:
+        st.caption(f"{doc['batches']} batches in {doc['seconds']:.1f} s; figures are steady "
+                   f"state, after the first {doc['warmup_batches']} (prefetched) batches.")
+
+
+def run_charts(doc: dict, batches: Sequence[BatchRecord], key: str) -> None:
+    """The four charts of one run."""
+    warmup = doc.get("warmup_batches") or 0
+    end = max((b.worker_end for b in batches), default=0.0)
+    start = batches[0].t_request if batches else 0.0
+    if start < 1.0:  # a whole run: from its start
+        start = 0.0
+        end = max(end, doc.get("seconds") or 0.0)
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(charts.batch_latency_figure(batches, warmup), key=f"{key}-latency")
+    with right:
+        window = 1.0 if end - start > 5 else 0.5
+        st.plotly_chart(charts.worker_utilization_figure(
+            metrics.busy_timeline(batches, end, window, start)), key=f"{key}-busy")
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(charts.worker_timeline_figure(batches), key=f"{key}-timeline")
+    with right:
+        gpu = bool(doc.get("gpu_idle"))
+        st.plotly_chart(charts.idle_gaps_figure(batches, gpu_measured=gpu), key=f"{key}-gaps")
+        if not gpu:
+            st.caption("GPU idle gaps not measured: "
+                       f"{doc.get('not_measured') or 'no GPU timings in this run'}. Shown instead: "
+                       "the consumer's waits in next() between steps.")
+    transfer = charts.transfer_figure(batches, bool((doc.get("config") or {}).get("pin_memory")))
+    if transfer is not None:
+        st.plotly_chart(transfer, key=f"{key}-transfer")
+    else:
+        st.info("**Pinned-memory transfer**: not measured: "
+                f"{doc.get('not_measured') or 'no host-to-device copies were timed in this run'}.",
+                icon="ℹ️")
+
+
+def workers_table(doc: dict) -> None:
+    rows = [{"worker": w["id"], "pid": w["pid"], "busy %": round((w["busy_frac"] or 0) * 100, 1),
+             "CPU %": None if w["cpu_percent"] is None else round(w["cpu_percent"], 1),
+             "RSS MB": None if w["rss_mb"] is None else round(w["rss_mb"]),
+             "batches": w["batches"]} for w in doc.get("workers") or []]
+    main = doc.get("main_process")
+    if main:
+        rows.append({"worker": "main", "pid": main["pid"], "busy %": None,
+                     "CPU %": None if main["cpu_percent"] is None else round(main["cpu_percent"], 1),
+                     "RSS MB": None if main["rss_mb"] is None else round(main["rss_mb"]),
+                     "batches": None})
+    if rows:
+        st.dataframe(rows, hide_index=True)
+
+
+def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bool = True) -> None:
+    """Usable CPUs and their load, RAM, /dev/shm, and the GPU (or why there is none)."""
+    if not system:
+        return
+    cols = st.columns(4)
+    cols[0].metric("usable CPUs", system["cpus_usable"],
+                   help=f"{system['cpus_logical']} logical CPUs; usable = affinity"
+                        + (f", cgroup quota {system['cpu_quota']:.1f}" if system.get("cpu_quota")
+                           else ""))
+    load = f"{system['other_load_cpus']:.1f} CPUs busy elsewhere at start"
+    if live:
+        load += f"; machine now {psutil.cpu_percent(None):.0f} %"
+    cols[0].caption(load)
+    cols[1].metric("RAM available", f"{system['ram_available_mb'] / 1024:.1f} GiB",
+                   help=f"of {system['ram_total_mb'] / 1024:.1f} GiB")
+    shm = system.get("shm")
+    if shm:
+        cols[2].metric("/dev/shm free", f"{shm['free_mb']:.0f} MB",
+                       help=f"of {shm['total_mb']:.0f} MB; worker batches travel through it")
+    gpu = system.get("gpu") or {}
+    if gpu.get("available"):
+        name = gpu.get("name", "GPU")
+        cols[3].metric("GPU", name)
+        if gpu_samples:
+            last = gpu_samples[-1]
+            cols[3].caption(f"util {last['util_percent']:.0f} %, memory "
+                            f"{last['memory_used_mb']:.0f} MB (pynvml)")
+    else:
+        cols[3].metric("GPU", "none")
+        cols[3].caption(f"Not measured: {gpu.get('reason', 'no GPU')}")
+
+
+def warnings_list(warnings: Sequence[dict]) -> None:
+    for warning in warnings:
+        fix = f"\n\nFix: `{warning['fix']}`" if warning.get("fix") else ""
+        st.warning(f"[{warning['code']}] {warning['message']}{fix}", icon="⚠️")

@@ -1,0 +1,99 @@
+"""Before/after verification: measure the old and the new settings side by side.
+
+Applying a recommendation should be proven, not predicted. The two settings are measured as
+real profile runs interleaved A B A B (the machine's load drifts; interleaving spreads the
+drift over both), and each side's figure is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from typing import Callable
+
+from .runner import RunHandle, RunRequest, RunState
+from .store import RunStore
+
+ARMS = ("before", "after")
+
+
+class Verification:
+    """Runs ``rounds`` pairs of profile runs in a background thread. ``on_run`` is told about
+    each run as it starts (the dashboard shows it live)."""
+
+    def __init__(self, before: RunRequest, after: RunRequest, store: RunStore | None,
+                 rounds: int = 2, on_run: Callable[[RunHandle], None] | None = None) -> None:
+        self.requests = {
+            "before": dataclasses.replace(before, kind="verify", label="before"),
+            "after": dataclasses.replace(after, kind="verify", label="after"),
+        }
+        self.store = store
+        self.rounds = rounds
+        self.on_run = on_run
+        self.runs: list[tuple[str, RunHandle]] = []
+        self.state = "running"  # running | ok | stopped | error
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Verification":
+        self._thread.start()
+        return self
+
+    @property
+    def total_runs(self) -> int:
+        return 2 * self.rounds
+
+    @property
+    def current(self) -> RunHandle | None:
+        return self.runs[-1][1] if self.runs else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.current is not None:
+            self.current.stop()
+
+    def wait(self, timeout_s: float | None = None) -> str:
+        self._thread.join(timeout_s)
+        return self.state
+
+    def _run(self) -> None:
+        request_time = max(r.seconds for r in self.requests.values())
+        for _ in range(self.rounds):
+            for arm in ARMS:
+                if self._stop.is_set():
+                    self.state = "stopped"
+                    return
+                handle = RunHandle(self.requests[arm], self.store).start()
+                self.runs.append((arm, handle))
+                if self.on_run is not None:
+                    self.on_run(handle)
+                handle.wait(request_time + self.requests[arm].timeout_s + 30)
+                if not handle.state.done:
+                    handle.stop()
+                if handle.state is RunState.FAILED:
+                    self.state = "error"
+                    self.error = f"The {arm} run failed: {handle.live.error}"
+                    return
+        self.state = "stopped" if self._stop.is_set() else "ok"
+
+    def result(self) -> dict:
+        """Per arm: each round's samples/s and consumer idle, their medians, and the ratio."""
+        arms = {}
+        for arm in ARMS:
+            docs = [h.live.summary(h.state.value) for a, h in self.runs
+                    if a == arm and h.state is RunState.FINISHED]
+            rates = [d["samples_per_s"] for d in docs if d["samples_per_s"]]
+            idles = [d["consumer_idle_frac"] for d in docs if d["consumer_idle_frac"] is not None]
+            arms[arm] = {
+                "config": self.requests[arm].config.to_json_dict(),
+                "snippet": docs[-1]["snippet"] if docs else None,
+                "samples_per_s_rounds": rates,
+                "samples_per_s": statistics.median(rates) if rates else None,
+                "consumer_idle_frac": statistics.median(idles) if idles else None,
+                "run_ids": [h.run_id for a, h in self.runs if a == arm],
+            }
+        before, after = arms["before"]["samples_per_s"], arms["after"]["samples_per_s"]
+        return {"state": self.state, "error": self.error, "rounds": self.rounds, **arms,
+                "speedup": after / before if before and after else None}

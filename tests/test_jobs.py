@@ -1,0 +1,106 @@
+"""The dashboard's job board and before/after verification, with real runs (no Streamlit)."""
+
+import pytest
+
+from dashboard.jobs import (
+    LIVE_WINDOW_BATCHES,
+    Jobs,
+    live_view,
+    recommended_config,
+    request_from_controls,
+    tune_request,
+    verification_requests,
+)
+from dashboard.live_page import CONTROL_DEFAULTS
+from engine import LoaderConfig, RunStore
+from engine.live import LiveRun
+from engine.verify import Verification
+
+from .conftest import dataset_path
+from .records import make_batches
+
+
+def controls(**changes):
+    return {**CONTROL_DEFAULTS, **changes}
+
+
+def test_controls_become_a_request():
+    request = request_from_controls("t.py", controls(num_workers=0, prefetch_factor=4,
+                                                     persistent_workers=True, consumer="none"))
+    assert request.config.prefetch_factor is None and not request.config.persistent_workers
+    assert request.step_ms == 0.0  # "none": no consumer even if the module has a train_step
+    sim = request_from_controls("t.py", controls(num_workers=2, consumer="simulated", step_ms=7))
+    assert sim.step_ms == 7.0 and sim.config.prefetch_factor == 2
+    assert request_from_controls("t.py", controls(consumer="train_step")).step_ms is None
+
+
+def test_tune_reports_against_the_controls_settings():
+    request = tune_request("t.py", controls(num_workers=3, budget_s=12, max_workers=8))
+    assert request.kind == "tune" and request.budget_s == 12 and request.max_workers == 8
+    assert request.baseline["num_workers"] == 3
+
+
+def test_recommended_config_resets_what_the_tuner_left_out():
+    base = LoaderConfig(batch_size=16, num_workers=4, prefetch_factor=8, persistent_workers=True)
+    config = recommended_config(base, {"num_workers": 2, "pin_memory": False})
+    assert config.num_workers == 2 and config.prefetch_factor is None
+    assert not config.persistent_workers and config.batch_size == 16
+    assert recommended_config(base, {"num_workers": 0}).prefetch_factor is None
+    tuned = tune_request("t.py", controls(num_workers=4))
+    before, after = verification_requests(tuned, {"num_workers": 1}, 2.0)
+    assert before.kind == after.kind == "verify" and before.seconds == 2.0
+    assert before.config.num_workers == 4 and after.config.num_workers == 1
+
+
+def test_live_view_of_a_long_run_is_its_recent_window():
+    live = LiveRun("t.py")
+    live.batches = make_batches(LIVE_WINDOW_BATCHES + 500)
+    live.resources = [{"t": 0.0, "pid": 1, "role": "main", "worker_id": None,
+                       "cpu_percent": 1.0, "rss_mb": 1.0},
+                      {"t": 1e9, "pid": 1, "role": "main", "worker_id": None,
+                       "cpu_percent": 2.0, "rss_mb": 2.0}]
+    recent = live.recent(LIVE_WINDOW_BATCHES)
+    assert len(recent.batches) == LIVE_WINDOW_BATCHES and recent.warmup_batches == 1
+    assert recent.batches[0].seq == 500 and len(recent.resources) == 1
+    assert len(live.batches) == LIVE_WINDOW_BATCHES + 500  # the run itself is untouched
+    assert live.recent(10**9) is live
+
+
+def test_inspect_describes_or_explains(db_path):
+    jobs = Jobs(RunStore(db_path))
+    ok = jobs.inspect(dataset_path("small_map.py"))
+    assert ok["status"] == "ok" and ok["dataset"]["class"] == "SmallMap"
+    assert jobs.inspect(dataset_path("small_map.py")) is ok  # cached while the file is unchanged
+    bad = jobs.inspect(dataset_path("missing_import.py"))
+    assert bad["status"] == "error" and "definitely_not_installed_pkg" in bad["error"]["message"]
+    assert jobs.store.list_runs() == []  # checking a target is not a run
+
+
+def test_one_job_at_a_time(db_path):
+    jobs = Jobs(RunStore(db_path))
+    slow = request_from_controls(dataset_path("slow_items.py"), controls(seconds=30.0,
+                                                                         num_workers=1))
+    first = jobs.start_run(slow)
+    second = jobs.start_run(slow)
+    assert first.state.done and not second.state.done
+    assert jobs.busy()
+    jobs.stop_in_background().join(5)
+    assert not jobs.busy() and second.state.value == "stopped"
+
+
+def test_verification_measures_both_settings_interleaved(db_path):
+    store = RunStore(db_path)
+    base = request_from_controls(dataset_path("small_map.py"), controls(seconds=1.0,
+                                                                        consumer="none"))
+    before, after = verification_requests(base, {"num_workers": 1}, 1.0)
+    shown = []
+    verification = Verification(before, after, store, rounds=2, on_run=shown.append).start()
+    assert verification.wait(120) == "ok"
+    result = verification.result()
+    assert [arm for arm, _ in verification.runs] == ["before", "after", "before", "after"]
+    assert len(shown) == 4
+    assert len(result["before"]["samples_per_s_rounds"]) == 2
+    assert result["speedup"] == pytest.approx(result["after"]["samples_per_s"]
+                                              / result["before"]["samples_per_s"])
+    labels = sorted(run["label"] for run in store.list_runs())
+    assert labels == ["after", "after", "before", "before"]
