@@ -133,6 +133,10 @@ def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bo
 
 
 def warnings_list(warnings: Sequence[dict]) -> None:
+    """Diagnostics: the message, and the fix as code where there is one."""
     for warning in warnings:
-        fix = f"\n\nFix: `{warning['fix']}`" if warning.get("fix") else ""
-        st.warning(f"[{warning['code']}] {warning['message']}{fix}", icon="⚠️")
+        show = st.info if warning.get("severity") == "info" else st.warning
+        show(f"**{warning['code']}**: {warning['message']}",
+             icon="ℹ️" if warning.get("severity") == "info" else "⚠️")
+        if warning.get("fix"):
+            st.code(warning["fix"], language="python")

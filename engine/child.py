@@ -44,6 +44,7 @@ from . import gpu, system
 from .config import LoaderConfig
 from .describe import describe
 from .errors import EngineError, RunError
+from .failures import explain_failure, hang_error
 from .measure import Consumer, Measurement, effective_config
 from .metrics import warmup_batches
 from .target import resolve
@@ -110,13 +111,14 @@ class ResourceSampler:
                     # A process seen for the first time has no CPU reading yet (None).
                     cpu = None if pid in primed else proc.cpu_percent(None)
                     rss = proc.memory_info().rss / 2**20
+                    threads = proc.num_threads()
             except psutil.Error:
                 self.known.pop(pid, None)
                 continue
             role = "main" if pid == self.me.pid else "worker"
             procs.append(
                 {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
-                 "cpu_percent": cpu, "rss_mb": rss}
+                 "cpu_percent": cpu, "rss_mb": rss, "threads": threads}
             )
         event = {"e": "resources", "t": t, "procs": procs}
         if self.nvml is not None:
@@ -160,7 +162,14 @@ class ChildRun:
             return True
         timeout_s = self.request.get("timeout_s") or 0
         if timeout_s and time.monotonic() - self.last_progress > timeout_s:
-            self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0}
+            outstanding = []
+            if self.measurement is not None:
+                try:
+                    outstanding = self.measurement.outstanding()
+                except Exception:  # noqa: BLE001 - a best-effort detail of the report
+                    pass
+            self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0,
+                              "outstanding": outstanding}
             os.kill(os.getpid(), signal.SIGUSR1)
             return True
         return False
@@ -225,11 +234,13 @@ class ChildRun:
             self._send_error(exc)
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything
             reason, code = "error", 1
-            self._send_error(loader_failure(exc))
+            self._send_error(explain_failure(exc))
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.finished.set()
             self._flush()
+            if self.measurement is not None and self.measurement.label_counts:
+                self.events.send({"e": "labels", "counts": self.measurement.label_counts})
             reap_workers()
             self.events.send({"e": "finished", "reason": reason, "t": time.monotonic() - self.t0})
         return code
@@ -282,7 +293,7 @@ class ChildRun:
             on_epoch=lambda epoch, t, startup: self.events.send(
                 {"e": "epoch", "epoch": epoch, "t": t, "startup_s": startup}
             ),
-            on_worker=self.worker_ids.__setitem__,
+            on_worker=self._on_worker,
         )
         self.t0 = time.monotonic()
         measurement.run()
@@ -297,19 +308,18 @@ class ChildRun:
         document = run_tune(resolved, config, consumer, system, self.request, on_trial)
         self.events.send({"e": "tune_result", "result": document})
 
+    def _on_worker(self, pid: int, worker_id: int, probe: dict | None) -> None:
+        self.worker_ids[pid] = worker_id
+        if probe is not None:
+            self.events.send({"e": "probe", "pid": pid, "worker_id": worker_id, "probe": probe})
+
     def _on_batch(self, record) -> None:
         self.last_progress = time.monotonic()
         self.rows.append(record.to_row())
 
     def _hang_error(self) -> RunError:
         info = self.hang_info or {}
-        timeout_s = info.get("timeout_s")
-        return RunError(
-            f"No batch arrived within {timeout_s:g} s: the dataset or a worker seems stuck. "
-            "Check for blocking I/O or locks in __getitem__, or raise --timeout-s if a batch "
-            "really takes that long.",
-            type="hang",
-        )
+        return hang_error(info.get("timeout_s") or 0, info.get("outstanding") or [])
 
     def _send_error(self, error: EngineError) -> None:
         self.events.send({"e": "error", "error": error.to_dict()})
@@ -317,19 +327,6 @@ class ChildRun:
 
 def warmup_for(config: LoaderConfig) -> int:
     return warmup_batches(config.num_workers, config.effective_prefetch_factor)
-
-
-def loader_failure(exc: BaseException) -> RunError:
-    """Turn an exception from the loader into a headline (worker errors keep their origin)."""
-    text = str(exc)
-    details = "".join(traceback.format_exception(exc))
-    first_line = text.splitlines()[0] if text else ""
-    if "in DataLoader worker process" in first_line:
-        original = text.split("Original Traceback (most recent call last):", 1)[-1]
-        last = [ln for ln in original.strip().splitlines() if ln.strip()][-1:]
-        cause = last[0].strip() if last else type(exc).__name__
-        return RunError(f"{first_line.rstrip('.')}: {cause}", details=text, type="worker_error")
-    return RunError(f"{type(exc).__name__}: {first_line}", details=details, type="dataset_error")
 
 
 def reap_workers(timeout_s: float = 1.0) -> None:

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--prefetch-factor", type=_positive_int)
     profile.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction,
                          default=False)
+    profile.add_argument("--multiprocessing-context", choices=("fork", "spawn", "forkserver"),
+                         help="how workers start (default: the platform's, fork on Linux)")
     profile.add_argument("--step-ms", type=_non_negative_float,
                          help="simulate a training step of this many ms per batch (0: none); "
                               "default: the module's train_step if it has one")
@@ -106,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> LoaderConfig:
         pin_memory=args.pin_memory,
         prefetch_factor=args.prefetch_factor,
         persistent_workers=args.persistent_workers,
+        multiprocessing_context=args.multiprocessing_context,
     )
 
 

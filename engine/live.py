@@ -35,6 +35,8 @@ class LiveRun:
         self.mode = "profile"
         self.trials: list[dict] = []  # tune runs: each measured configuration
         self.tune_result: dict | None = None
+        self.probes: list[dict] = []  # per worker process: what its first fetch revealed
+        self.label_counts: dict = {}
 
     def apply(self, event: dict) -> None:
         kind = event["e"]
@@ -63,7 +65,12 @@ class LiveRun:
             self.epochs.append({k: event[k] for k in ("epoch", "t", "startup_s")})
         elif kind == "warning":
             if not any(w["message"] == event["message"] for w in self.warnings):
-                self.warnings.append({"code": event["code"], "message": event["message"]})
+                self.warnings.append({"code": event["code"], "severity": "warning",
+                                      "message": event["message"], "evidence": {}, "fix": None})
+        elif kind == "probe":
+            self.probes.append({k: event[k] for k in ("pid", "worker_id", "probe")})
+        elif kind == "labels":
+            self.label_counts = event["counts"]
         elif kind == "error":
             self.error = EngineError.from_dict(event["error"])
         elif kind == "finished":

@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
-from . import gpu
 from .config import LoaderConfig
 from .errors import RunError
 from .metrics import BatchRecord
+from . import gpu, probes
 from .probes import TimedCollate, batch_size_of, clock, nbytes_of, wrap_dataset
 from .target import ResolvedTarget
 
@@ -52,13 +58,15 @@ def effective_config(resolved: ResolvedTarget, requested: LoaderConfig, batch_si
     """The settings actually used: the request, filled in from the module's own extras.
 
     The module's ``batch_size`` applies unless the user gave one; its ``collate_fn`` and
-    ``sampler`` apply unless the request sets them.
+    ``sampler`` and ``worker_init_fn`` apply unless the request sets them.
     """
     changes: dict[str, Any] = {}
     if not batch_size_given and requested.batch_sampler is None:
         changes["batch_size"] = resolved.batch_size or DEFAULT_BATCH_SIZE
     if requested.collate_fn is None and resolved.collate_fn is not None:
         changes["collate_fn"] = resolved.collate_fn
+    if requested.worker_init_fn is None and resolved.worker_init_fn is not None:
+        changes["worker_init_fn"] = resolved.worker_init_fn
     if requested.sampler is None and resolved.sampler is not None and not resolved.is_iterable:
         changes["sampler"] = resolved.sampler
         changes["shuffle"] = False
@@ -70,6 +78,16 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     kwargs = config.to_kwargs(torch.__version__)
     auto_collation = config.batch_sampler is not None or config.batch_size is not None
     kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
+    if config.batch_sampler is None and config.batch_size is not None and not isinstance(
+            dataset, IterableDataset):
+        # The same batches DataLoader would build from these settings, but remembered, so a
+        # hang report can say which sample indices a stuck worker holds.
+        sampler = config.sampler or (RandomSampler(dataset) if config.shuffle
+                                     else SequentialSampler(dataset))
+        kwargs["batch_sampler"] = probes.RecordingBatchSampler(
+            BatchSampler(sampler, config.batch_size, config.drop_last))
+        for key in ("batch_size", "shuffle", "sampler", "drop_last"):
+            kwargs.pop(key, None)
     return DataLoader(wrap_dataset(dataset), **kwargs)
 
 
@@ -90,7 +108,7 @@ class Measurement:
         on_batch: Callable[[BatchRecord], None],
         should_stop: Callable[[], bool] = lambda: False,
         on_epoch: Callable[[int, float, float], None] = lambda *a: None,
-        on_worker: Callable[[int, int], None] = lambda *a: None,
+        on_worker: Callable[[int, int, dict | None], None] = lambda *a: None,
         max_batches: int | None = None,
     ) -> None:
         self.resolved, self.config, self.consumer = resolved, config, consumer
@@ -102,6 +120,7 @@ class Measurement:
         self.gaps = gpu.GapTimer.create()
         self.t0 = 0.0
         self.iterator = None
+        self.label_counts: dict[int, int] = {}
 
     def run(self) -> int:
         """Returns the number of batches consumed."""
@@ -118,7 +137,9 @@ class Measurement:
                     self.on_epoch(epoch, epoch_start, record.t_ready - epoch_start)
                 if meta.pid not in seen_workers:
                     seen_workers.add(meta.pid)
-                    self.on_worker(meta.pid, meta.worker_id)
+                    self.on_worker(meta.pid, meta.worker_id, meta.probe)
+                if seq % LABEL_EVERY == 0:
+                    count_labels(batch, record.samples, self.label_counts)
                 self.on_batch(record)
                 seq, in_epoch = seq + 1, in_epoch + 1
                 if self._done(deadline, seq):
@@ -132,6 +153,20 @@ class Measurement:
             epoch += 1
             if self._done(deadline, seq):
                 return seq
+
+    def outstanding(self) -> list[dict]:
+        """Batches asked for and not yet received: [{worker_id, indices}], oldest first.
+        Called from the watchdog thread while the main thread is stuck."""
+        iterator = self.iterator
+        task_info = dict(getattr(iterator, "_task_info", {}) or {})
+        if not task_info:  # no workers: the main process is inside the fetch itself
+            indices = probes.current_indices()
+            return [{"worker_id": -1, "indices": indices}] if indices is not None else []
+        sampler = getattr(self.loader, "batch_sampler", None)
+        sent = sampler.sent if isinstance(sampler, probes.RecordingBatchSampler) else {}
+        waiting = sorted(k for k, info in task_info.items() if len(info) == 1)
+        return [{"worker_id": task_info[k][0], "indices": _short(sent.get(k))}
+                for k in waiting]
 
     def close(self) -> None:
         """Shut the loader's workers down (DataLoader's own, graceful shutdown)."""
@@ -204,6 +239,34 @@ class Measurement:
                 gpu.simulated_gpu_step(self.consumer.step_ms / 1000.0)
             else:
                 time.sleep(self.consumer.step_ms / 1000.0)
+
+
+LABEL_EVERY = 8  # labels are counted on every 8th batch: a histogram, at little cost
+MAX_LABEL = 100_000
+
+
+def count_labels(batch: Any, samples: int, counts: dict[int, int]) -> None:
+    """Add the batch's class labels to ``counts`` when they can be read: a 1-D integer tensor
+    of one label per sample, last in a (inputs, labels) pair or under a label-like key."""
+    labels = None
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        labels = batch[-1]
+    elif isinstance(batch, dict):
+        labels = next((batch[k] for k in ("label", "labels", "target", "targets", "y")
+                       if k in batch), None)
+    if not isinstance(labels, torch.Tensor) or labels.ndim != 1 or len(labels) != samples:
+        return
+    if labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        return
+    if samples == 0 or int(labels.min()) < 0 or int(labels.max()) > MAX_LABEL:
+        return
+    for label, n in enumerate(torch.bincount(labels).tolist()):
+        if n:
+            counts[label] = counts.get(label, 0) + n
+
+
+def _short(indices: Any) -> Any:
+    return list(indices)[:64] if isinstance(indices, (list, tuple)) else indices
 
 
 def _format_exc(exc: BaseException) -> str:

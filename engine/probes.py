@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Callable, NamedTuple
 
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
@@ -27,8 +27,14 @@ clock = time.monotonic
 cpu_clock = time.process_time
 
 
+# Exceptions from the user's code get a note starting with this; diagnose.py reads it back
+# from the exception (0 workers) or from the worker's traceback text (torch re-raises those).
+NOTE_PREFIX = "[dataloader-tuner]"
+
+
 class BatchMeta(NamedTuple):
-    """Where and how a batch was made. ``worker_id`` is -1 for the main process."""
+    """Where and how a batch was made. ``worker_id`` is -1 for the main process. ``probe``
+    rides only with the first batch of each process (see rng_probe)."""
 
     worker_id: int
     pid: int
@@ -36,17 +42,29 @@ class BatchMeta(NamedTuple):
     fetch_s: float
     collate_s: float
     fetch_cpu_s: float
+    probe: dict | None = None
+
+
+def add_note(exc: BaseException, text: str) -> None:
+    """Attach context to the user's exception without changing its type (Python 3.11+; on
+    older Pythons the context is lost, the exception itself is not)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"{NOTE_PREFIX} {text}")
 
 
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
-    __slots__ = ("start", "cpu_start", "total")
+    __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "probe_pid", "probe")
 
     def __init__(self) -> None:
         self.start = None
         self.cpu_start = None
         self.total = 0.0
+        self.indices = None  # the batch's indices: for hang and error reports
+        self.fetching = False
+        self.probe_pid = None  # the process whose first fetch was probed
+        self.probe = None
 
     def begin(self) -> float:
         """Called before each fetch; notes the CPU clock at the batch's first fetch."""
@@ -65,8 +83,25 @@ class _FetchTimer:
         self.start, self.cpu_start, self.total = None, None, 0.0
         return start, total, cpu
 
+    def first_fetch_here(self) -> bool:
+        """True once per process: forked workers inherit the parent's copy of this object."""
+        pid = os.getpid()
+        if self.probe_pid == pid:
+            return False
+        self.probe_pid, self.probe = pid, None
+        return True
+
+    def take_probe(self) -> dict | None:
+        probe, self.probe = self.probe, None
+        return probe
+
 
 _timer = _FetchTimer()  # each worker process gets its own copy
+
+
+def current_indices() -> list | None:
+    """The indices this process is fetching right now, if it is inside a fetch."""
+    return list(_timer.indices)[:64] if _timer.fetching and _timer.indices is not None else None
 
 
 class TimedMapDataset(Dataset):
@@ -85,19 +120,33 @@ class TimedMapDataset(Dataset):
         return len(self.inner)
 
     def __getitem__(self, index: Any) -> Any:
-        start = _timer.begin()
-        item = self.inner[index]
-        _timer.add(start, clock())
-        return item
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list) -> list:
+        probing = _timer.first_fetch_here()
+        before = rng_state(self.inner) if probing else None
+        _timer.indices, _timer.fetching = indices, True
         start = _timer.begin()
         if self._inner_getitems:
-            items = self._inner_getitems(indices)
+            try:
+                items = self._inner_getitems(indices)
+            except Exception as exc:
+                add_note(exc, f"while fetching sample indices {list(indices)[:64]}")
+                raise
         else:
             inner = self.inner
-            items = [inner[i] for i in indices]
+            items = []
+            for i in indices:
+                try:
+                    items.append(inner[i])
+                except Exception as exc:
+                    add_note(exc, f"while fetching sample index {i!r} "
+                                  f"(batch indices {list(indices)[:64]})")
+                    raise
         _timer.add(start, clock())
+        _timer.fetching = False
+        if probing:
+            _timer.probe = rng_probe(before, rng_state(self.inner))
         return items
 
     def __getattr__(self, name: str) -> Any:
@@ -105,6 +154,14 @@ class TimedMapDataset(Dataset):
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ...and set them: worker_init_fn gets this wrapper as get_worker_info().dataset and
+        # must reach the user's dataset (e.g. giving each worker its own random generator).
+        if name in ("inner", "_inner_getitems"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
 
 
 class TimedIterableDataset(IterableDataset):
@@ -114,19 +171,60 @@ class TimedIterableDataset(IterableDataset):
         self.inner = inner
 
     def __iter__(self):
+        probing = _timer.first_fetch_here()
+        before = rng_state(self.inner) if probing else None
         iterator = iter(self.inner)
         begin, add = _timer.begin, _timer.add
+        count = 0
         while True:
             start = begin()
             try:
                 item = next(iterator)
             except StopIteration:
                 return
+            except Exception as exc:
+                add_note(exc, f"while iterating, after {count} items from this process")
+                raise
             add(start, clock())
+            if probing:
+                _timer.probe, probing = rng_probe(before, rng_state(self.inner)), False
+            count += 1
             yield item
 
     def __len__(self) -> int:
         return len(self.inner)  # raises TypeError like the original when there is no length
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "inner":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
+class RecordingBatchSampler(Sampler):
+    """Yields the inner batch sampler's batches and remembers the recent ones by position in
+    the epoch (the position is the DataLoader iterator's send index). Main process only."""
+
+    KEEP = 4096
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+        self.sent: dict[int, list] = {}
+
+    def __iter__(self):
+        sent = self.sent = {}
+        for position, batch in enumerate(self.inner):
+            sent[position] = batch
+            sent.pop(position - self.KEEP, None)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
 
 class TimedCollate:
@@ -138,12 +236,77 @@ class TimedCollate:
     def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
         fetch_start, fetch_s, fetch_cpu_s = _timer.take(clock())
         start = clock()
-        batch = self.collate_fn(samples)
+        try:
+            batch = self.collate_fn(samples)
+        except Exception as exc:
+            mismatch = shape_mismatch(samples) if isinstance(samples, list) else None
+            where = f"batch indices {list(_timer.indices)[:64]}" if _timer.indices else "a batch"
+            add_note(exc, f"in collate_fn for {where}" + (f"; {mismatch}" if mismatch else ""))
+            raise
         collate_s = clock() - start
         info = get_worker_info()
         worker_id = info.id if info is not None else -1
         return batch, BatchMeta(worker_id, os.getpid(), fetch_start, fetch_s, collate_s,
-                                fetch_cpu_s)
+                                fetch_cpu_s, _timer.take_probe())
+
+
+def shape_mismatch(samples: list) -> str | None:
+    """Which field of the samples has tensors of different shapes, e.g. "field 1: shapes
+    (3, 4) at sample 0 and (5, 4) at sample 2", or None."""
+    def fields(sample: Any, prefix: str = "") -> dict[str, Any]:
+        if hasattr(sample, "shape") and hasattr(sample, "dtype"):
+            return {prefix or "the sample": tuple(sample.shape)}
+        out: dict[str, Any] = {}
+        if isinstance(sample, dict):
+            for key, value in sample.items():
+                out.update(fields(value, f"{prefix}[{key!r}]" if prefix else f"field {key!r}"))
+        elif isinstance(sample, (list, tuple)):
+            for i, value in enumerate(sample):
+                out.update(fields(value, f"{prefix}[{i}]" if prefix else f"field {i}"))
+        return out
+
+    first = fields(samples[0]) if samples else {}
+    for position, sample in enumerate(samples[1:], start=1):
+        for name, shape in fields(sample).items():
+            if name in first and first[name] != shape:
+                return (f"{name}: shapes {first[name]} at sample 0 and {shape} at sample "
+                        f"{position} of the batch")
+    return None
+
+
+_RNG_TYPES = ("Generator", "RandomState", "Random")
+
+
+def rng_state(dataset: Any) -> dict[str, str]:
+    """Fingerprints of the random generators a dataset holds as attributes, and of numpy's
+    global one, to compare across worker processes."""
+    import hashlib
+    import pickle
+
+    states = {}
+    for name, value in list(vars(dataset).items())[:200] if hasattr(dataset, "__dict__") else []:
+        if type(value).__name__ in _RNG_TYPES:
+            try:
+                state = value.get_state() if hasattr(value, "get_state") else (
+                    value.bit_generator.state if hasattr(value, "bit_generator") else
+                    value.getstate())
+                states[f"self.{name}"] = hashlib.sha1(pickle.dumps(state)).hexdigest()[:16]
+            except Exception:  # noqa: BLE001 - a generator we cannot read is just skipped
+                pass
+    try:
+        import numpy
+
+        states["numpy.random (global)"] = hashlib.sha1(
+            pickle.dumps(numpy.random.get_state())).hexdigest()[:16]
+    except Exception:  # noqa: BLE001
+        pass
+    return states
+
+
+def rng_probe(before: dict[str, str], after: dict[str, str]) -> dict:
+    """The generators this process's first fetch drew from, with their starting state."""
+    used = {name: state for name, state in before.items() if after.get(name) != state}
+    return {"rng_used": used}
 
 
 def wrap_dataset(dataset: Dataset) -> Dataset:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import metrics
+from . import metrics, pitfalls
 from .gpu import NO_GPU_REASON
 
 if TYPE_CHECKING:
     from .live import LiveRun
-
-MIN_STEADY_BATCHES = 10
-
 
 def summarize(live: "LiveRun", status: str) -> dict:
     batches = list(live.batches)
@@ -136,20 +133,25 @@ def _gpu_idle(batches: list) -> dict | None:
 
 
 def _warnings(live: "LiveRun", steady, gpu_info: dict) -> list[dict]:
+    """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
+    config = live.config or {}
+    system = live.system or {}
+    workers = config.get("num_workers") or 0
+    prefetch = config.get("prefetch_factor") or (2 if workers else 0)
+    measured = live.batches[live.warmup_batches:] if steady else live.batches
     found = []
-    if live.error is None and (steady is None or steady.batches < MIN_STEADY_BATCHES):
-        n = steady.batches if steady else 0
-        found.append({
-            "code": "short_run",
-            "message": f"Only {n} batches after the {live.warmup_batches}-batch warm-up: "
-                       "throughput figures are rough. Run longer (--seconds).",
-        })
-    if (live.config or {}).get("pin_memory") and not gpu_info.get("available"):
-        found.append({
-            "code": "pin_memory_without_gpu",
-            "message": "pin_memory=True but no GPU is present: pinning only costs time and "
-                       "locked RAM here. Use pin_memory=False on this machine.",
-        })
+    if live.error is None:
+        found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
+    found += pitfalls.pin_memory_without_gpu(config, bool(gpu_info.get("available")))
+    found += pitfalls.duplicated_rng(live.probes)
+    found += pitfalls.skewed_labels(live.label_counts)
+    found += pitfalls.worker_memory_growth(live.resources)
+    found += pitfalls.shm_pressure(workers, prefetch,
+                                   metrics.per_batch_costs(measured)["bytes"], system.get("shm"))
+    found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured))
+    found += pitfalls.thread_oversubscription(live.resources, workers,
+                                              system.get("cpus_usable") or 1)
+    found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s)
     return found
 
 
@@ -189,5 +191,7 @@ def render_text(doc: dict) -> str:
     elif doc["transfer"]:
         lines.append(f"host-to-device copy: p50 {_fmt(doc['transfer']['copy_ms']['p50'], '.3f', ' ms')}")
     for w in doc["warnings"]:
-        lines.append(f"warning [{w['code']}]: {w['message']}")
+        lines.append(f"{w.get('severity', 'warning')} [{w['code']}]: {w['message']}")
+        if w.get("fix"):
+            lines += ["    fix: " + line for line in w["fix"].splitlines()]
     return "\n".join(lines)

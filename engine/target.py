@@ -26,7 +26,8 @@ from torch.utils.data import Dataset, IterableDataset
 from .errors import TargetError
 
 DEFAULT_NAMES = ("make_dataset", "get_dataset", "dataset")
-EXTRA_NAMES = ("batch_size", "collate_fn", "sampler", "train_step", "dataloader_kwargs")
+EXTRA_NAMES = ("batch_size", "collate_fn", "sampler", "train_step", "dataloader_kwargs",
+               "worker_init_fn")
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ResolvedTarget:
     sampler: Any = None
     train_step: Callable | None = None
     dataloader_kwargs: dict | None = None  # the settings the user trains with today
+    worker_init_fn: Callable | None = None
 
     @property
     def is_iterable(self) -> bool:

@@ -64,6 +64,19 @@ def set_target(at: AppTest, target: str) -> AppTest:
     return at.run()
 
 
+def press(label: str, target: str, **controls) -> AppTest:
+    """Open the Live page on ``target``, set controls (``ctl_`` keys without the prefix; the
+    consumer first, since it enables the step input), press ``label``, wait for the job."""
+    at = set_target(live_app(), target)
+    if "consumer" in controls:
+        at = at.radio(key="ctl_consumer").set_value(controls.pop("consumer")).run()
+    for name, value in controls.items():
+        at.number_input(key=f"ctl_{name}").set_value(value)
+    at = at.run()
+    button(at, label).click()
+    return settle(at.run())
+
+
 def test_live_page_opens_on_the_demo_dataset(app_env):
     at = live_app()
     assert not at.exception
@@ -107,25 +120,15 @@ def test_a_bad_target_shows_an_error_card_and_the_page_stays_usable(app_env):
 
 
 def test_a_failing_run_shows_the_worker_error(app_env):
-    at = set_target(live_app(), dataset_path("getitem_raises.py"))
-    at.number_input(key="ctl_num_workers").set_value(2)
-    at = at.run()
-    button(at, "Start").click()
-    at = settle(at.run())
+    at = press("Start", dataset_path("getitem_raises.py"), num_workers=2)
     assert not at.exception
     assert at.error and "worker" in at.error[0].value.lower()
     assert get_jobs().store.list_runs()[0]["status"] == "error"
 
 
 def test_tune_recommends_and_apply_verifies(app_env):
-    at = set_target(live_app(), dataset_path("small_map.py"))
-    at.number_input(key="ctl_budget_s").set_value(5.0)
-    at.number_input(key="ctl_max_workers").set_value(2)
-    at.number_input(key="ctl_verify_seconds").set_value(1.0)
-    at.radio(key="ctl_consumer").set_value("none")
-    at = at.run()
-    button(at, "Tune").click()
-    at = settle(at.run())
+    at = press("Tune", dataset_path("small_map.py"), consumer="none", budget_s=5.0,
+               max_workers=2, verify_seconds=1.0)
     assert not at.exception
     assert any(s.value == "Recommendation" for s in at.subheader)
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
@@ -165,3 +168,42 @@ def test_history_shows_a_failed_run_with_its_headline(app_env):
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception
     assert at.error and "KeyError" in at.error[0].value
+
+
+def broken(name: str) -> str:
+    return os.path.join(ROOT, "tests", "broken", name)
+
+
+@pytest.mark.parametrize("target,phrase", [
+    (dataset_path("missing_import.py"), "definitely_not_installed_pkg"),
+    (dataset_path("two_classes.py"), "several Dataset classes"),
+    (dataset_path("nothing_here.py"), "make_dataset"),
+    (dataset_path("factory_raises.py"), "raised"),
+])
+def test_target_problems_show_an_error_card(app_env, target, phrase):
+    at = set_target(live_app(), target)
+    assert not at.exception
+    assert at.error and phrase in at.error[0].value
+    assert button(at, "Start").disabled
+
+
+@pytest.mark.parametrize("target,workers,phrase", [
+    (broken("ragged_shapes.py"), 0, "cannot stack samples of different shapes"),
+    (broken("worker_bus_error.py"), 2, "shared memory"),
+    (broken("iter_raises.py"), 2, "connection to the shard server was reset"),
+    (broken("stuck_in_main.py"), 2, "[6, 7]"),
+])
+def test_run_failures_show_an_error_card_and_the_page_stays_usable(app_env, target, workers,
+                                                                   phrase):
+    at = press("Start", target, consumer="none", num_workers=workers, timeout_s=2.0)
+    assert not at.exception
+    assert any(phrase in e.value for e in at.error), [e.value for e in at.error]
+    at = set_target(at, dataset_path("small_map.py"))  # and the next run can start
+    assert not at.exception and not button(at, "Start").disabled
+
+
+def test_pitfalls_show_with_their_fix(app_env):
+    at = press("Start", broken("shared_rng.py"), consumer="none", num_workers=2, seconds=2.0)
+    assert not at.exception
+    assert any("duplicated_random_streams" in w.value for w in at.warning)
+    assert any("worker_init_fn" in c.value for c in at.code)

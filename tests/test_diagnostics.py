@@ -1,0 +1,136 @@
+"""Broken and tricky dataset modules (tests/broken/, tests/datasets/) through the real CLI.
+
+Each failure must come back with its specific headline, exit code 1, well under a minute, and
+no process left behind (the autouse fixture in conftest.py). Each pitfall must show up as a
+diagnostic with its code, severity, evidence and fix.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT, dataset_path
+
+FAIL_WITHIN_S = 40.0  # "well under a minute", with torch's import and a 2-core machine
+
+
+def broken(name: str) -> str:
+    return os.path.join(ROOT, "tests", "broken", name)
+
+
+def profile(target: str, *args: str, db: str) -> tuple[int, dict, float]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "engine", "profile", target, "--json", "--db", db, *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    return run.returncode, json.loads(run.stdout), time.monotonic() - started
+
+
+FAILURES = [
+    # target problems
+    (dataset_path("no_such_file.py"), [], "target_not_found", ["no_such_file.py"]),
+    (dataset_path("syntax_error.py"), [], "target_syntax_error", ["line 3"]),
+    (dataset_path("missing_import.py"), [], "target_import_error",
+     ["definitely_not_installed_pkg"]),
+    (dataset_path("nothing_here.py"), [], "target_no_dataset", ["make_dataset"]),
+    (dataset_path("two_classes.py"), [], "target_ambiguous", []),
+    (dataset_path("factory_raises.py"), [], "target_factory_error", []),
+    # the user's code raising, with the sample and the worker
+    (dataset_path("getitem_raises.py"), ["--num-workers", "0"], "dataset_error",
+     ["KeyError", "sample index 7"]),
+    (dataset_path("getitem_raises.py"), ["--num-workers", "2"], "worker_error",
+     ["KeyError", "worker process", "sample index 7"]),
+    (broken("iter_raises.py"), ["--num-workers", "2"], "worker_error",
+     ["OSError", "connection to the shard server was reset", "after 5 items"]),
+    (broken("collate_raises.py"), ["--num-workers", "2"], "worker_error",
+     ["ValueError", "in collate_fn for batch indices [0, 1, 2, 3]"]),
+    (broken("collate_raises.py"), [], "dataset_error", ["ValueError", "in collate_fn"]),
+    # samples the default collate cannot stack: which field, which shapes
+    (broken("ragged_shapes.py"), [], "collate_shapes",
+     ["field 1", "(1, 4)", "(2, 4)", "custom collate_fn"]),
+    (broken("ragged_shapes.py"), ["--num-workers", "2"], "collate_shapes", ["field 1"]),
+    # workers killed by a signal, named, with the likely cause
+    (broken("worker_segfault.py"), ["--num-workers", "2"], "worker_killed",
+     ["Segmentation fault", "native code"]),
+    (broken("worker_bus_error.py"), ["--num-workers", "2"], "worker_killed",
+     ["Bus error", "shared memory", "--shm-size"]),
+    # a hang: which worker, which indices
+    (broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
+     ["within 2 s", "the main process", "[6, 7]"]),
+    (broken("stuck_in_main.py"), ["--num-workers", "2", "--timeout-s", "2"], "hang",
+     ["worker 1", "[6, 7]"]),
+    # a dataset spawn workers cannot unpickle
+    (broken("not_picklable.py"), ["--num-workers", "2", "--multiprocessing-context", "spawn"],
+     "not_picklable", ["lambda", "module-level"]),
+]
+
+
+@pytest.mark.parametrize("target,args,error_type,phrases", FAILURES,
+                         ids=[f"{os.path.basename(t)}{''.join(a)}" for t, a, _, _ in FAILURES])
+def test_failure_has_a_specific_headline(target, args, error_type, phrases, db_path):
+    code, doc, elapsed = profile(target, "--seconds", "8", *args, db=db_path)
+    assert code == 1
+    assert doc["status"] == "error"
+    assert doc["error"]["type"] == error_type, doc["error"]["message"]
+    for phrase in phrases:
+        assert phrase in doc["error"]["message"], (phrase, doc["error"]["message"])
+    assert "\n" not in doc["error"]["message"]  # a one-line headline; the rest is in details
+    assert elapsed < FAIL_WITHIN_S
+
+
+def test_invalid_settings_are_rejected_before_starting(db_path):
+    code, doc, elapsed = profile(dataset_path("small_map.py"), "--prefetch-factor", "4",
+                                 db=db_path)
+    assert code == 2 and doc["error"]["type"] == "invalid_settings"
+    assert "num_workers" in doc["error"]["message"]
+    assert elapsed < 10
+
+
+PITFALLS = [
+    (broken("shared_rng.py"), ["--num-workers", "2"], "duplicated_random_streams",
+     "worker_init_fn"),
+    (broken("skewed_labels.py"), [], "skewed_labels", "WeightedRandomSampler"),
+    (broken("leaky_cache.py"), ["--num-workers", "2", "--seconds", "5"], "worker_memory_growth",
+     "numpy"),
+    (broken("thread_pools.py"), ["--num-workers", "2"], "thread_oversubscription",
+     "set_num_threads"),
+    (dataset_path("small_map.py"), ["--num-workers", "2"], "workers_restarted_each_epoch",
+     "persistent_workers=True"),
+    (dataset_path("small_map.py"), ["--num-workers", "4"], "workers_restarted_each_epoch",
+     "persistent_workers=True"),
+    (dataset_path("small_map.py"), ["--pin-memory"], "pin_memory_without_gpu",
+     "pin_memory=False"),
+]
+
+
+@pytest.mark.parametrize("target,args,code,fix_phrase", PITFALLS,
+                         ids=[c for _, _, c, _ in PITFALLS[:-2]] + ["restarts-4", "pin"])
+def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_phrase, db_path):
+    if code == "pin_memory_without_gpu" and _has_gpu():
+        pytest.skip("this machine has a GPU: pinning is not a mistake here")
+    exit_code, doc, _ = profile(target, "--seconds", "3", *args, db=db_path)
+    assert exit_code == 0, doc.get("error")
+    found = {w["code"]: w for w in doc["warnings"]}
+    assert code in found, [w["code"] for w in doc["warnings"]]
+    diagnostic = found[code]
+    assert diagnostic["severity"] == "warning"
+    assert diagnostic["evidence"] and fix_phrase in diagnostic["fix"]
+
+
+def test_fixed_rng_is_not_flagged(db_path):
+    """The same dataset with worker_init_fn giving each worker its own generator."""
+    code, doc, _ = profile(broken("shared_rng_fixed.py"), "--num-workers", "2", "--seconds", "3",
+                           db=db_path)
+    assert code == 0
+    assert "duplicated_random_streams" not in {w["code"] for w in doc["warnings"]}
+
+
+def _has_gpu() -> bool:
+    from engine import gpu
+
+    return gpu.cuda_available()
