@@ -9,7 +9,7 @@ in a long-lived process and one in a fresh process differ by more than the overh
               samples/s
 Prints instr/plain (target >= 0.97) and reported/plain (target within 0.95-1.05).
 
-    python bench/overhead.py [--seconds 3] [--rounds 3]
+    python bench/overhead.py [--seconds 3] [--rounds 3] [--only tiny]
 """
 
 from __future__ import annotations
@@ -115,11 +115,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--verbose", action="store_true", help="print every round")
+    parser.add_argument("--only", help="only the demo datasets whose file name contains this")
     args = parser.parse_args()
     print(f"{'dataset':30s} {'workers':>7s} {'plain/s':>10s} {'instr/s':>10s} "
           f"{'report/s':>10s} {'instr/plain':>11s} {'report/plain':>12s}")
     worst_instr, worst_report = 1.0, 1.0
     for path, workers in CASES:
+        if args.only and args.only not in os.path.basename(path):
+            continue
         target = os.path.join(ROOT, path)
         resolved = resolve(target)
         config = effective_config(resolved, LoaderConfig(num_workers=workers), False)

@@ -1,6 +1,7 @@
 """``python -m engine``: profile a dataset's loader, tune it, list and export saved runs.
 
-Exit codes: 0 ok, 1 the user's dataset or run failed (with the error document), 2 bad usage.
+Exit codes: 0 ok, 1 the user's dataset, settings or run failed (with the error document),
+2 bad usage (unknown flags, malformed values).
 With ``--json``, stdout holds exactly one JSON document; progress goes to stderr.
 """
 
@@ -115,12 +116,12 @@ def config_from_args(args: argparse.Namespace) -> LoaderConfig:
 def cmd_profile(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-    except ConfigError as exc:
+    except ConfigError as exc:  # settings DataLoader would reject: a failed run, not started
         if args.json:
             _print_doc(_error_doc(exc.to_dict()), as_json=True)
         else:
-            print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+            print(f"ERROR: {exc}")
+        return EXIT_RUN_FAILED
     request = RunRequest(
         target=args.target, config=config, batch_size_given=args.batch_size is not None,
         step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,

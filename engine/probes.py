@@ -135,13 +135,10 @@ class TimedMapDataset(Dataset):
                 raise
         else:
             inner = self.inner
-            items = []
-            append = items.append
-            try:  # one try around the loop: free on 3.11+, unlike one per sample
-                for i in indices:
-                    append(inner[i])
+            try:  # a comprehension like torch's own fetcher: the cheapest loop there is
+                items = [inner[i] for i in indices]
             except Exception as exc:
-                add_note(exc, f"while fetching sample index {indices[len(items)]!r} "
+                add_note(exc, f"while fetching sample index {_failed_index(exc)!r} "
                               f"(batch indices {list(indices)[:64]})")
                 raise
         _timer.add(start, clock())
@@ -163,6 +160,19 @@ class TimedMapDataset(Dataset):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
+
+
+def _failed_index(exc: BaseException) -> Any:
+    """The index the fetch loop was at when the user's code raised, read from the traceback's
+    frame of that loop (its variable ``i``): nothing is spent on it unless something fails."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == __file__ and "i" in frame.f_locals:
+            found = frame.f_locals["i"]
+        tb = tb.tb_next
+    return found
 
 
 class TimedIterableDataset(IterableDataset):

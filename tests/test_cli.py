@@ -57,11 +57,11 @@ def test_failed_dataset_text_mode_shows_headline_first(db_path):
     assert "definitely_not_installed_pkg" in result.stdout
 
 
-def test_bad_usage_exits_2(db_path):
+def test_bad_usage_exits_2_and_rejected_settings_exit_1(db_path):
     assert cli("profile", dataset_path("small_map.py"), "--num-workers", "-3", db=db_path).returncode == 2
     invalid = cli("profile", dataset_path("small_map.py"), "--prefetch-factor", "2", "--json",
                   db=db_path)
-    assert invalid.returncode == 2
+    assert invalid.returncode == 1  # settings DataLoader rejects: a failure, not bad usage
     assert "prefetch_factor only applies" in json.loads(invalid.stdout)["error"]["message"]
     assert cli("frobnicate", db=db_path).returncode == 2
 

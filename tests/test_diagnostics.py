@@ -86,7 +86,7 @@ def test_failure_has_a_specific_headline(target, args, error_type, phrases, db_p
 def test_invalid_settings_are_rejected_before_starting(db_path):
     code, doc, elapsed = profile(dataset_path("small_map.py"), "--prefetch-factor", "4",
                                  db=db_path)
-    assert code == 2 and doc["error"]["type"] == "invalid_settings"
+    assert code == 1 and doc["error"]["type"] == "invalid_settings"
     assert "num_workers" in doc["error"]["message"]
     assert elapsed < 10
 
