@@ -126,10 +126,10 @@ def main() -> None:
             best_idle = min(idle.values())
             fed = min(n for n in points if idle[n] <= best_idle + FED_TOLERANCE)
             next_up = min((n for n in points if n > fed), default=fed)
-            ok = fed <= pick <= next_up
+            verdict = "ok" if fed <= pick <= next_up else ("UNDER" if pick < fed else "OVER")
             print(f"{name}: idle by workers " + ", ".join(f"{n}:{idle[n]:.1%}" for n in points))
             rows.append(f"{name:20s} {pick:4d} {fed:4d}   fed@{fed}, pick idle "
-                        f"{idle.get(pick, float('nan')):.1%} ({'ok' if ok else 'OVER'})"
+                        f"{idle.get(pick, float('nan')):.1%} ({verdict})"
                         f"{'':>14s} {tune_s:7.1f} {grid_s:7.1f} {tune_s / grid_s:9.2f}")
         else:
             best = max(rate, key=rate.get)

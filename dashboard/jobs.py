@@ -78,6 +78,7 @@ class Jobs:
         with self._lock:
             self._stop_jobs()
             self.tune_request = request
+            self.applied = None  # an earlier Apply belongs to an earlier recommendation
             self.tune = RunHandle(request, self.store).start()
             self.started_any = True
             return self.tune
