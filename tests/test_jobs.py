@@ -5,7 +5,6 @@ import pytest
 from dashboard.jobs import (
     LIVE_WINDOW_BATCHES,
     Jobs,
-    live_view,
     recommended_config,
     request_from_controls,
     tune_request,

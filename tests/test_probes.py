@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from engine.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
                            batch_size_of, nbytes_of, wrap_dataset)

@@ -5,7 +5,6 @@ import signal
 import time
 
 import psutil
-import pytest
 
 from engine.config import LoaderConfig
 from engine.runner import RunHandle, RunRequest, RunState, run_to_completion
