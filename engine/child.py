@@ -234,7 +234,8 @@ class ChildRun:
             self._send_error(exc)
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything
             reason, code = "error", 1
-            self._send_error(explain_failure(exc))
+            signals = self.measurement.worker_signals() if self.measurement else None
+            self._send_error(explain_failure(exc, signals))
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.finished.set()

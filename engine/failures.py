@@ -9,6 +9,7 @@ this is recognising torch's exact wording (see KNOWLEDGE.md) and the notes the p
 from __future__ import annotations
 
 import re
+import signal
 import traceback
 
 from .errors import RunError
@@ -42,8 +43,13 @@ def notes_in(exc: BaseException, text: str) -> list[str]:
     return list(dict.fromkeys(found))  # unique, in order
 
 
-def explain_failure(exc: BaseException) -> RunError:
-    """A RunError whose headline names the problem, where it happened, and the fix."""
+def explain_failure(exc: BaseException, worker_signals: dict[int, int] | None = None
+                    ) -> RunError:
+    """A RunError whose headline names the problem, where it happened, and the fix.
+
+    ``worker_signals`` ({pid: signal number} of workers that died by a signal) fills in what
+    torch's text lacks when multiprocessing reaped the worker first and torch could only say
+    "exited unexpectedly"."""
     text = str(exc)
     details = "".join(traceback.format_exception(exc))
     first = text.splitlines()[0] if text else type(exc).__name__
@@ -54,8 +60,9 @@ def explain_failure(exc: BaseException) -> RunError:
     # exception, so search the whole chain.
     killed = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)\.",
                        details)
-    if killed:
-        pid, name = killed.groups()
+    if killed or worker_signals:
+        pid, name = killed.groups() if killed else next(
+            (str(p), signal.strsignal(n)) for p, n in worker_signals.items())
         cause = SIGNAL_CAUSES.get(name, "the worker process died.")
         return RunError(f"A DataLoader worker (pid {pid}) was killed by signal {name}: {cause}",
                         details=details, type="worker_killed")

@@ -168,6 +168,15 @@ class Measurement:
         return [{"worker_id": task_info[k][0], "indices": _short(sent.get(k))}
                 for k in waiting]
 
+    def worker_signals(self) -> dict[int, int]:
+        """{pid: signal number} of this iterator's workers that were killed by a signal."""
+        found = {}
+        for worker in getattr(self.iterator, "_workers", None) or []:
+            code = worker.exitcode
+            if code is not None and code < 0:
+                found[worker.pid] = -code
+        return found
+
     def close(self) -> None:
         """Shut the loader's workers down (DataLoader's own, graceful shutdown)."""
         self.iterator = None

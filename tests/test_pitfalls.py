@@ -100,3 +100,10 @@ def test_restarts_each_epoch_only_without_persistent_workers():
     assert pitfalls.restarts_each_epoch(config, epochs, 3.0)[0]["evidence"]["startup_s"] == 0.4
     assert pitfalls.restarts_each_epoch({**config, "persistent_workers": True}, epochs, 3.0) == []
     assert pitfalls.restarts_each_epoch(config, epochs, 300.0) == []
+
+
+def test_a_worker_reaped_before_torch_saw_its_signal_is_still_named():
+    error = explain_failure(RuntimeError("DataLoader worker (pid(s) 77) exited unexpectedly"),
+                            {77: 7})  # SIGBUS
+    assert error.type == "worker_killed" and "Bus error" in error.message
+    assert "--shm-size" in error.message
