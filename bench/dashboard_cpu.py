@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,13 +24,13 @@ IDLE_S = 8.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.browser import CHROMIUM_ARGS, CHROMIUM_PATH, start_server, stop_server  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.browser import (  # noqa: E402
+    CHROMIUM_ARGS,
+    CHROMIUM_PATH,
+    free_port,
+    start_server,
+    stop_server,
+)
 
 
 def main() -> None:
@@ -74,12 +72,7 @@ def main() -> None:
                 first.get_by_text("samples/s").first.wait_for(timeout=60000)
                 time.sleep(5.0)  # past start-up and the first redraws
                 before, wall0 = proc.cpu_times(), time.monotonic()
-                if os.environ.get("PYSPY"):
-                    subprocess.run(["py-spy", "record", "-p", str(proc.pid), "-d",
-                                    str(int(args.seconds)), "-f", "raw", "-o", os.environ["PYSPY"]],
-                                   capture_output=True)
-                else:
-                    time.sleep(args.seconds)
+                time.sleep(args.seconds)
                 after, wall = proc.cpu_times(), time.monotonic() - wall0
                 body = first.inner_text("body")
                 browser.close()

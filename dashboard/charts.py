@@ -154,14 +154,16 @@ def transfer_figure(batches: Sequence[BatchRecord], pin_memory: bool) -> go.Figu
 def idle_gaps_figure(batches: Sequence[BatchRecord], gpu_measured: bool) -> go.Figure:
     """The gaps the step waits for input: GPU gaps from CUDA events, else the consumer's waits."""
     if gpu_measured:
-        points = [(b.t_request, b.gpu_gap_ms) for b in batches if b.gpu_gap_ms is not None]
+        timed = [b for b in batches if b.gpu_gap_ms is not None]
+        gaps = [b.gpu_gap_ms for b in timed]
         title = "GPU idle gaps: time the GPU waited for the next batch"
         axis = "GPU idle gap (ms)"
     else:
-        points = [(b.t_request, b.wait_s * 1000) for b in batches]
+        timed = batches
+        gaps = [b.wait_s * 1000 for b in timed]
         title = "GPU idle gaps (no GPU): the consumer's waits instead"
         axis = "consumer idle gap (ms)"
-    xs, ys, maxima = binned([p[0] for p in points], [p[1] for p in points])
+    xs, ys, maxima = binned([b.t_request for b in timed], gaps)
     traces = []
     if maxima is None:
         traces.append(go.Bar(x=xs, y=ys, name="gap", marker={"color": COLORS[3]}))

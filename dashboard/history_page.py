@@ -7,17 +7,13 @@ import time
 
 import streamlit as st
 
+from engine.report import samples_per_s_of
 from engine.trace import chrome_trace
 
 from . import charts, views
 from .shared import get_jobs
 
 MEASURED_KINDS = ("profile", "verify")
-
-
-def _rate(run: dict):
-    summary = run["summary"] or {}
-    return summary.get("samples_per_s") or summary.get("expected_samples_per_s")
 
 
 def _label(run: dict) -> str:
@@ -34,7 +30,8 @@ def _table(runs: list[dict]) -> None:
             "id": run["id"], "kind": run["kind"], "label": run["label"], "status": run["status"],
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"])),
             "target": run["target"],
-            "samples/s": None if _rate(run) is None else round(_rate(run), 1),
+            "samples/s": None if (rate := samples_per_s_of(run["summary"])) is None
+            else round(rate, 1),
             "settings": summary.get("snippet"),
             "error": (run["error"] or {}).get("message"),
         })
@@ -80,10 +77,11 @@ def render() -> None:
         _side(measured[first])
     with cols[1]:
         _side(measured[second])
+    batches = {run_id: store.batches(run_id) for run_id in {first, second}}
     series = []
     for run_id in (first, second):
         summary = measured[run_id]["summary"] or {}
-        series.append((f"run {run_id}", store.batches(run_id), summary.get("warmup_batches") or 0))
+        series.append((f"run {run_id}", batches[run_id], summary.get("warmup_batches") or 0))
     st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series]),
                     key="compare-throughput")
     st.plotly_chart(charts.compare_latency_figure(series), key="compare-latency")
@@ -92,7 +90,7 @@ def render() -> None:
     st.caption("Chrome trace JSON: workers and the main process on one timeline. Open it in "
                "https://ui.perfetto.dev or chrome://tracing.")
     chosen = st.selectbox("Run to export", ids, format_func=lambda i: _label(measured[i]))
-    trace = chrome_trace(store.batches(chosen), store.resources(chosen),
+    trace = chrome_trace(batches[chosen] if chosen in batches else store.batches(chosen), store.resources(chosen),
                          label=f"run {chosen}: {measured[chosen]['target']}")
     st.download_button("Download Perfetto trace", json.dumps(trace),
                        file_name=f"dataloader-tuner-run-{chosen}.trace.json",

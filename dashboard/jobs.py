@@ -17,11 +17,11 @@ import threading
 import time
 
 from engine import LoaderConfig, RunHandle, RunRequest, RunStore
+from engine.runner import inspect_target
 from engine.config import TUNABLE_KEYS
 from engine.live import LiveRun
 from engine.verify import Verification
 
-INSPECT_TIMEOUT_S = 60.0
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
 # While a run streams, the live view recomputes its figures every second. Over a whole
 # 100k-batch run that would cost the server most of a core, so a running run is shown over its
@@ -45,7 +45,7 @@ class Jobs:
         self.started_any = False
         self._lock = threading.Lock()
         self._inspections: dict[tuple, tuple[float, dict]] = {}
-        self._summaries: dict[int, dict] = {}
+        self._summaries: dict[RunHandle, dict] = {}
         atexit.register(self.stop_all)
 
     def summary(self, handle: RunHandle) -> dict:
@@ -53,10 +53,9 @@ class Jobs:
         While it runs, over its last ``LIVE_WINDOW_BATCHES`` batches only (see live_view)."""
         if not handle.state.done:
             return live_view(handle).summary(handle.state.value)
-        key = id(handle)
-        if key not in self._summaries:
-            self._summaries[key] = handle.live.summary(handle.state.value)
-        return self._summaries[key]
+        if handle not in self._summaries:  # keyed by the handle itself: ids get reused
+            self._summaries[handle] = handle.live.summary(handle.state.value)
+        return self._summaries[handle]
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -128,21 +127,7 @@ class Jobs:
         cached = self._inspections.get(key)
         if cached and (key[1] is not None or time.monotonic() - cached[0] < INSPECT_CACHE_S):
             return cached[1]
-        handle = RunHandle(RunRequest(target=target, kind="inspect", seconds=0)).start()
-        try:
-            handle.wait(INSPECT_TIMEOUT_S)
-        finally:
-            handle.close()
-        if handle.live.error is not None:
-            result = {"status": "error", "error": handle.live.error.to_dict()}
-        elif handle.live.dataset is None:
-            result = {"status": "error", "error": {
-                "type": "inspect_timeout", "details": handle.output_tail(),
-                "message": f"Loading the module took longer than {INSPECT_TIMEOUT_S:g} s. "
-                           "Does it download or read a lot at import time?"}}
-        else:
-            result = {"status": "ok", "dataset": handle.live.dataset,
-                      "consumer": handle.live.consumer, "system": handle.live.system}
+        result = inspect_target(target)
         self._inspections[key] = (time.monotonic(), result)
         return result
 

@@ -14,8 +14,8 @@ import time
 
 from .config import LoaderConfig
 from .errors import ConfigError
-from .report import render_text
-from .runner import RunRequest, run_to_completion
+from .report import render_text, samples_per_s_of
+from .runner import RunRequest, inspect_target, run_to_completion
 from .store import RunStore, default_db_path
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -148,8 +148,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs saved yet in {store.path}")
     for run in runs:
-        summary = run["summary"] or {}
-        rate = summary.get("samples_per_s") or summary.get("expected_samples_per_s")
+        rate = samples_per_s_of(run["summary"])
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"]))
         rate_text = f"{rate:10.1f} samples/s" if rate else " " * 20
         print(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:8s} {rate_text}  "
@@ -158,12 +157,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    handle = run_to_completion(RunRequest(target=args.target, kind="inspect", seconds=0))
-    if handle.live.error is not None:
-        doc = {"status": "error", "error": handle.live.error.to_dict()}
-    else:
-        doc = {"status": "ok", "dataset": handle.live.dataset, "config": handle.live.config,
-               "consumer": handle.live.consumer, "system": handle.live.system}
+    doc = inspect_target(args.target)
     if args.json:
         sys.stdout.write(json.dumps(doc, default=str) + "\n")
     elif doc["status"] == "error":

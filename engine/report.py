@@ -18,6 +18,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
     idle = metrics.consumer_idle_fraction(batches, steady)
     has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
     gpu_info = (live.system or {}).get("gpu") or {"available": False, "reason": NO_GPU_REASON}
+    per_batch = metrics.per_batch_costs(measured)
     doc = {
         "status": status,
         "target": live.target,
@@ -35,7 +36,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "batches_per_s": steady.batches_per_s if steady else None,
         "batch_latency_ms": metrics.latency_ms([b.wait_s for b in measured]),
         "startup_s": live.epochs[0]["startup_s"] if live.epochs else None,
-        "per_batch": metrics.per_batch_costs(measured),
+        "per_batch": per_batch,
         "workers": _workers(live, batches, window),
         "main_process": _main_process(live),
         "consumer_idle_frac": idle if has_consumer else None,
@@ -44,7 +45,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "gpu_idle": _gpu_idle(measured) if gpu_info.get("available") else None,
         "not_measured": None if gpu_info.get("available") else gpu_info.get("reason"),
         "system": live.system,
-        "warnings": list(live.warnings) + _warnings(live, steady, gpu_info),
+        "warnings": list(live.warnings) + _warnings(live, steady, measured, per_batch, gpu_info),
     }
     if live.error is not None:
         doc["error"] = live.error.to_dict()
@@ -68,6 +69,12 @@ def summarize_tune(live: "LiveRun", status: str) -> dict:
     if live.error is not None:
         doc["error"] = live.error.to_dict()
     return doc
+
+
+def samples_per_s_of(summary: dict | None) -> float | None:
+    """A saved run's samples/s: measured for a profile, expected for a tune."""
+    summary = summary or {}
+    return summary.get("samples_per_s") or summary.get("expected_samples_per_s")
 
 
 def _resource_stats(rows: list[dict]) -> dict:
@@ -132,13 +139,13 @@ def _gpu_idle(batches: list) -> dict | None:
                        "max": max(gaps)}, "total_ms": sum(gaps)}
 
 
-def _warnings(live: "LiveRun", steady, gpu_info: dict) -> list[dict]:
+def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
+              gpu_info: dict) -> list[dict]:
     """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
     config = live.config or {}
     system = live.system or {}
     workers = config.get("num_workers") or 0
     prefetch = config.get("prefetch_factor") or (2 if workers else 0)
-    measured = live.batches[live.warmup_batches:] if steady else live.batches
     found = []
     if live.error is None:
         found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
@@ -146,8 +153,7 @@ def _warnings(live: "LiveRun", steady, gpu_info: dict) -> list[dict]:
     found += pitfalls.duplicated_rng(live.probes)
     found += pitfalls.skewed_labels(live.label_counts)
     found += pitfalls.worker_memory_growth(live.resources)
-    found += pitfalls.shm_pressure(workers, prefetch,
-                                   metrics.per_batch_costs(measured)["bytes"], system.get("shm"))
+    found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.get("shm"))
     found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured))
     found += pitfalls.thread_oversubscription(live.resources, workers,
                                               system.get("cpus_usable") or 1)

@@ -342,3 +342,27 @@ def run_to_completion(request: RunRequest, store: RunStore | None = None,
         handle.stop()
         raise
     return handle
+
+
+INSPECT_TIMEOUT_S = 60.0
+
+
+def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict:
+    """What a target resolves to, checked in a short-lived child (importing the user's module
+    may crash, hang or print): ``{"status": "ok", "dataset", "config", "consumer", "system"}``
+    or ``{"status": "error", "error": {...}}``. Nothing is saved in the run history."""
+    handle = RunHandle(RunRequest(target=target, kind="inspect", seconds=0)).start()
+    try:
+        handle.wait(timeout_s)
+    finally:
+        handle.close()
+    live = handle.live
+    if live.error is not None:
+        return {"status": "error", "error": live.error.to_dict()}
+    if live.dataset is None:
+        return {"status": "error", "error": {
+            "type": "inspect_timeout", "details": handle.output_tail(),
+            "message": f"Loading the module took longer than {timeout_s:g} s. "
+                       "Does it download or read a lot at import time?"}}
+    return {"status": "ok", "dataset": live.dataset, "config": live.config,
+            "consumer": live.consumer, "system": live.system}

@@ -34,6 +34,7 @@ class Verification:
         self.runs: list[tuple[str, RunHandle]] = []
         self.state = "running"  # running | ok | stopped | error
         self.error: str | None = None
+        self._result: dict | None = None  # final once the thread has ended
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -79,7 +80,11 @@ class Verification:
         self.state = "stopped" if self._stop.is_set() else "ok"
 
     def result(self) -> dict:
-        """Per arm: each round's samples/s and consumer idle, their medians, and the ratio."""
+        """Per arm: each round's samples/s and consumer idle, their medians, and the ratio.
+        Computed once the verification has ended (the page asks on every redraw)."""
+        if self._result is not None:
+            return self._result
+        final = not self._thread.is_alive() and self.state != "running"
         arms = {}
         for arm in ARMS:
             docs = [h.live.summary(h.state.value) for a, h in self.runs
@@ -95,5 +100,8 @@ class Verification:
                 "run_ids": [h.run_id for a, h in self.runs if a == arm],
             }
         before, after = arms["before"]["samples_per_s"], arms["after"]["samples_per_s"]
-        return {"state": self.state, "error": self.error, "rounds": self.rounds, **arms,
-                "speedup": after / before if before and after else None}
+        result = {"state": self.state, "error": self.error, "rounds": self.rounds, **arms,
+                  "speedup": after / before if before and after else None}
+        if final:
+            self._result = result
+        return result

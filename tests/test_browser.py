@@ -9,24 +9,17 @@ Screenshots of each step go to ``test-artifacts/`` (and ``failure.png`` when a s
 
 import json
 import os
-import socket
 import time
 
 import psutil
 import pytest
 
-from .browser import CHROMIUM_ARGS, CHROMIUM_PATH, start_server, stop_server
+from .browser import CHROMIUM_ARGS, CHROMIUM_PATH, free_port, start_server, stop_server
 from .conftest import ROOT
 
 pytestmark = pytest.mark.browser
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
 LONG = 150_000  # ms: a tune plus a verification on a busy 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
