@@ -44,13 +44,14 @@ from . import gpu, system
 from .config import LoaderConfig
 from .describe import describe
 from .errors import EngineError, RunError
-from .failures import explain_failure, hang_error
+from .failures import explain_failure, hang_error, may_be_worker_death
 from .measure import Consumer, Measurement, effective_config
 from .metrics import warmup_batches
 from .target import resolve
 
 TICK_S = 0.25  # batches reach the parent at least this often
 SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
+WORKER_DEATH_GRACE_S = 1.0
 
 
 class StopRun(BaseException):
@@ -220,24 +221,21 @@ class ChildRun:
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
         warnings.showwarning = self._warning_hook
         threading.Thread(target=self._ticker, daemon=True).start()
-        reason, code = "deadline", 0
+        failure: BaseException | None = None
         try:
             self._run()
-            reason = "stopped" if self.stop_requested else "deadline"
-        except StopRun:
-            reason = "stopped"
-        except Hang:
-            reason, code = "error", 1
-            self._send_error(self._hang_error())
-        except EngineError as exc:
-            reason, code = "error", 1
-            self._send_error(exc)
         except BaseException as exc:  # noqa: BLE001 - user code may raise anything
-            reason, code = "error", 1
-            signals = self.measurement.worker_signals() if self.measurement else None
-            self._send_error(explain_failure(exc, signals))
+            # First, before any slow work: torch's SIGCHLD handler raises again for each
+            # worker death it sees, and would abort the report of the first failure.
+            calm_signals()
+            failure = exc
+        calm_signals()
+        reason, code = "stopped" if self.stop_requested else "deadline", 0
+        try:
+            if failure is not None and not isinstance(failure, StopRun):
+                reason, code = "error", 1
+                self._send_error(self._explain(failure))
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.finished.set()
             self._flush()
             if self.measurement is not None and self.measurement.label_counts:
@@ -245,6 +243,19 @@ class ChildRun:
             reap_workers()
             self.events.send({"e": "finished", "reason": reason, "t": time.monotonic() - self.t0})
         return code
+
+    def _explain(self, failure: BaseException) -> EngineError:
+        if isinstance(failure, Hang):
+            return self._hang_error()
+        if isinstance(failure, EngineError):
+            return failure
+        signals = None
+        if self.measurement is not None:
+            # A worker dying mid-handover surfaces as a broken connection before the
+            # worker's exit status is known: give it a moment to be reaped.
+            grace_s = WORKER_DEATH_GRACE_S if may_be_worker_death(failure) else 0.0
+            signals = self.measurement.worker_signals(grace_s)
+        return explain_failure(failure, signals)
 
     def _run(self) -> None:
         request = self.request
@@ -330,10 +341,17 @@ def warmup_for(config: LoaderConfig) -> int:
     return warmup_batches(config.num_workers, config.effective_prefetch_factor)
 
 
-def reap_workers(timeout_s: float = 1.0) -> None:
-    """Kill and wait for every process this child started (its DataLoader workers)."""
+def calm_signals() -> None:
+    """No more exceptions out of signal handlers: the run is over and being reported."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # torch's SIGCHLD handler would raise "worker killed" for the deaths we are causing.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def reap_workers(timeout_s: float = 1.0) -> None:
+    """Kill and wait for every process this child started (its DataLoader workers)."""
+    calm_signals()
     children = psutil.Process().children(recursive=True)
     for proc in children:
         try:

@@ -43,6 +43,12 @@ def notes_in(exc: BaseException, text: str) -> list[str]:
     return list(dict.fromkeys(found))  # unique, in order
 
 
+def may_be_worker_death(exc: BaseException) -> bool:
+    """Whether ``exc`` may be the main process's view of a worker dying: torch's own text,
+    or the connection a tensor was being handed over on breaking mid-way."""
+    return isinstance(exc, (ConnectionError, EOFError)) or "DataLoader worker" in str(exc)
+
+
 def explain_failure(exc: BaseException, worker_signals: dict[int, int] | None = None
                     ) -> RunError:
     """A RunError whose headline names the problem, where it happened, and the fix.

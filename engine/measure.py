@@ -168,14 +168,19 @@ class Measurement:
         return [{"worker_id": task_info[k][0], "indices": _short(sent.get(k))}
                 for k in waiting]
 
-    def worker_signals(self) -> dict[int, int]:
-        """{pid: signal number} of this iterator's workers that were killed by a signal."""
-        found = {}
-        for worker in getattr(self.iterator, "_workers", None) or []:
-            code = worker.exitcode
-            if code is not None and code < 0:
-                found[worker.pid] = -code
-        return found
+    def worker_signals(self, grace_s: float = 0.0) -> dict[int, int]:
+        """{pid: signal number} of this iterator's workers that were killed by a signal,
+        waiting up to ``grace_s`` for one to show up."""
+        deadline = clock() + grace_s
+        while True:
+            found = {}
+            for worker in getattr(self.iterator, "_workers", None) or []:
+                code = worker.exitcode  # polls waitpid: a dead worker is reaped here
+                if code is not None and code < 0:
+                    found[worker.pid] = -code
+            if found or clock() >= deadline:
+                return found
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Shut the loader's workers down (DataLoader's own, graceful shutdown)."""

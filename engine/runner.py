@@ -271,8 +271,10 @@ class RunHandle:
             self._kill_group()
             returncode = proc.wait()
         self._reap_orphans()
-        if (self.live.error is None and self.live.finished_reason is None
-                and not self._stop_requested):  # stopped before its handler was installed
+        # No error event, yet no clean end: the child died (or its report of a failure was
+        # cut short). A stop requested before the child's handler was installed is no error.
+        if (self.live.error is None and self.live.finished_reason in (None, "error")
+                and not self._stop_requested):
             self.live.error = _crash_error(returncode, self.output_tail())
         if self.live.error is not None:
             self._state = RunState.FAILED

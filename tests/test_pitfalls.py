@@ -4,7 +4,7 @@ cannot produce (no GPU, 24 GB of /dev/shm): torch's exact wording comes from KNO
 import pytest
 
 from engine import pitfalls
-from engine.failures import explain_failure, hang_error
+from engine.failures import explain_failure, hang_error, may_be_worker_death
 from engine.probes import shape_mismatch
 
 import torch
@@ -107,3 +107,13 @@ def test_a_worker_reaped_before_torch_saw_its_signal_is_still_named():
                             {77: 7})  # SIGBUS
     assert error.type == "worker_killed" and "Bus error" in error.message
     assert "--shm-size" in error.message
+
+
+def test_a_broken_handover_connection_is_read_as_a_worker_death():
+    # The main process was receiving a tensor's file descriptor when the worker died.
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    assert may_be_worker_death(reset)
+    assert may_be_worker_death(RuntimeError("DataLoader worker (pid(s) 77) exited unexpectedly"))
+    assert not may_be_worker_death(KeyError("label"))
+    error = explain_failure(reset, {77: 7})
+    assert error.type == "worker_killed" and "--shm-size" in error.message

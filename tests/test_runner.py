@@ -1,7 +1,10 @@
 """Background runs in a real child process with real workers."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -153,3 +156,43 @@ def test_parent_death_stops_the_child(tmp_path):
     parent.wait()
     gone, alive = psutil.wait_procs([child] + workers, timeout=5)
     assert not alive
+
+
+REENTRANT_FAILURE = r'''
+import json, signal, subprocess, sys, time
+from engine import child
+
+def raise_like_torch(signum, frame):  # torch's SIGCHLD handler raises on each worker death
+    raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error.")
+
+def failing_run(self):
+    signal.signal(signal.SIGCHLD, raise_like_torch)
+    subprocess.Popen(["sleep", "0.1"])  # a second death, while the first is being reported
+    raise RuntimeError("DataLoader worker (pid 2) is killed by signal: Bus error.")
+
+real_explain = child.explain_failure
+def slow_explain(exc, signals):
+    time.sleep(0.5)
+    return real_explain(exc, signals)
+
+events = []
+class Writer:
+    def send(self, event):
+        events.append(event)
+
+child.ChildRun._run = failing_run
+child.explain_failure = slow_explain
+code = child.ChildRun({"timeout_s": 0}, Writer()).run()
+print(json.dumps({"code": code, "events": events}))
+'''
+
+
+def test_a_second_worker_death_does_not_cut_the_failure_report_short():
+    out = subprocess.run([sys.executable, "-c", REENTRANT_FAILURE], capture_output=True,
+                         text=True, timeout=30, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["code"] == 1
+    kinds = [e["e"] for e in result["events"]]
+    assert kinds[-2:] == ["error", "finished"], kinds
+    assert "pid 2" in result["events"][-2]["error"]["message"]
