@@ -1,20 +1,22 @@
 """How much does measuring cost? Plain DataLoader vs instrumented, side by side.
 
-For each demo dataset, three ways are run interleaved (A B C A B C ...), medians taken, each
-in a fresh Python process so all three start from the same state (on this machine a loader
-in a long-lived process and one in a fresh process differ by more than the overhead):
-  plain     - a plain DataLoader loop, timed with a stopwatch
-  instr     - the engine's instrumented loop (wrapped dataset + collate), same stopwatch
-  reported  - a real background run through the engine's child process; its own reported
-              samples/s
-Prints instr/plain (target >= 0.97) and reported/plain (target within 0.95-1.05).
+This machine's speed drifts by far more than the overhead (runs of the same plain loop differ
+by 1.7x from one minute to the next), so every comparison is paired in time:
+  instr/plain   - in one fresh Python process, a plain DataLoader loop and the engine's
+                  instrumented loop (wrapped dataset + collate + the per-batch record) take
+                  turns in short slices (A B B A A B ...); the median of the per-pair ratios.
+  report/plain  - a real background run through the engine's child process (its own reported
+                  samples/s, the figure users see) and a plain loop in a fresh process, back to
+                  back, the order alternating; the median of the per-round ratios.
+Targets: instr/plain >= 0.97, report/plain within 0.95-1.05.
 
-    python bench/overhead.py [--seconds 3] [--rounds 3] [--only tiny]
+    python bench/overhead.py [--seconds 3] [--rounds 7] [--only tiny] [--verbose]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -92,28 +94,48 @@ def reported_rate(target: str, config: LoaderConfig, seconds: float) -> float:
     return doc["samples_per_s"]
 
 
-def fresh_process_rate(way: str, target: str, workers: int, seconds: float) -> float:
-    """Run ``plain`` or ``instr`` in a new interpreter and return its samples/s."""
+def fresh_process_rate(target: str, workers: int, seconds: float) -> float:
+    """A plain loop in a new interpreter: its samples/s."""
     out = subprocess.run(
-        [sys.executable, __file__, "--one", way, target, str(workers), str(seconds)],
+        [sys.executable, __file__, "--one", "plain", target, str(workers), str(seconds)],
         capture_output=True, text=True, check=True,
     )
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def one(way: str, target: str, workers: int, seconds: float) -> None:
+def alternating_rates(target: str, workers: int, seconds: float, pairs: int) -> str:
+    """In a new interpreter, ``pairs`` slices each of plain and instr, alternating; JSON
+    ``{"plain": [...], "instr": [...]}``."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", "pairs", target, str(workers), str(seconds),
+         str(pairs)],
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def one(way: str, target: str, workers: int, seconds: float, pairs: int = 1) -> None:
     resolved = resolve(target)
     config = effective_config(resolved, LoaderConfig(num_workers=workers), False)
-    rate = (plain_rate if way == "plain" else instrumented_rate)(resolved, config, seconds)
-    print(rate)
+    if way == "plain":
+        print(plain_rate(resolved, config, seconds))
+        return
+    rates: dict[str, list[float]] = {"plain": [], "instr": []}
+    for pair in range(pairs):
+        order = ("plain", "instr") if pair % 2 == 0 else ("instr", "plain")
+        for name in order:
+            rate = plain_rate if name == "plain" else instrumented_rate
+            rates[name].append(rate(resolved, config, seconds))
+    print(json.dumps(rates))
 
 
 def main() -> None:
-    if len(sys.argv) == 6 and sys.argv[1] == "--one":
-        return one(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+    if len(sys.argv) >= 6 and sys.argv[1] == "--one":
+        pairs = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+        return one(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), pairs)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--verbose", action="store_true", help="print every round")
     parser.add_argument("--only", help="only the demo datasets whose file name contains this")
     args = parser.parse_args()
@@ -126,18 +148,33 @@ def main() -> None:
         target = os.path.join(ROOT, path)
         resolved = resolve(target)
         config = effective_config(resolved, LoaderConfig(num_workers=workers), False)
-        runs = {"plain": [], "instr": [], "report": []}
-        for _ in range(args.rounds):
-            runs["plain"].append(fresh_process_rate("plain", target, workers, args.seconds))
-            runs["instr"].append(fresh_process_rate("instr", target, workers, args.seconds))
-            runs["report"].append(reported_rate(target, config, args.seconds))
-        plain, instr, report = (statistics.median(runs[k]) for k in ("plain", "instr", "report"))
-        worst_instr, worst_report = min(worst_instr, instr / plain), min(
-            worst_report, 1 - abs(report / plain - 1))
+        # A slice is long enough for its warm-up and a few hundred batches; with tiny batches
+        # short slices track the machine's drift more closely.
+        slice_s = args.seconds if workers else min(args.seconds, 0.5)
+        pairs = args.rounds * (3 if not workers else 1)
+        alternated = json.loads(alternating_rates(target, workers, slice_s, pairs))
+        instr_ratio = statistics.median(
+            i / p for i, p in zip(alternated["instr"], alternated["plain"]))
+        report_runs: dict[str, list[float]] = {"plain": [], "report": []}
+        for round_no in range(args.rounds):
+            order = ("plain", "report") if round_no % 2 == 0 else ("report", "plain")
+            for way in order:
+                report_runs[way].append(
+                    fresh_process_rate(target, workers, args.seconds) if way == "plain"
+                    else reported_rate(target, config, args.seconds))
+        report_ratio = statistics.median(
+            r / p for r, p in zip(report_runs["report"], report_runs["plain"]))
+        worst_instr = min(worst_instr, instr_ratio)
+        worst_report = min(worst_report, 1 - abs(report_ratio - 1))
         if args.verbose:
-            print("   ", {k: [round(v) for v in vals] for k, vals in runs.items()})
+            every = {**alternated, "plain (fresh)": report_runs["plain"],
+                     "report": report_runs["report"]}
+            print("   ", {k: [round(v) for v in vals] for k, vals in every.items()})
+        plain = statistics.median(report_runs["plain"])
+        instr = statistics.median(alternated["instr"])
+        report = statistics.median(report_runs["report"])
         print(f"{os.path.basename(path):30s} {workers:7d} {plain:10.1f} {instr:10.1f} "
-              f"{report:10.1f} {instr / plain:11.3f} {report / plain:12.3f}", flush=True)
+              f"{report:10.1f} {instr_ratio:11.3f} {report_ratio:12.3f}", flush=True)
     print(f"\nworst instr/plain: {worst_instr:.3f} (target >= 0.97); "
           f"worst |report/plain - 1|: {1 - worst_report:.3f} (target <= 0.05)")
 

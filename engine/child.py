@@ -7,7 +7,7 @@ NOTE [ Engine process protocol ]
     Popen(start_new_session=True) ------------> reads the request (JSON) from stdin
                                                 resolves the target  --(error)--> exit 1
     <------------ event pipe: JSON lines ------ {"e": "ready", dataset, config, system}
-    <------------------------------------------ {"e": "batches", rows}  every 0.25 s
+    <------------------------------------------ {"e": "batches", packed rows (wire.py)} / 0.25 s
     <------------------------------------------ {"e": "resources", procs} every 0.5 s
     SIGTERM (stop) ---------------------------> handler raises StopRun in the main thread
                                                 kills + reaps its DataLoader workers
@@ -48,6 +48,7 @@ from .failures import explain_failure, hang_error, may_be_worker_death
 from .measure import Consumer, Measurement, effective_config
 from .metrics import warmup_batches
 from .target import resolve
+from .wire import pack_rows
 
 TICK_S = 0.25  # batches reach the parent at least this often
 SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
@@ -212,7 +213,7 @@ class ChildRun:
         while self.rows:
             rows.append(self.rows.popleft())
         if rows:
-            self.events.send({"e": "batches", "rows": rows})
+            self.events.send({"e": "batches", **pack_rows(rows)})
 
     # -- the run ----------------------------------------------------------------------
 
@@ -327,7 +328,7 @@ class ChildRun:
 
     def _on_batch(self, record) -> None:
         self.last_progress = time.monotonic()
-        self.rows.append(record.to_row())
+        self.rows.append(record)  # a NamedTuple: already the row wire.pack_rows reads
 
     def _hang_error(self) -> RunError:
         info = self.hang_info or {}

@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Callable, NamedTuple
 
+from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
@@ -34,7 +35,8 @@ NOTE_PREFIX = "[dataloader-tuner]"
 
 class BatchMeta(NamedTuple):
     """Where and how a batch was made. ``worker_id`` is -1 for the main process. ``probe``
-    rides only with the first batch of each process (see rng_probe)."""
+    rides only with the first batch of each process (see rng_probe). The batch's size is
+    measured here too: in a worker, that work stays off the main process."""
 
     worker_id: int
     pid: int
@@ -42,6 +44,8 @@ class BatchMeta(NamedTuple):
     fetch_s: float
     collate_s: float
     fetch_cpu_s: float
+    samples: int
+    nbytes: int
     probe: dict | None = None
 
 
@@ -55,7 +59,7 @@ def add_note(exc: BaseException, text: str) -> None:
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
-    __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "probe_pid", "probe")
+    __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe")
 
     def __init__(self) -> None:
         self.start = None
@@ -63,7 +67,8 @@ class _FetchTimer:
         self.total = 0.0
         self.indices = None  # the batch's indices: for hang and error reports
         self.fetching = False
-        self.probe_pid = None  # the process whose first fetch was probed
+        self.pid = os.getpid()
+        self.probed = False  # this process's first fetch was probed (see rng_probe)
         self.probe = None
 
     def begin(self) -> float:
@@ -84,11 +89,10 @@ class _FetchTimer:
         return start, total, cpu
 
     def first_fetch_here(self) -> bool:
-        """True once per process: forked workers inherit the parent's copy of this object."""
-        pid = os.getpid()
-        if self.probe_pid == pid:
+        """True once per process (a forked worker starts afresh, see _after_fork)."""
+        if self.probed:
             return False
-        self.probe_pid, self.probe = pid, None
+        self.probed = True
         return True
 
     def take_probe(self) -> dict | None:
@@ -96,7 +100,17 @@ class _FetchTimer:
         return probe
 
 
-_timer = _FetchTimer()  # each worker process gets its own copy
+_timer = _FetchTimer()  # each worker process gets its own
+
+
+def _after_fork() -> None:
+    # A forked worker inherits the parent's timer mid-state; spawn and forkserver workers
+    # import this module afresh and need nothing.
+    global _timer
+    _timer = _FetchTimer()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def current_indices() -> list | None:
@@ -123,10 +137,21 @@ class TimedMapDataset(Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list) -> list:
-        probing = _timer.first_fetch_here()
-        before = rng_state(self.inner) if probing else None
-        _timer.indices, _timer.fetching = indices, True
-        start = _timer.begin()
+        if _timer.first_fetch_here():
+            before = rng_state(self.inner)
+            items = self._timed_fetch(indices)
+            _timer.probe = rng_probe(before, rng_state(self.inner))
+            return items
+        return self._timed_fetch(indices)
+
+    def _timed_fetch(self, indices: list) -> list:
+        # The timer's bookkeeping is written out here and in TimedCollate rather than in
+        # methods: with tiny batches each call shows in the throughput (bench/overhead.py).
+        timer = _timer
+        timer.indices, timer.fetching = indices, True
+        if timer.start is None and timer.cpu_start is None:  # the batch's first fetch
+            timer.cpu_start = cpu_clock()
+        start = clock()
         if self._inner_getitems:
             try:
                 items = self._inner_getitems(indices)
@@ -141,10 +166,11 @@ class TimedMapDataset(Dataset):
                 add_note(exc, f"while fetching sample index {_failed_index(exc)!r} "
                               f"(batch indices {list(indices)[:64]})")
                 raise
-        _timer.add(start, clock())
-        _timer.fetching = False
-        if probing:
-            _timer.probe = rng_probe(before, rng_state(self.inner))
+        end = clock()
+        if timer.start is None:
+            timer.start = start
+        timer.total += end - start
+        timer.fetching = False
         return items
 
     def __getattr__(self, name: str) -> Any:
@@ -245,20 +271,23 @@ class TimedCollate:
         self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
 
     def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
-        fetch_start, fetch_s, fetch_cpu_s = _timer.take(clock())
+        timer = _timer
         start = clock()
+        fetch_start, fetch_s, fetch_cpu_s = timer.take(start)
         try:
             batch = self.collate_fn(samples)
         except Exception as exc:
             mismatch = shape_mismatch(samples) if isinstance(samples, list) else None
-            where = f"batch indices {list(_timer.indices)[:64]}" if _timer.indices else "a batch"
+            where = f"batch indices {list(timer.indices)[:64]}" if timer.indices else "a batch"
             add_note(exc, f"in collate_fn for {where}" + (f"; {mismatch}" if mismatch else ""))
             raise
         collate_s = clock() - start
         info = get_worker_info()
-        worker_id = info.id if info is not None else -1
-        return batch, BatchMeta(worker_id, os.getpid(), fetch_start, fetch_s, collate_s,
-                                fetch_cpu_s, _timer.take_probe())
+        samples_n, nbytes = sizes_of(batch)
+        # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
+        return batch, tuple.__new__(BatchMeta, (
+            -1 if info is None else info.id, timer.pid, fetch_start, fetch_s, collate_s,
+            fetch_cpu_s, samples_n, nbytes, timer.take_probe()))
 
 
 def shape_mismatch(samples: list) -> str | None:
@@ -326,6 +355,21 @@ def wrap_dataset(dataset: Dataset) -> Dataset:
     return TimedMapDataset(dataset)
 
 
+def sizes_of(batch: Any) -> tuple[int, int]:
+    """(samples, bytes) of a collated batch, with a fast path for a tuple or list of tensors
+    (the usual (inputs, labels) batch)."""
+    if type(batch) in (tuple, list) and batch:
+        total = 0
+        for value in batch:
+            if type(value) is not Tensor or value.layout is not strided:
+                break
+            total += value.nbytes
+        else:
+            first = batch[0]
+            return (first.shape[0] if first.ndim > 0 else len(batch)), total
+    return batch_size_of(batch), nbytes_of(batch)
+
+
 def batch_size_of(batch: Any) -> int:
     """Samples in a collated batch: the leading dimension of its first tensor or array."""
     found = _first_array(batch)
@@ -338,14 +382,14 @@ def batch_size_of(batch: Any) -> int:
 
 def nbytes_of(batch: Any) -> int:
     """Bytes of tensor/array payload in a batch (the part that travels through /dev/shm)."""
-    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
+    if isinstance(batch, Tensor):
         return batch.element_size() * batch.nelement()
+    if isinstance(batch, (list, tuple)):
+        return sum(nbytes_of(v) for v in batch)
     if hasattr(batch, "nbytes") and not isinstance(batch, (bytes, bytearray)):
         return int(batch.nbytes)
     if isinstance(batch, dict):
         return sum(nbytes_of(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(nbytes_of(v) for v in batch)
     if isinstance(batch, (bytes, bytearray, str)):
         return len(batch)
     return 0

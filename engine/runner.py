@@ -28,6 +28,7 @@ from .config import LoaderConfig
 from .errors import EngineError, RunError
 from .live import LiveRun
 from .store import RunStore
+from .wire import unpack_rows
 
 EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 
@@ -246,7 +247,10 @@ class RunHandle:
         *lines, rest = data.split(b"\n")
         for line in lines:
             if line.strip():
-                self._apply(json.loads(line))
+                event = json.loads(line)
+                if event["e"] == "batches":  # packed by the child (see wire.py)
+                    event = {"e": "batches", "rows": unpack_rows(event)}
+                self._apply(event)
         return rest
 
     def _apply(self, event: dict) -> None:

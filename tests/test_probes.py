@@ -1,11 +1,12 @@
 """The timing wrappers behave exactly like the wrapped dataset and tag each batch."""
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from engine.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
-                           batch_size_of, nbytes_of, wrap_dataset)
+                           batch_size_of, nbytes_of, sizes_of, wrap_dataset)
 
 from .datasets.small_map import SmallMap
 from .datasets.stream import Stream
@@ -66,3 +67,15 @@ def test_batch_size_and_bytes():
     assert nbytes_of(batch) == 4 * 3 * 4 + 4 * 8
     assert nbytes_of({"x": np.zeros((2, 2), dtype=np.float64)}) == 32
     assert batch_size_of({"x": torch.zeros(7, 2)}) == 7
+
+
+@pytest.mark.parametrize("batch", [
+    (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)),  # the fast path
+    [torch.zeros(5, 2), torch.zeros(5)],
+    (torch.zeros(4, 3), ["a", "b", "c", "d"]),  # mixed: the general path
+    {"x": torch.zeros(7, 2), "y": np.zeros(7)},
+    (torch.tensor(1.0), torch.tensor(2.0)),  # 0-d tensors: one sample each, as before
+    torch.zeros(6, 2),
+])
+def test_sizes_of_agrees_with_the_general_functions(batch):
+    assert sizes_of(batch) == (batch_size_of(batch), nbytes_of(batch))

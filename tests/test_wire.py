@@ -1,0 +1,29 @@
+"""Batch rows survive the packed trip from the child to the parent exactly."""
+
+import json
+
+from engine.metrics import BatchRecord
+from engine.wire import pack_rows, unpack_rows
+
+
+def _row(seq, h2d=None):
+    return tuple(BatchRecord(seq, 0, 0.5 + seq, 1e-4, 2e-6, 64, 4608, seq % 2 - 1, 4242 + seq,
+                             0.25, 3e-5, 1e-5, 2.5e-5, h2d, None, None))
+
+
+def test_rows_round_trip_through_json_with_their_types():
+    rows = [_row(0), _row(1, h2d=0.75), _row(2)]
+    back = unpack_rows(json.loads(json.dumps(pack_rows(rows))))
+    assert back == rows
+    assert all(type(v) is int for v in back[1][:2] + back[1][5:9])  # ints stay ints
+    assert back[0][13] is None and back[1][13] == 0.75  # NaN in a GPU column reads as None
+
+
+def test_columns_with_no_gpu_figures_are_sent_as_absent():
+    packed = pack_rows([_row(0), _row(1)])
+    assert packed["n"] == 2
+    assert packed["cols"]["h2d_ms"] is None and packed["cols"]["wait_s"] is not None
+
+
+def test_no_rows():
+    assert unpack_rows(pack_rows([])) == []
