@@ -59,6 +59,7 @@ class BatchRecord(NamedTuple):
 
 
 BATCH_COLUMNS = BatchRecord._fields
+INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "nbytes", "worker_id", "worker_pid"})
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

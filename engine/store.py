@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 
-from .metrics import BATCH_COLUMNS, BatchRecord
+from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, BatchRecord
 
 DB_ENV = "DLTUNER_DB"
 
@@ -196,11 +196,8 @@ class RunStore:
             self._local.conn = None
 
 
-_INT_COLUMNS = {"seq", "epoch", "samples", "nbytes", "worker_id", "worker_pid"}
-
-
 def _typed_batch_row(row: tuple) -> tuple:
     return tuple(
-        int(v) if (name in _INT_COLUMNS and v is not None) else v
+        int(v) if (name in INT_BATCH_COLUMNS and v is not None) else v
         for name, v in zip(BATCH_COLUMNS, row)
     )

@@ -13,9 +13,8 @@ import base64
 import math
 from array import array
 
-from .metrics import BATCH_COLUMNS
+from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS
 
-INT_COLUMNS = frozenset({"seq", "epoch", "samples", "nbytes", "worker_id", "worker_pid"})
 OPTIONAL_COLUMNS = frozenset({"h2d_ms", "h2d_other_ms", "gpu_gap_ms"})  # None without a GPU
 
 
@@ -29,7 +28,7 @@ def pack_rows(rows: list[tuple]) -> dict:
                 cols[name] = None
                 continue
             values = [math.nan if v is None else v for v in values]
-        code = "q" if name in INT_COLUMNS else "d"
+        code = "q" if name in INT_BATCH_COLUMNS else "d"
         cols[name] = base64.b64encode(array(code, values).tobytes()).decode("ascii")
     return {"n": len(rows), "cols": cols}
 
@@ -43,7 +42,7 @@ def unpack_rows(packed: dict) -> list[tuple]:
         if text is None:
             columns.append([None] * n)
             continue
-        values = array("q" if name in INT_COLUMNS else "d")
+        values = array("q" if name in INT_BATCH_COLUMNS else "d")
         values.frombytes(base64.b64decode(text))
         values = values.tolist()
         if name in OPTIONAL_COLUMNS:
