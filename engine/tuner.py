@@ -6,8 +6,11 @@
    samples/s, or 2 points less consumer idle) and down while fewer lose nothing (within 2%).
    Like tf.data's AUTOTUNE hill-climb, but starting where the model says the peak is, so a
    latency-bound dataset jumps straight to many workers and a tiny one stays at zero.
-4. Confirm: re-measure the leading candidates interleaved (A B A B) so one noisy trial cannot
-   flip the decision; the spread of the repeats is reported as the answer's uncertainty.
+4. With a consumer, measure one high worker count too (the floor): "fed" means idle within
+   2 points of the least idle any setting reaches.
+5. Confirm: re-measure the candidates noise could swap, interleaved (A B A B): the two fastest,
+   or with a consumer the count where "fed" begins and the one below it. Decisions use the
+   medians; the spread of the repeats is reported as the answer's uncertainty.
 
 The search is pure: it calls ``measure(spec)`` and gets a ``TrialResult`` back, so tests drive
 it with simulated workloads and no processes.
@@ -22,13 +25,15 @@ from typing import Callable
 
 from . import costmodel
 from .costmodel import CostProfile
-from .recommend import Limits, Recommendation, by_workers, median_idle, median_rate, recommend
+from .recommend import (Limits, Recommendation, by_workers, median_idle, median_rate, pick_fed,
+                        recommend)
 from .trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
 LESS_IDLE_GAIN = 0.02
 KEEP_FEWER_SHARE = 0.98
 CONFIRM_WITHIN = 0.10  # candidates within 10% of the best are re-measured
+FLOOR_MIN_WORKERS = 8  # with a consumer, the idle floor is checked at least this high
 MEMORY_SHARE = 0.5  # workers may use at most half the free RAM and half of /dev/shm
 
 
@@ -139,6 +144,8 @@ class Tuner:
                 self._climb(start)
             # else: the main process alone beats what any worker count can hand it (the
             # measured 0- and 1-worker trials already show it); climbing would waste trials.
+        if self.has_consumer:
+            self._measure_floor()
         self._confirm()
         groups = by_workers(self.trials)
         if not groups:
@@ -194,19 +201,43 @@ class Tuner:
     def _measured(self) -> list[int]:
         return sorted({t.num_workers for t in self.trials})
 
+    def _measure_floor(self) -> None:
+        """Measure one high worker count once: "fed" is judged against the least idle any
+        setting reaches, and the climb stops as soon as a step gains under 2 points, which can
+        leave a slow decline (seen: 11 % idle at 4 workers, 9 % at 24) unmeasured."""
+        top = max(self._measured())
+        ceiling = min(self.max_n, max(FLOOR_MIN_WORKERS, 2 * top))
+        if ceiling > top and not self.out_of_budget:
+            self._measure(ceiling, "floor")
+
     def _confirm(self) -> None:
-        """Re-measure the leading candidates, interleaved, where noise could flip the pick."""
+        """Re-measure, interleaved, the candidates whose order noise could flip."""
         scores = {n: self._score(n) for n in self._measured()}
         scores = {n: s for n, s in scores.items() if s is not None}
         if len(scores) < 2:
             return
-        best = max(scores.values())
-        if self.has_consumer:
-            close = [n for n, s in scores.items() if s >= best - 2 * LESS_IDLE_GAIN]
-        else:
-            close = [n for n, s in scores.items() if s >= best * (1 - CONFIRM_WITHIN)]
-        leaders = sorted(close, key=lambda n: (-scores[n], n))[:2]
-        if len(leaders) < 2:
-            return  # the runner-up is far behind: no noise on this machine flips that
+        leaders = self._fed_boundary(scores) if self.has_consumer else self._leaders(scores)
         for n in leaders:
             self._measure(n, "confirm", 1)
+
+    @staticmethod
+    def _leaders(scores: dict[int, float]) -> list[int]:
+        """The two fastest, when the runner-up is close enough for noise to swap them."""
+        best = max(scores.values())
+        close = [n for n, s in scores.items() if s >= best * (1 - CONFIRM_WITHIN)]
+        leaders = sorted(close, key=lambda n: (-scores[n], n))[:2]
+        return leaders if len(leaders) == 2 else []
+
+    def _fed_boundary(self, scores: dict[int, float]) -> list[int]:
+        """With a consumer the decision is where "fed" begins: the current pick and the count
+        just below it, when that one's idle is near enough the band for noise to decide
+        (trials this short measure idle to about +-1.5 points)."""
+        pick, _ = pick_fed(by_workers(self.trials))
+        best = max(scores.values())  # scores are -idle
+        below = [n for n in scores if n < pick]
+        if below and scores[max(below)] >= best - 2 * LESS_IDLE_GAIN:
+            return [max(below), pick]
+        least_idle = max(scores, key=scores.get)
+        if pick != least_idle and scores[pick] < best - LESS_IDLE_GAIN / 2:
+            return [pick, least_idle]  # the pick sits in the band's upper half
+        return []

@@ -183,3 +183,22 @@ def test_limits_divide_cpus_between_ranks():
     lim = Limits.from_system({**SYSTEM, "cpus_usable": 16, "other_load_cpus": 4.0}, 4, 32, None)
     assert lim.cpu_budget == pytest.approx(3.0)
     assert math.isclose(Limits.from_system(SYSTEM, 1, 32, None).cpu_budget, 2.0)
+
+
+def test_consumer_floor_and_fed_boundary_are_measured():
+    # Idle declines slowly with more workers (as with torch's fd hand-off); 1 worker sits at
+    # the edge of the 2-point band in its first trial and outside it when measured again.
+    first = {}
+
+    def idle(n):
+        if n == 1:
+            first[1] = first.get(1, 0) + 1
+            return 0.105 if first[1] == 1 else 0.135
+        return {0: 0.35, 2: 0.095, 3: 0.093, 4: 0.092, 8: 0.09}.get(n, 0.09)
+
+    curve = lambda n: 900.0 if n else 800.0
+    sim = Simulated(curve, worker_ms=8.0, cpu_ms=7.0, idle=idle, step_ms=14.0)
+    outcome = run(sim, has_consumer=True)
+    assert 8 in sim.calls  # the floor
+    assert sim.calls.count(1) == 2  # the boundary re-measured
+    assert outcome.recommendation.kwargs["num_workers"] == 2
