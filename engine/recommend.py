@@ -13,6 +13,7 @@ from .costmodel import CostProfile
 from .trials import TrialResult
 
 FEWER_WORKERS_TOLERANCE = 0.02  # take fewer workers when within 2% of the fastest
+STILL_RISING_GAIN = 0.03  # the top count beat the one below by this much: the peak lies beyond
 FED_TOLERANCE = 0.02  # consumer idle within 2 points of the best counts as fed
 FED_RATE_TOLERANCE = 0.10  # ...among settings within 10% of the best throughput (trials of
 # ~0.7 s vary by +-8% on a busy machine; a step slowed by workers' CPU use costs more, 30% seen)
@@ -82,8 +83,10 @@ def spread_pct(trials: list[TrialResult]) -> float | None:
     return 50.0 * (max(rates) - min(rates)) / statistics.median(rates)
 
 
-def pick_fastest(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
-    """The fewest workers within ``FEWER_WORKERS_TOLERANCE`` of the fastest measured setting."""
+def pick_fastest(groups: dict[int, list[TrialResult]], limits: "Limits | None" = None
+                 ) -> tuple[int, str]:
+    """The fewest workers within ``FEWER_WORKERS_TOLERANCE`` of the fastest measured setting.
+    ``limits`` say which cap stopped the search when the pick sits at the top."""
     rates = {n: median_rate(ts) for n, ts in groups.items()}
     best_n = max(rates, key=rates.get)
     pick = min(n for n, r in rates.items() if r >= (1 - FEWER_WORKERS_TOLERANCE) * rates[best_n])
@@ -95,6 +98,21 @@ def pick_fastest(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
                    f"{rates[nxt]:.0f} samples/s, so more workers stopped paying there.")
         else:
             why = f"{pick} workers gave the best throughput measured, {rates[pick]:.0f} samples/s."
+            fewer = [n for n in rates if n < pick]
+            if fewer and rates[max(fewer)] < (1 - STILL_RISING_GAIN) * rates[pick]:
+                # The search ended (its worker limit, memory or budget) before the curve
+                # flattened: say so, or the user takes the edge of the search for the peak.
+                prev = max(fewer)
+                memory_cap = limits.memory_max_workers if limits else None
+                if memory_cap is not None and limits.max_workers > memory_cap <= pick:
+                    how = "memory allows no more here (see below)"
+                elif limits is not None and pick >= limits.max_workers:
+                    how = ("raise the limit (--max-workers, or \"Most workers to try\" on "
+                           "the dashboard) to search further")
+                else:
+                    how = "give the tuner a longer budget to search further"
+                why += (f" It was still rising when the search stopped ({prev} workers gave "
+                        f"{rates[prev]:.0f}), so more workers may pay: {how}.")
     else:
         why = (f"{pick} workers gave {rates[pick]:.0f} samples/s, within "
                f"{FEWER_WORKERS_TOLERANCE:.0%} of the fastest ({best_n} workers, "
@@ -204,7 +222,7 @@ def prefetch_decision(n: int, chosen: list[TrialResult], has_consumer: bool
 def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Limits,
               has_consumer: bool, batch_size: int | None) -> Recommendation:
     groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None])
-    n, why = pick_fed(groups) if has_consumer else pick_fastest(groups)
+    n, why = pick_fed(groups) if has_consumer else pick_fastest(groups, limits)
     chosen = groups[n]
     rate = median_rate(chosen)
     reasons = []

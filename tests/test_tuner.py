@@ -1,6 +1,7 @@
 """The search and the decision on simulated workloads and recorded trials: no timing here."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -128,6 +129,21 @@ def test_pick_fastest_prefers_fewer_workers_within_two_percent():
     groups = {2: [trial(2, 1000.0)], 3: [trial(3, 1015.0)], 4: [trial(4, 900.0)]}
     n, why = pick_fastest(groups)
     assert n == 2 and "within 2%" in why
+
+
+def test_pick_fastest_says_when_throughput_was_still_rising_at_the_top():
+    rising = {16: [trial(16, 750.0)], 24: [trial(24, 1120.0)], 32: [trial(32, 1500.0)]}
+    n, why = pick_fastest(rising, limits(max_workers=32))
+    assert n == 32 and "still rising" in why and "24 workers gave 1120" in why
+    assert "--max-workers" in why
+    n, why = pick_fastest(rising, limits(max_workers=64))  # short of the limit: the budget
+    assert "still rising" in why and "longer budget" in why
+    capped = replace(limits(max_workers=64), memory_max_workers=32)
+    n, why = pick_fastest(rising, capped)
+    assert "still rising" in why and "memory allows no more" in why
+    flat = {16: [trial(16, 1480.0)], 32: [trial(32, 1500.0)]}
+    n, why = pick_fastest(flat)
+    assert n == 16 and "still rising" not in why
 
 
 def test_pick_fed_uses_consumer_idle():
