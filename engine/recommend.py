@@ -37,7 +37,7 @@ class Limits:
 
     @classmethod
     def from_system(cls, system: dict, local_world_size: int, max_workers: int,
-                    dataset_length: int | None) -> "Limits":
+                    dataset_length: int | None) -> Limits:
         usable = system.get("cpus_usable") or 1
         quota = system.get("cpu_quota")
         other = system.get("other_load_cpus") or 0.0
@@ -45,6 +45,11 @@ class Limits:
         budget = max((cores - other) / max(local_world_size, 1), 0.5)
         return cls(usable, other, max(local_world_size, 1), budget, max_workers, None,
                    bool((system.get("gpu") or {}).get("available")), dataset_length)
+
+    @property
+    def memory_binds(self) -> bool:
+        """Memory, not the user's cap, limits the worker count."""
+        return self.memory_max_workers is not None and self.memory_max_workers < self.max_workers
 
 
 @dataclass
@@ -83,7 +88,7 @@ def spread_pct(trials: list[TrialResult]) -> float | None:
     return 50.0 * (max(rates) - min(rates)) / statistics.median(rates)
 
 
-def pick_fastest(groups: dict[int, list[TrialResult]], limits: "Limits | None" = None
+def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = None
                  ) -> tuple[int, str]:
     """The fewest workers within ``FEWER_WORKERS_TOLERANCE`` of the fastest measured setting.
     ``limits`` say which cap stopped the search when the pick sits at the top."""
@@ -103,8 +108,8 @@ def pick_fastest(groups: dict[int, list[TrialResult]], limits: "Limits | None" =
                 # The search ended (its worker limit, memory or budget) before the curve
                 # flattened: say so, or the user takes the edge of the search for the peak.
                 prev = max(fewer)
-                memory_cap = limits.memory_max_workers if limits else None
-                if memory_cap is not None and limits.max_workers > memory_cap <= pick:
+                if (limits is not None and limits.memory_binds
+                        and pick >= limits.memory_max_workers):
                     how = "memory allows no more here (see below)"
                 elif limits is not None and pick >= limits.max_workers:
                     how = ("raise the limit (--max-workers, or \"Most workers to try\" on "
@@ -237,7 +242,7 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
         reasons.append(f"Loading in the main process beats worker processes here "
                        f"({rate:.0f} vs {one:.0f} samples/s): handing each batch between "
                        "processes costs more than making it.")
-    if limits.memory_max_workers is not None and limits.memory_max_workers < limits.max_workers:
+    if limits.memory_binds:
         reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
                        "(worker memory plus batches in flight against free RAM and /dev/shm).")
     if limits.local_world_size > 1:

@@ -1,6 +1,6 @@
 """A dataset with a training step: the module's train_step stands in for the model.
 
-Each sample costs 1 ms of CPU (16 ms per batch of 16), measured on the process's CPU clock so
+Each sample costs 1 ms of CPU (16 ms per batch of 16), measured on the thread's CPU clock so
 that the demo behaves the same on a fast or a slow machine. The step waits 12 ms per batch the
 way a GPU step leaves the CPU free (the host waits on the device), plus a little CPU work. One
 worker cannot keep up (16 ms per batch > 12 ms per step); two can. The question here is not top
