@@ -32,9 +32,10 @@ sys.path.insert(0, ROOT)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from engine.config import LoaderConfig  # noqa: E402
-from engine.measure import Consumer, Measurement, effective_config  # noqa: E402
+from engine.measure import Consumer, Measurement  # noqa: E402
+from engine.settings import starting_config  # noqa: E402
 from engine.metrics import warmup_batches  # noqa: E402
-from engine.probes import batch_size_of  # noqa: E402
+from engine.probes import samples_in  # noqa: E402
 from engine.runner import RunRequest, run_to_completion  # noqa: E402
 from engine.target import resolve  # noqa: E402
 
@@ -99,7 +100,7 @@ def plain_rate(resolved, config: LoaderConfig, seconds: float) -> dict:
         for batch in loader:
             if resolved.train_step is not None:
                 resolved.train_step(batch)
-            watch.tick(batch_size_of(batch))
+            watch.tick(samples_in(batch))
             if time.monotonic() >= deadline:
                 del loader
                 return watch.rates()
@@ -118,7 +119,8 @@ def instrumented_rate(resolved, config: LoaderConfig, seconds: float) -> dict:
 
 def reported_rate(target: str, config: LoaderConfig, seconds: float) -> dict:
     """The engine's own figure for a real background run, and its undisturbed rate."""
-    handle = run_to_completion(RunRequest(target=target, config=config, seconds=seconds))
+    handle = run_to_completion(RunRequest(target=target, seconds=seconds,
+                                          settings={"num_workers": config.num_workers}))
     doc = handle.live.summary(handle.state.value)
     if doc["status"] != "ok":
         raise SystemExit(f"{target}: {doc.get('error')}")
@@ -149,7 +151,7 @@ def alternating_rates(target: str, workers: int, seconds: float, pairs: int) -> 
 
 def one(way: str, target: str, workers: int, seconds: float, pairs: int = 1) -> None:
     resolved = resolve(target)
-    config = effective_config(resolved, LoaderConfig(num_workers=workers), False)
+    config = starting_config(resolved, {"num_workers": workers})
     if way == "plain":
         print(json.dumps(plain_rate(resolved, config, seconds)))
         return
@@ -184,7 +186,7 @@ def main() -> None:
             continue
         target = os.path.join(ROOT, path)
         resolved = resolve(target)
-        config = effective_config(resolved, LoaderConfig(num_workers=workers), False)
+        config = starting_config(resolved, {"num_workers": workers})
         # A slice is long enough for its warm-up and a few hundred batches; with tiny batches
         # short slices track the machine's drift more closely.
         slice_s = args.seconds if workers else min(args.seconds, 0.5)

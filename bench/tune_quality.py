@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from engine.config import LoaderConfig  # noqa: E402
 from engine.measure import effective_config  # noqa: E402
 from engine.metrics import warmup_batches  # noqa: E402
-from engine.probes import batch_size_of  # noqa: E402
+from engine.probes import samples_in  # noqa: E402
 from engine.runner import RunRequest, run_to_completion  # noqa: E402
 from engine.system import usable_cpus  # noqa: E402
 from engine.target import resolve  # noqa: E402
@@ -74,7 +74,7 @@ def plain_measure(resolved, config: LoaderConfig, seconds: float) -> tuple[float
             if count == warmup:
                 start = time.monotonic()
             elif count > warmup:
-                samples += batch_size_of(batch)
+                samples += samples_in(batch)
                 waited += t_ready - t_request
                 elapsed = time.monotonic() - start
                 if elapsed >= seconds:

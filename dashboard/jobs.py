@@ -18,7 +18,6 @@ import time
 
 from engine import LoaderConfig, RunHandle, RunRequest, RunStore
 from engine.runner import inspect_target
-from engine.config import TUNABLE_KEYS
 from engine.live import LiveRun
 from engine.verify import Verification
 
@@ -86,8 +85,8 @@ class Jobs:
         """Start measuring the old settings against the new ones (see engine.verify)."""
         with self._lock:
             self._stop_jobs()
-            self.applied = {"before": before.config.to_json_dict(),
-                            "after": after.config.to_json_dict(), "at": time.time()}
+            self.applied = {"before": dict(before.settings), "after": dict(after.settings),
+                            "target": after.target, "at": time.time()}
             self.verification = Verification(before, after, self.store, rounds,
                                               on_run=self._show_run).start()
             self.started_any = True
@@ -140,19 +139,26 @@ def _mtime(target: str) -> float | None:
         return None
 
 
+def settings_from_controls(controls: dict) -> dict:
+    """The loader settings on the page, as the settings a run is asked for. The module's other
+    settings (shuffle, sampler, collate_fn, ...) are not on the page and stay the module's."""
+    workers = int(controls["num_workers"])
+    settings = {
+        "batch_size": None if controls.get("self_batching") else int(controls["batch_size"]),
+        "num_workers": workers,
+        "pin_memory": bool(controls["pin_memory"]),
+        "prefetch_factor": int(controls["prefetch_factor"]) if workers else None,
+        "persistent_workers": bool(controls["persistent_workers"]) if workers else False,
+    }
+    LoaderConfig.from_settings(settings)  # refuse what DataLoader would, before starting
+    return settings
+
+
 def request_from_controls(target: str, controls: dict, kind: str = "profile") -> RunRequest:
     """A run request from the page's control values (see live_page.CONTROL_DEFAULTS)."""
-    workers = int(controls["num_workers"])
-    config = LoaderConfig(
-        batch_size=int(controls["batch_size"]),
-        num_workers=workers,
-        pin_memory=bool(controls["pin_memory"]),
-        prefetch_factor=int(controls["prefetch_factor"]) if workers else None,
-        persistent_workers=bool(controls["persistent_workers"]) if workers else False,
-    )
     consumer = controls["consumer"]
     step_ms = {"train_step": None, "none": 0.0}.get(consumer, float(controls["step_ms"]))
-    return RunRequest(target=target, config=config, batch_size_given=True, step_ms=step_ms,
+    return RunRequest(target=target, settings=settings_from_controls(controls), step_ms=step_ms,
                       seconds=float(controls["seconds"]), timeout_s=float(controls["timeout_s"]),
                       kind=kind)
 
@@ -160,25 +166,41 @@ def request_from_controls(target: str, controls: dict, kind: str = "profile") ->
 def tune_request(target: str, controls: dict) -> RunRequest:
     """Tune from the controls; the controls' own settings are the baseline it reports against."""
     request = request_from_controls(target, controls, kind="tune")
-    current = {k: v for k, v in request.config.to_json_dict().items() if k in TUNABLE_KEYS}
     return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
-                               max_workers=int(controls["max_workers"]), baseline=current)
+                               max_workers=int(controls["max_workers"]))
 
 
-def recommended_config(base: LoaderConfig, recommended: dict) -> LoaderConfig:
+def recommended_settings(base: dict, recommended: dict) -> dict:
     """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
     workers = int(recommended["num_workers"])
-    return base.replace(
-        num_workers=workers,
-        batch_size=recommended.get("batch_size", base.batch_size),
-        pin_memory=bool(recommended.get("pin_memory", False)),
-        prefetch_factor=recommended.get("prefetch_factor") if workers else None,
-        persistent_workers=bool(recommended.get("persistent_workers", False)) if workers else False,
-    )
+    return {
+        **base,
+        "num_workers": workers,
+        "batch_size": recommended.get("batch_size", base.get("batch_size")),
+        "pin_memory": bool(recommended.get("pin_memory", False)),
+        "prefetch_factor": recommended.get("prefetch_factor") if workers else None,
+        "persistent_workers": bool(recommended.get("persistent_workers", False)) if workers
+        else False,
+    }
+
+
+def controls_from_settings(settings: dict) -> dict:
+    """The page's control values showing ``settings`` (the inverse of settings_from_controls)."""
+    workers = int(settings.get("num_workers") or 0)
+    batch_size = settings.get("batch_size", 1)
+    return {
+        "self_batching": batch_size is None,
+        **({"batch_size": int(batch_size)} if isinstance(batch_size, int) else {}),
+        "num_workers": workers,
+        "pin_memory": bool(settings.get("pin_memory")),
+        "prefetch_factor": int(settings.get("prefetch_factor") or 2),
+        "persistent_workers": bool(settings.get("persistent_workers")) and workers > 0,
+    }
 
 
 def verification_requests(tuned: RunRequest, recommended: dict, seconds: float
                           ) -> tuple[RunRequest, RunRequest]:
     """(before, after): the settings the tune started from, and the recommended ones."""
-    before = dataclasses.replace(tuned, kind="verify", seconds=seconds, baseline=None)
-    return before, dataclasses.replace(before, config=recommended_config(tuned.config, recommended))
+    before = dataclasses.replace(tuned, kind="verify", seconds=seconds)
+    return before, dataclasses.replace(
+        before, settings=recommended_settings(tuned.settings, recommended))

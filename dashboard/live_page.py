@@ -15,10 +15,11 @@ import time
 import streamlit as st
 
 from engine import RunHandle
-from engine.tune_cli import settings_file
+from engine.tune_cli import settings_file, speedup_text
 
 from . import charts, views
-from .jobs import Jobs, live_view, request_from_controls, tune_request, verification_requests
+from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,
+                   verification_requests)
 from .shared import get_jobs
 
 DEMO_TARGET = os.path.join("examples", "with_train_step.py")
@@ -27,7 +28,7 @@ REFRESH_S = 1.0
 WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
 
 CONTROL_DEFAULTS = {
-    "batch_size": 32, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
+    "batch_size": 32, "self_batching": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
     "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": 30.0,
     "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "verify_seconds": 5.0,
 }
@@ -62,12 +63,13 @@ def _apply(jobs: Jobs, recommended: dict) -> None:
     """Put the recommendation into the controls and verify it against the settings it replaces."""
     before, after = verification_requests(jobs.tune_request, recommended,
                                           float(st.session_state.ctl_verify_seconds))
-    st.session_state.ctl_num_workers = after.config.num_workers
-    st.session_state.ctl_pin_memory = after.config.pin_memory
-    st.session_state.ctl_prefetch_factor = after.config.prefetch_factor or 2
-    st.session_state.ctl_persistent_workers = after.config.persistent_workers
-    st.session_state.ctl_batch_size = after.config.batch_size
+    _set_controls(controls_from_settings(after.settings))
     jobs.apply(before, after)
+
+
+def _set_controls(values: dict) -> None:
+    for name, value in values.items():
+        st.session_state[f"ctl_{name}"] = value
 
 
 # -- page parts --------------------------------------------------------------------------------
@@ -93,14 +95,14 @@ def _dataset_card(info: dict) -> None:
 
 
 def _sync_controls(info: dict) -> list[str]:
-    """Follow the module: its batch_size when a new target is checked; consumer choices."""
+    """Follow the module: when a new target is checked, the controls show its own settings
+    (batch_size, dataloader_kwargs), so "current settings" mean the same here and in the CLI."""
     if info["status"] != "ok":
         return list(CONSUMERS)
     ds = info["dataset"]
     if st.session_state.get("synced_target") != ds["target"]:
         st.session_state.synced_target = ds["target"]
-        if ds["module_batch_size"]:
-            st.session_state.ctl_batch_size = int(ds["module_batch_size"])
+        _set_controls(controls_from_settings(info.get("config") or {}))
         st.session_state.ctl_consumer = "train_step" if ds["has_train_step"] else "none"
     options = [c for c in CONSUMERS if c != "train_step" or ds["has_train_step"]]
     if st.session_state.ctl_consumer not in options:
@@ -111,7 +113,10 @@ def _sync_controls(info: dict) -> list[str]:
 def _sidebar(consumer_options: list[str]) -> None:
     bar = st.sidebar
     bar.header("Loader settings")
-    bar.number_input("batch_size", min_value=1, max_value=1 << 20, key="ctl_batch_size")
+    bar.checkbox("batch_size=None (the dataset yields whole batches)", key="ctl_self_batching",
+                 help="As WebDataset pipelines do: each item is already a batch.")
+    bar.number_input("batch_size", min_value=1, max_value=1 << 20, key="ctl_batch_size",
+                     disabled=st.session_state.ctl_self_batching)
     bar.number_input("num_workers", min_value=0, max_value=512, key="ctl_num_workers")
     bar.checkbox("pin_memory", key="ctl_pin_memory")
     no_workers = st.session_state.ctl_num_workers == 0
@@ -160,6 +165,8 @@ def _applied_block(jobs: Jobs) -> None:
         return
     before, after = result["before"], result["after"]
     speedup = result["speedup"]
+    st.caption(f"Applied to `{jobs.applied['target']}`: "
+               + ", ".join(f"{k}={v!r}" for k, v in jobs.applied["after"].items()))
     if before["config"] == after["config"]:
         st.caption("The recommended settings are the ones you already had: this measures the "
                    "run-to-run noise of this machine.")
@@ -199,14 +206,18 @@ def _recommendation_block(jobs: Jobs) -> None:
     rec = doc["recommended"]
     st.plotly_chart(charts.tune_figure(doc["trials"], rec.get("num_workers")), key="tune-final")
     base = doc.get("baseline") or {}
-    speedup = base.get("speedup")
     noise = doc.get("uncertainty_pct")
     with st.container(border=True):
         st.markdown(
             f"**Expected {views.fmt(doc['expected_samples_per_s'])} samples/s**"
-            + (f" (±{noise:.0f} % between repeats)" if noise is not None else "")
-            + (f": **{speedup:.2f}x** {base.get('source')} "
-               f"({views.fmt(base.get('samples_per_s'))} samples/s measured)" if speedup else ""))
+            + (f" (±{noise:.0f} %, 95 % confidence)" if noise is not None else "")
+            + (f": **{speedup_text(base)}** over {base.get('source')} "
+               f"({views.fmt(base.get('samples_per_s'))} samples/s measured)"
+               if base.get("speedup") else ""))
+        if base.get("speedup") is None and base.get("speedup_note"):
+            st.caption(f"Baseline ({base.get('source')}): "
+                       f"{views.fmt(base.get('samples_per_s'))} samples/s; "
+                       f"{base['speedup_note']}.")
         st.code(doc["snippet"], language="python")
         for reason in doc["reasons"]:
             st.markdown(f"- {reason}")

@@ -42,11 +42,13 @@ import psutil
 
 from . import gpu, system
 from .config import LoaderConfig
+from .settings import starting_config
 from .describe import describe
 from .errors import EngineError, RunError
 from .failures import explain_failure, hang_error, may_be_worker_death
-from .measure import Consumer, Measurement, effective_config
+from .measure import Consumer, Measurement
 from .metrics import warmup_batches
+from .probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
 from .target import resolve
 from .wire import pack_rows
 
@@ -86,12 +88,27 @@ class EventWriter:
 
 
 class ResourceSampler:
-    """CPU % and RSS of the main process and each worker, plus NVML samples on a GPU."""
+    """CPU %, RSS and threads of the main process and each worker, each worker's private
+    memory every few seconds, plus NVML samples on a GPU.
+
+    Private memory is what a copy-on-read leak grows: RSS already counts the pages a forked
+    worker shares with its parent, and stays flat while reference-count writes copy them.
+    Rows carry ``uss_mb`` (private pages), ``pss_mb`` and ``dirty_mb`` (private pages written
+    to: anonymous memory). ``dirty_mb`` is the one to judge leaks by, because USS also counts
+    clean file pages (mmap, LMDB) that only this worker happens to map: reclaimable, not a leak.
+    All three are None when not read this time, or when the process's memory is off limits.
+    """
+
+    # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process.
+    USS_EVERY_S = 2.0  # so each worker's is read this often, not on every 0.5 s sample,
+    USS_MAX_CPU_SHARE = 0.01  # and on a huge process rarer still: at most 1% of a core
+    PRIVATE_KEYS = ("uss_mb", "pss_mb", "dirty_mb")
 
     def __init__(self, worker_ids: dict[int, int]) -> None:
         self.me = psutil.Process()
         self.worker_ids = worker_ids  # pid -> DataLoader worker id, filled as batches arrive
         self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
+        self.uss_due: dict[int, float] = {}  # pid -> when its next USS reading is due
         self.me.cpu_percent(None)
         self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
 
@@ -114,13 +131,16 @@ class ResourceSampler:
                     cpu = None if pid in primed else proc.cpu_percent(None)
                     rss = proc.memory_info().rss / 2**20
                     threads = proc.num_threads()
+                    private = (self._private_mb(pid, proc) if pid != self.me.pid
+                               else dict.fromkeys(self.PRIVATE_KEYS))
             except psutil.Error:
                 self.known.pop(pid, None)
+                self.uss_due.pop(pid, None)
                 continue
             role = "main" if pid == self.me.pid else "worker"
             procs.append(
                 {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
-                 "cpu_percent": cpu, "rss_mb": rss, "threads": threads}
+                 "cpu_percent": cpu, "rss_mb": rss, "threads": threads, **private}
             )
         event = {"e": "resources", "t": t, "procs": procs}
         if self.nvml is not None:
@@ -129,6 +149,51 @@ class ResourceSampler:
             except Exception:  # noqa: BLE001
                 pass
         return event
+
+    def _private_mb(self, pid: int, proc: psutil.Process) -> dict:
+        """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
+        has gone raises psutil.NoSuchProcess to the caller."""
+        now = time.monotonic()
+        if now < self.uss_due.get(pid, 0.0):
+            return dict.fromkeys(self.PRIVATE_KEYS)
+        start = time.thread_time()  # our CPU, not the wait for a core on a busy machine
+        found = self._smaps_rollup(pid) or self._psutil_private(proc)
+        cost = time.thread_time() - start
+        self.uss_due[pid] = now + max(self.USS_EVERY_S, cost / self.USS_MAX_CPU_SHARE)
+        return found
+
+    @staticmethod
+    def _smaps_rollup(pid: int) -> dict | None:
+        """All three from one read of /proc/PID/smaps_rollup (Linux 4.14+); psutil's
+        memory_full_info reads the same file but does not return the dirty part."""
+        kb = {}
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+                for line in f:
+                    name, _, value = line.partition(b":")
+                    if name in (b"Pss", b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
+                        kb[name] = int(value.split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if b"Private_Dirty" not in kb:
+            return None
+        uss = kb.get(b"Private_Clean", 0) + kb[b"Private_Dirty"] + kb.get(b"Private_Hugetlb", 0)
+        return {"uss_mb": uss / 1024, "pss_mb": kb.get(b"Pss", 0) / 1024,
+                "dirty_mb": kb[b"Private_Dirty"] / 1024}
+
+    @staticmethod
+    def _psutil_private(proc: psutil.Process) -> dict:
+        """USS (and PSS where the platform has it) without the dirty part: older kernels,
+        macOS. Raises psutil.NoSuchProcess when the process has gone."""
+        found = dict.fromkeys(ResourceSampler.PRIVATE_KEYS)
+        try:
+            full = proc.memory_full_info()
+        except psutil.AccessDenied:  # another user's process, or a locked-down /proc
+            return found
+        found["uss_mb"] = full.uss / 2**20
+        if getattr(full, "pss", None) is not None:
+            found["pss_mb"] = full.pss / 2**20
+        return found
 
 
 class ChildRun:
@@ -220,6 +285,11 @@ class ChildRun:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
+        # Workers print their warnings to stderr (the log the parent reads, engine/output.py):
+        # the hook writes to the event pipe under a lock a fork could copy while held.
+        plain_showwarning = warnings.showwarning
+        os.register_at_fork(after_in_child=lambda: setattr(warnings, "showwarning",
+                                                           plain_showwarning))
         warnings.showwarning = self._warning_hook
         threading.Thread(target=self._ticker, daemon=True).start()
         failure: BaseException | None = None
@@ -261,11 +331,8 @@ class ChildRun:
     def _run(self) -> None:
         request = self.request
         resolved = resolve(request["target"])
-        config = LoaderConfig.from_settings(request.get("config", {}))
-        config = effective_config(resolved, config, request.get("batch_size_given", False))
+        config = starting_config(resolved, request.get("settings"))
         consumer = Consumer.choose(request.get("step_ms"), resolved.train_step is not None)
-        if request.get("consumer") == "none":
-            consumer = Consumer("none")
         try:
             dataset_info = describe(resolved)
         except Exception as exc:  # noqa: BLE001
@@ -280,8 +347,9 @@ class ChildRun:
             "pid": os.getpid(),
             "dataset": dataset_info,
             "config": config.to_json_dict(),
-            "snippet": config.snippet(),
+            "snippet": config.snippet(expressions=resolved.expressions),
             "warmup_batches": warmup_for(config),
+            "counting": counting_rules(config),
             "consumer": consumer.to_dict(),
             "system": system.snapshot(),
             "torch": __import__("torch").__version__,
@@ -336,6 +404,18 @@ class ChildRun:
 
     def _send_error(self, error: EngineError) -> None:
         self.events.send({"e": "error", "error": error.to_dict()})
+
+
+def counting_rules(config: LoaderConfig) -> dict:
+    """How each per-batch figure is counted, for the output to say (see probes.py)."""
+    batched = config.batch_size is not None or config.batch_sampler is not None
+    return {
+        "samples": ("exact: the number of items the batch sampler's indices fetched" if batched
+                    else SAMPLES_RULE),
+        "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
+                  f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
+                  f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
+    }
 
 
 def warmup_for(config: LoaderConfig) -> int:

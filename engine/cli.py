@@ -28,6 +28,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def batch_size_arg(text: str) -> int | None:
+    """A positive int, or ``none``: the dataset yields whole batches (``batch_size=None``)."""
+    if text.strip().lower() == "none":
+        return None
+    return _positive_int(text)
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -54,13 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser("profile", help="run the loader in the background and measure it")
     profile.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
-    profile.add_argument("--batch-size", type=_positive_int,
-                         help="default: the module's batch_size, else 32")
-    profile.add_argument("--num-workers", type=_non_negative_int, default=0)
-    profile.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False)
+    profile.add_argument("--batch-size", type=batch_size_arg, default=argparse.SUPPRESS,
+                         help="N, or none when the dataset yields whole batches; default: the "
+                              "module's batch_size, else 32")
+    profile.add_argument("--num-workers", type=_non_negative_int)
+    profile.add_argument("--pin-memory", action=argparse.BooleanOptionalAction)
     profile.add_argument("--prefetch-factor", type=_positive_int)
-    profile.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction,
-                         default=False)
+    profile.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction)
     profile.add_argument("--multiprocessing-context", choices=("fork", "spawn", "forkserver"),
                          help="how workers start (default: the platform's, fork on Linux)")
     profile.add_argument("--step-ms", type=_non_negative_float,
@@ -87,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tune_cli import add_tune_parser  # the tuner's flags live with the tuner
 
-    add_tune_parser(sub, _add_common, _positive_int, _non_negative_float)
+    add_tune_parser(sub, _add_common, _positive_int, _non_negative_float, batch_size_arg)
     return parser
 
 
@@ -102,28 +109,33 @@ def _error_doc(error: dict) -> dict:
     return {"status": "error", "error": error, "warnings": []}
 
 
-def config_from_args(args: argparse.Namespace) -> LoaderConfig:
-    return LoaderConfig(
-        batch_size=args.batch_size or 1,
-        num_workers=args.num_workers,
-        pin_memory=args.pin_memory,
-        prefetch_factor=args.prefetch_factor,
-        persistent_workers=args.persistent_workers,
-        multiprocessing_context=args.multiprocessing_context,
-    )
+SETTING_FLAGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+                 "multiprocessing_context")
+
+
+def settings_from_args(args: argparse.Namespace) -> dict:
+    """The settings given on the command line; the module's own fill in the rest."""
+    chosen = {key: getattr(args, key) for key in SETTING_FLAGS
+              if getattr(args, key, None) is not None}
+    if hasattr(args, "batch_size"):  # absent unless given (argparse.SUPPRESS); None is a value
+        chosen["batch_size"] = args.batch_size
+    return chosen
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:  # settings DataLoader would reject: a failed run, not started
+    settings = settings_from_args(args)
+    try:  # flags DataLoader would reject together: refused before anything starts (with the
+        # module's own settings they are checked in the engine, which knows them)
+        if "num_workers" in settings:
+            LoaderConfig.from_settings(settings)
+    except ConfigError as exc:
         if args.json:
             _print_doc(_error_doc(exc.to_dict()), as_json=True)
         else:
             print(f"ERROR: {exc}")
         return EXIT_RUN_FAILED
     request = RunRequest(
-        target=args.target, config=config, batch_size_given=args.batch_size is not None,
+        target=args.target, settings=settings,
         step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,
     )
     store = RunStore(args.db)

@@ -39,6 +39,7 @@ class LoaderConfig:
     multiprocessing_context: Any = None
     prefetch_factor: int | None = None
     persistent_workers: bool = False
+    generator: Any = None
     in_order: bool = True
 
     def __post_init__(self) -> None:
@@ -135,11 +136,18 @@ class LoaderConfig:
             out[key] = value if _is_json_scalar(value) else describe_object(value)
         return out
 
-    def snippet(self, dataset_name: str = "dataset") -> str:
-        """The ``DataLoader(...)`` line a user can paste into their training script."""
+    def snippet(self, dataset_name: str = "dataset", expressions: dict | None = None) -> str:
+        """The ``DataLoader(...)`` line a user can paste into their training script.
+
+        ``expressions`` names objects as the user's code makes them (``sampler`` ->
+        ``"make_sampler(dataset)"``); other objects are named by their class or function."""
+        expressions = expressions or {}
         parts = [dataset_name]
         for key, value in self.to_kwargs().items():
-            rendered = repr(value) if _is_json_scalar(value) else describe_object(value)
+            if key in expressions and not _is_json_scalar(value):
+                rendered = expressions[key]
+            else:
+                rendered = repr(value) if _is_json_scalar(value) else describe_object(value)
             parts.append(f"{key}={rendered}")
         return f"DataLoader({', '.join(parts)})"
 

@@ -42,6 +42,16 @@ class CostProfile:
         return min(self.worker_cpu_ms / self.worker_ms, 1.0) if self.worker_ms > 0 else 1.0
 
     @property
+    def make_ms(self) -> float:
+        """Making one batch in the main process (num_workers=0), the step taken out."""
+        return max(self.serial_ms - self.step_ms, 0.0)
+
+    @property
+    def receive_ms(self) -> float:
+        """The main process's cost to receive one batch from a worker."""
+        return self.main_serial_ms - self.step_ms
+
+    @property
     def main_serial_ms(self) -> float:
         receive = self.main_cpu_ms - (self.step_ms if self.step_on_cpu else 0.0)
         return max(receive, 0.01) + self.step_ms
@@ -85,9 +95,8 @@ class CostProfile:
 def learn(serial: TrialResult, one_worker: TrialResult, cpu_budget: float,
           step_on_cpu: bool) -> CostProfile:
     """Fit the profile from a ``num_workers=0`` trial and a ``num_workers=1`` trial."""
-    bs = serial.batch_size or 1
-    serial_ms = 1000.0 * bs / serial.samples_per_s
-    cycle_ms = 1000.0 * (one_worker.batch_size or 1) / one_worker.samples_per_s
+    serial_ms = serial.ms_per_batch
+    cycle_ms = one_worker.ms_per_batch
     worker_ms = one_worker.worker_ms or cycle_ms
     step_ms = one_worker.step_ms or 0.0
     # With one worker the consumer may be what limits the rate; then the worker's own cycle is

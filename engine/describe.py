@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from .probes import nbytes_of
-from .target import ResolvedTarget
+import itertools
+
+from .probes import payload_bytes
+from .target import ResolvedTarget, type_name
 
 
 def structure(value: Any, depth: int = 0) -> Any:
@@ -16,7 +19,7 @@ def structure(value: Any, depth: int = 0) -> Any:
         kind = type(value).__name__
         dtype = str(value.dtype).replace("torch.", "")
         return f"{kind}[{dtype}]{tuple(value.shape)}"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): structure(v, depth + 1) for k, v in list(value.items())[:20]}
     if isinstance(value, (list, tuple)):
         items = [structure(v, depth + 1) for v in value[:10]]
@@ -35,19 +38,32 @@ def describe(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
     info = {
         "target": resolved.target,
         "found_as": resolved.found_as,
-        "class": type(dataset).__qualname__,
+        "class": type_name(dataset),
         "kind": "iterable" if resolved.is_iterable else "map",
         "length": length,
-        "module_batch_size": resolved.batch_size,
+        "defines_batch_size": resolved.defines_batch_size,
+        "module_batch_size": resolved.batch_size if resolved.defines_batch_size else None,
         "has_collate_fn": resolved.collate_fn is not None,
-        "has_sampler": resolved.sampler is not None,
+        "has_sampler": resolved.sampler is not None or resolved.batch_sampler is not None,
         "has_train_step": resolved.train_step is not None,
+        "has_dataloader_kwargs": bool(resolved.dataloader_kwargs),
         "sample": None,
         "sample_bytes": None,
     }
-    # Only map-style samples are read up front: pulling from an iterable may have side effects.
-    if with_sample and not resolved.is_iterable and length:
-        sample = dataset[0]
-        info["sample"] = structure(sample)
-        info["sample_bytes"] = nbytes_of(sample)
+    if with_sample:
+        sample = _first_sample(resolved, length)
+        if sample is not _NONE:
+            info["sample"] = structure(sample)
+            info["sample_bytes"] = payload_bytes(sample)
     return info
+
+
+_NONE = object()
+
+
+def _first_sample(resolved: ResolvedTarget, length: int | None) -> Any:
+    """Sample 0 of a map-style dataset, or the first item an iterable yields (this runs in the
+    engine's child process, so pulling one item cannot disturb the user's own process)."""
+    if resolved.is_iterable:
+        return next(itertools.islice(iter(resolved.dataset), 1), _NONE)
+    return resolved.dataset[0] if length else _NONE

@@ -11,6 +11,7 @@ import copy
 
 from .errors import EngineError
 from .metrics import BatchRecord
+from .output import OutputLog
 from .report import summarize, summarize_tune
 
 
@@ -24,11 +25,11 @@ class LiveRun:
         self.system: dict | None = None
         self.torch_version: str | None = None
         self.warmup_batches = 1
+        self.counting: dict | None = None  # how samples and bytes are counted (child.py)
         self.batches: list[BatchRecord] = []
         self.resources: list[dict] = []  # flat rows: t, pid, role, worker_id, cpu_percent, rss_mb
         self.gpu_samples: list[dict] = []
         self.epochs: list[dict] = []
-        self.warnings: list[dict] = []
         self.error: EngineError | None = None
         self.finished_reason: str | None = None
         self.elapsed_s = 0.0
@@ -37,6 +38,7 @@ class LiveRun:
         self.tune_result: dict | None = None
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.label_counts: dict = {}
+        self.output = OutputLog()  # what the user's code printed (fed by the runner)
 
     def apply(self, event: dict) -> None:
         kind = event["e"]
@@ -45,6 +47,7 @@ class LiveRun:
             self.snippet, self.consumer = event["snippet"], event["consumer"]
             self.system, self.torch_version = event["system"], event.get("torch")
             self.warmup_batches = event["warmup_batches"]
+            self.counting = event.get("counting")
             self.mode = event.get("mode", "profile")
         elif kind == "trial":
             self.trials.append(event["trial"])
@@ -63,10 +66,8 @@ class LiveRun:
                 self.gpu_samples.append({"t": event["t"], **event["gpu"]})
         elif kind == "epoch":
             self.epochs.append({k: event[k] for k in ("epoch", "t", "startup_s")})
-        elif kind == "warning":
-            if not any(w["message"] == event["message"] for w in self.warnings):
-                self.warnings.append({"code": event["code"], "severity": "warning",
-                                      "message": event["message"], "evidence": {}, "fix": None})
+        elif kind == "warning":  # one the child itself caught (its workers' go to the log)
+            self.output.add(event["code"], event["message"])
         elif kind == "probe":
             self.probes.append({k: event[k] for k in ("pid", "worker_id", "probe")})
         elif kind == "labels":

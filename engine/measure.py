@@ -28,9 +28,6 @@ from . import gpu, probes
 from .probes import TimedCollate, clock, wrap_dataset
 from .target import ResolvedTarget
 
-DEFAULT_BATCH_SIZE = 32
-
-
 @dataclass(frozen=True)
 class Consumer:
     """What consumes each batch: the module's ``train_step``, a simulated step, or nothing.
@@ -51,26 +48,6 @@ class Consumer:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "step_ms": self.step_ms if self.kind == "simulated" else None}
-
-
-def effective_config(resolved: ResolvedTarget, requested: LoaderConfig, batch_size_given: bool
-                     ) -> LoaderConfig:
-    """The settings actually used: the request, filled in from the module's own extras.
-
-    The module's ``batch_size`` applies unless the user gave one; its ``collate_fn`` and
-    ``sampler`` and ``worker_init_fn`` apply unless the request sets them.
-    """
-    changes: dict[str, Any] = {}
-    if not batch_size_given and requested.batch_sampler is None:
-        changes["batch_size"] = resolved.batch_size or DEFAULT_BATCH_SIZE
-    if requested.collate_fn is None and resolved.collate_fn is not None:
-        changes["collate_fn"] = resolved.collate_fn
-    if requested.worker_init_fn is None and resolved.worker_init_fn is not None:
-        changes["worker_init_fn"] = resolved.worker_init_fn
-    if requested.sampler is None and resolved.sampler is not None and not resolved.is_iterable:
-        changes["sampler"] = resolved.sampler
-        changes["shuffle"] = False
-    return requested.replace(**changes) if changes else requested
 
 
 def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:

@@ -134,6 +134,38 @@ def steady_state(batches: Sequence[BatchRecord], warmup: int) -> SteadyState | N
     )
 
 
+# Two-sided 95% Student t quantiles by degrees of freedom (blocks - 1), for rate_interval.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+MAX_BLOCKS = 10
+
+
+def rate_interval(batches: Sequence[BatchRecord], warmup: int, block_batches: int = 1
+                  ) -> float | None:
+    """The 95% confidence half-width of a steady-state samples/s, as a fraction of it.
+
+    Batch means: the steady batches are cut into up to MAX_BLOCKS consecutive blocks of at least
+    ``block_batches`` (the worker count: workers deliver in rounds, so single batches are not
+    independent), and the blocks' rates vary as the rate estimate would. None with fewer than
+    three blocks: too short to say.
+    """
+    measured = batches[warmup:]
+    blocks = min(MAX_BLOCKS, len(measured) // max(block_batches, 1))
+    if blocks < 3 or warmup < 1:
+        return None
+    ends = [b.t_ready + b.step_s for b in batches[warmup - 1:]]
+    size = len(measured) / blocks
+    rates = []
+    for i in range(blocks):
+        lo, hi = round(i * size), round((i + 1) * size)
+        seconds = ends[hi] - ends[lo]
+        if seconds <= 0:
+            return None
+        rates.append(sum(b.samples for b in measured[lo:hi]) / seconds)
+    mean = sum(rates) / blocks
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (blocks - 1))
+    return T95.get(blocks - 1, 2.0) * sd / math.sqrt(blocks) / mean if mean > 0 else None
+
+
 def overlap(start: float, end: float, window_start: float, window_end: float) -> float:
     return max(0.0, min(end, window_end) - max(start, window_start))
 

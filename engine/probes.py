@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 from torch import Tensor, strided
@@ -269,6 +270,9 @@ class TimedCollate:
 
     def __init__(self, collate_fn: Callable | None, auto_collation: bool) -> None:
         self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
+        # With auto-batching the samples are the items the batch sampler's indices fetched
+        # (len of the list collate gets): exact, whatever the collate returns.
+        self.auto_collation = auto_collation
 
     def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
         timer = _timer
@@ -283,7 +287,7 @@ class TimedCollate:
             raise
         collate_s = clock() - start
         info = get_worker_info()
-        samples_n, nbytes = sizes_of(batch)
+        samples_n, nbytes = sizes_of(batch, len(samples) if self.auto_collation else None)
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return batch, tuple.__new__(BatchMeta, (
             -1 if info is None else info.id, timer.pid, fetch_start, fetch_s, collate_s,
@@ -355,9 +359,11 @@ def wrap_dataset(dataset: Dataset) -> Dataset:
     return TimedMapDataset(dataset)
 
 
-def sizes_of(batch: Any) -> tuple[int, int]:
-    """(samples, bytes) of a collated batch, with a fast path for a tuple or list of tensors
-    (the usual (inputs, labels) batch)."""
+def sizes_of(batch: Any, samples: int | None = None) -> tuple[int, int]:
+    """(samples, bytes) of a collated batch. ``samples`` is the number of items the batch was
+    made of when DataLoader batched them (exact); without auto-batching (``batch_size=None``)
+    it is read off the batch by ``samples_in``. A tuple or list of tensors, the usual
+    (inputs, labels) batch, takes a fast path."""
     if type(batch) in (tuple, list) and batch:
         total = 0
         for value in batch:
@@ -365,14 +371,73 @@ def sizes_of(batch: Any) -> tuple[int, int]:
                 break
             total += value.nbytes
         else:
-            first = batch[0]
-            return (first.shape[0] if first.ndim > 0 else len(batch)), total
-    return batch_size_of(batch), nbytes_of(batch)
+            if samples is None:
+                first = batch[0]
+                samples = first.shape[0] if first.ndim > 0 else len(batch)
+            return samples, total
+    return (samples if samples is not None else samples_in(batch)), payload_bytes(batch)
 
 
-def batch_size_of(batch: Any) -> int:
-    """Samples in a collated batch: the leading dimension of its first tensor or array."""
-    found = _first_array(batch)
+# The walk over a batch's structure is bounded, so measuring costs the same per batch whatever
+# the batch holds (a detection batch can hold 100k polygon floats in Python lists): at most
+# WALK_BUDGET objects are visited, and of a long list only WALK_LIST_SAMPLE items, scaled up.
+WALK_BUDGET = 256
+WALK_LIST_SAMPLE = 16
+PY_SCALAR_BYTES = 8  # an int or float as it crosses the process boundary (pickled, roughly)
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes a batch or sample carries: tensor and array data, bytes and str, and 8 per Python
+    number, found by a bounded walk (long lists are sampled and scaled: an estimate)."""
+    budget = [WALK_BUDGET]
+    return int(_walk_bytes(value, budget))
+
+
+def _walk_bytes(value: Any, budget: list[int]) -> float:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return 0.0
+    if isinstance(value, Tensor):
+        return value.element_size() * value.nelement() if value.layout is strided else 0.0
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, (int, float, bool)) or value is None:
+        return PY_SCALAR_BYTES if value is not None else 0.0
+    if hasattr(value, "nbytes") and hasattr(value, "shape"):
+        return float(value.nbytes)
+    items = _children(value)
+    if items is None:
+        return 0.0
+    if len(items) <= WALK_LIST_SAMPLE:
+        return sum(_walk_bytes(v, budget) for v in items)
+    step = len(items) / WALK_LIST_SAMPLE
+    sampled = [items[int(i * step)] for i in range(WALK_LIST_SAMPLE)]
+    return sum(_walk_bytes(v, budget) for v in sampled) * step
+
+
+def _children(value: Any) -> list | None:
+    """The parts of a container: sequences, any Mapping (UserDict, BatchEncoding), dataclass-
+    or attribute-style batch objects."""
+    if isinstance(value, (list, tuple)):
+        return value if isinstance(value, list) else list(value)
+    if isinstance(value, Mapping):
+        return list(value.values())
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields is not None:
+        return [getattr(value, name, None) for name in fields]
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and not callable(value):
+        return list(attrs.values())[:WALK_LIST_SAMPLE]
+    return None
+
+
+SAMPLES_RULE = ("batch_size=None: each item is a batch; its samples are the leading dimension of "
+                "the first tensor or array in it (else the length of a list of samples, else 1)")
+
+
+def samples_in(batch: Any) -> int:
+    """Samples in a batch the dataset made itself (``batch_size=None``): see SAMPLES_RULE."""
+    found = _first_array(batch, [WALK_BUDGET])
     if found is not None and getattr(found, "ndim", 0) > 0:
         return int(found.shape[0])
     if isinstance(batch, (list, tuple)) and batch and not isinstance(batch[0], (int, float)):
@@ -380,32 +445,16 @@ def batch_size_of(batch: Any) -> int:
     return 1
 
 
-def nbytes_of(batch: Any) -> int:
-    """Bytes of tensor/array payload in a batch (the part that travels through /dev/shm)."""
-    if isinstance(batch, Tensor):
-        return batch.element_size() * batch.nelement()
-    if isinstance(batch, (list, tuple)):
-        return sum(nbytes_of(v) for v in batch)
-    if hasattr(batch, "nbytes") and not isinstance(batch, (bytes, bytearray)):
-        return int(batch.nbytes)
-    if isinstance(batch, dict):
-        return sum(nbytes_of(v) for v in batch.values())
-    if isinstance(batch, (bytes, bytearray, str)):
-        return len(batch)
-    return 0
-
-
-def _first_array(batch: Any) -> Any:
-    if hasattr(batch, "shape"):
-        return batch
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, (list, tuple)):
-        values = list(batch)
-    else:
+def _first_array(value: Any, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
         return None
-    for value in values:
-        found = _first_array(value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return value
+    if isinstance(value, (str, bytes, bytearray)):
+        return None
+    for item in _children(value) or ():
+        found = _first_array(item, budget)
         if found is not None:
             return found
     return None

@@ -59,6 +59,7 @@ class Recommendation:
     uncertainty_pct: float | None
     reasons: list[str]
     warnings: list[dict] = field(default_factory=list)
+    conclusive: bool = True  # a trial behind the pick was long enough to believe
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,6 +79,16 @@ def median_rate(trials: list[TrialResult]) -> float:
 def median_idle(trials: list[TrialResult]) -> float | None:
     idles = [t.consumer_idle_frac for t in trials if t.consumer_idle_frac is not None]
     return statistics.median(idles) if idles else None
+
+
+def uncertainty_pct(trials: list[TrialResult]) -> float | None:
+    """How well the setting's samples/s is known, in %: the 95% interval of its trials (each
+    trial's own, narrowed by repeats) or the spread between repeats, whichever is wider."""
+    cis = [t.rate_ci for t in trials if t.rate_ci is not None]
+    within = 100.0 * statistics.median(cis) / len(cis) ** 0.5 if cis else None
+    between = spread_pct(trials)
+    known = [u for u in (within, between) if u is not None]
+    return max(known) if known else None
 
 
 def spread_pct(trials: list[TrialResult]) -> float | None:
@@ -156,11 +167,12 @@ def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
 
 
 def describe_profile(profile: CostProfile, limits: Limits) -> str:
-    if profile.serial_ms <= 1.2 * profile.main_serial_ms:
-        return (f"Batches are cheap to make: {profile.serial_ms:.2f} ms each in the main "
-                f"process, while receiving one from a worker costs the main process "
-                f"{profile.main_serial_ms:.2f} ms, so the hand-off between processes is the "
-                "bottleneck.")
+    if profile.make_ms <= 1.2 * profile.receive_ms:
+        step = " (your step not included)" if profile.step_ms else ""
+        return (f"Batches are cheap to make: {profile.make_ms:.2f} ms each in the main "
+                f"process{step}, while receiving one from a worker costs the main process "
+                f"{profile.receive_ms:.2f} ms, so the hand-off between processes costs as much "
+                "as the work it would spread.")
     if profile.cpu_share >= 0.6:
         kind = (f"CPU-bound: {profile.worker_cpu_ms:.1f} ms of CPU in each "
                 f"{profile.worker_ms:.1f} ms batch, so throughput tops out near the "
@@ -196,16 +208,19 @@ def persistent_decision(n: int, chosen: list[TrialResult], limits: Limits,
     if n == 0:
         return False, None
     startup = statistics.median(t.startup_s for t in chosen)
-    batch = chosen[0].batch_size or 1
+    batch = chosen[0].batch_size
     if limits.dataset_length is None:
         return True, (f"persistent_workers=True: starting {n} worker(s) took {startup:.2f} s "
                       "before the first batch, paid again every epoch otherwise.")
-    epoch_s = limits.dataset_length / samples_per_s
+    # An epoch is len(dataset) items: samples, or whole batches when batch_size is None.
+    items_per_s = samples_per_s if batch is not None else statistics.median(
+        1000.0 / t.ms_per_batch for t in chosen)
+    epoch_s = limits.dataset_length / items_per_s
     share = startup / epoch_s if epoch_s > 0 else 1.0
     if share >= PERSISTENT_SHARE:
         return True, (f"persistent_workers=True: restarting {n} worker(s) costs {startup:.2f} s "
                       f"per epoch, {share:.1%} of a {epoch_s:.1f} s epoch "
-                      f"({limits.dataset_length} samples, batch {batch}).")
+                      f"({limits.dataset_length} items, batch_size={batch}).")
     return False, (f"persistent_workers=False: worker start-up ({startup:.2f} s) is under "
                    f"{PERSISTENT_SHARE:.0%} of a {epoch_s:.0f} s epoch.")
 
@@ -238,10 +253,17 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
         base = median_rate(groups[0])
         reasons.append(f"That is {rate / base:.1f}x the {base:.0f} samples/s of num_workers=0.")
     elif n == 0 and len(groups) > 1:
-        one = median_rate(groups[min(k for k in groups if k > 0)])
-        reasons.append(f"Loading in the main process beats worker processes here "
-                       f"({rate:.0f} vs {one:.0f} samples/s): handing each batch between "
-                       "processes costs more than making it.")
+        fewest = min(k for k in groups if k > 0)
+        one = median_rate(groups[fewest])
+        if rate >= one:
+            reasons.append(f"Loading in the main process beats worker processes here "
+                           f"({rate:.0f} samples/s against {one:.0f} with {fewest}): handing "
+                           "each batch between processes costs more than making it.")
+        else:
+            reasons.append(f"Loading in the main process is within "
+                           f"{FEWER_WORKERS_TOLERANCE:.0%} of worker processes here ({rate:.0f} "
+                           f"samples/s against {one:.0f} with {fewest}), without their memory "
+                           "and start-up.")
     if limits.memory_binds:
         reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
                        "(worker memory plus batches in flight against free RAM and /dev/shm).")
@@ -263,4 +285,5 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
         warnings.append({"code": "noisy_machine",
                          "message": f"Repeated measurements of the pick varied by ±{spread:.0f}%: "
                                     "other load on this machine makes the numbers uncertain."})
-    return Recommendation(kwargs, rate, spread, reasons, warnings)
+    return Recommendation(kwargs, rate, uncertainty_pct(chosen), reasons, warnings,
+                          conclusive=any(t.conclusive for t in chosen))

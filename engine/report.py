@@ -37,6 +37,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "batch_latency_ms": metrics.latency_ms([b.wait_s for b in measured]),
         "startup_s": live.epochs[0]["startup_s"] if live.epochs else None,
         "per_batch": per_batch,
+        "counting": live.counting,
         "workers": _workers(live, batches, window),
         "main_process": _main_process(live),
         "consumer_idle_frac": idle if has_consumer else None,
@@ -45,7 +46,8 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "gpu_idle": _gpu_idle(measured) if gpu_info.get("available") else None,
         "not_measured": None if gpu_info.get("available") else gpu_info.get("reason"),
         "system": live.system,
-        "warnings": list(live.warnings) + _warnings(live, steady, measured, per_batch, gpu_info),
+        "warnings": (live.output.diagnostics()
+                     + _warnings(live, steady, measured, per_batch, gpu_info)),
     }
     if live.error is not None:
         doc["error"] = live.error.to_dict()
@@ -58,10 +60,12 @@ def summarize_tune(live: "LiveRun", status: str) -> dict:
            "system": live.system, "consumer": live.consumer, "torch": live.torch_version}
     if live.tune_result is not None:
         doc.update(live.tune_result)
-        doc["warnings"] = list(live.warnings) + list(live.tune_result.get("warnings", []))
+        doc["warnings"] = (live.output.diagnostics()
+                           + list(live.tune_result.get("warnings", [])))
     else:
         doc.update({"recommended": None, "expected_samples_per_s": None, "baseline": None,
-                    "trials": list(live.trials), "reasons": [], "warnings": list(live.warnings)})
+                    "trials": list(live.trials), "reasons": [],
+                    "warnings": live.output.diagnostics()})
         if status == "ok":
             doc["status"] = "error"
             doc["error"] = {"type": "tune_incomplete", "details": "",
@@ -151,7 +155,9 @@ def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
         found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
     found += pitfalls.pin_memory_without_gpu(config, bool(gpu_info.get("available")))
     found += pitfalls.duplicated_rng(live.probes)
-    found += pitfalls.skewed_labels(live.label_counts)
+    found += pitfalls.skewed_labels(live.label_counts,
+                                    pitfalls.label_order(config, live.dataset),
+                                    (live.dataset or {}).get("length"))
     found += pitfalls.worker_memory_growth(live.resources)
     found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.get("shm"))
     found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured))

@@ -24,7 +24,6 @@ from typing import Callable
 
 import psutil
 
-from .config import LoaderConfig
 from .errors import EngineError, RunError
 from .live import LiveRun
 from .store import RunStore
@@ -53,8 +52,9 @@ class RunRequest:
     """Everything the child needs; JSON-safe so it crosses the process boundary as text."""
 
     target: str
-    config: LoaderConfig = field(default_factory=LoaderConfig)
-    batch_size_given: bool = False
+    # DataLoader settings the caller chose (JSON-safe); the rest are the module's own (see
+    # settings.py). Empty: exactly what the module declares.
+    settings: dict = field(default_factory=dict)
     step_ms: float | None = None  # None: the module's train_step if any, else no consumer
     seconds: float = 10.0
     timeout_s: float = 60.0
@@ -63,13 +63,11 @@ class RunRequest:
     budget_s: float = 45.0  # tune only
     max_workers: int = 32  # tune only
     local_world_size: int = 1  # tune only
-    baseline: dict | None = None  # tune only: settings to compare against (the user's current)
 
     def to_json(self) -> dict:
         return {
             "target": self.target,
-            "config": self.config.to_json_dict(),
-            "batch_size_given": self.batch_size_given,
+            "settings": self.settings,
             "step_ms": self.step_ms,
             "seconds": self.seconds,
             "timeout_s": self.timeout_s,
@@ -79,7 +77,6 @@ class RunRequest:
             "budget_s": self.budget_s,
             "max_workers": self.max_workers,
             "local_world_size": self.local_world_size,
-            "baseline": self.baseline,
         }
 
 
@@ -114,6 +111,7 @@ class RunHandle:
         self._reader: threading.Thread | None = None
         self._done = threading.Event()
         self._log = tempfile.TemporaryFile()
+        self._log_read = 0  # how much of the log the reader thread has fed to live.output
         self.run_id: int | None = None
         self.started_at: float | None = None  # time.monotonic() at start
         self.listeners: list[Callable[[dict], None]] = []
@@ -128,7 +126,7 @@ class RunHandle:
         if self.store is not None:
             self.run_id = self.store.create_run(
                 kind=self.request.kind, target=self.request.target,
-                config=self.request.config.to_json_dict(), label=self.request.label,
+                config=self.request.settings, label=self.request.label,
             )
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
@@ -232,6 +230,7 @@ class RunHandle:
         buffer = b""
         while True:
             ready, _, _ = select.select([fd], [], [], 0.5)
+            self._read_log()
             if ready:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -242,6 +241,17 @@ class RunHandle:
                 # not wait for EOF: take what is there and finish.
                 break
         self._dispatch(buffer + _read_available(fd))
+        self._read_log()
+
+    def _read_log(self) -> None:
+        """Feed what the child and its workers printed since the last read to live.output.
+        ``os.pread``: the file position belongs to output_tail."""
+        try:
+            while chunk := os.pread(self._log.fileno(), 1 << 16, self._log_read):
+                self._log_read += len(chunk)
+                self.live.output.feed(chunk)
+        except (OSError, ValueError):  # closed under us: the run is being torn down
+            pass
 
     def _dispatch(self, data: bytes) -> bytes:
         *lines, rest = data.split(b"\n")

@@ -1,9 +1,14 @@
 """Turn a target string into the user's Dataset and the module's optional extras.
 
 A target is ``path/to/file.py[:attr]`` or ``pkg.module[:attr]`` (uvicorn style). ``attr`` may be
-a Dataset instance, a Dataset subclass constructible with no arguments, or a zero-argument
-callable returning a Dataset. Without ``attr`` we try, in order, ``make_dataset``,
+a dataset, a class constructible with no arguments, a zero-argument callable returning a dataset,
+or a call with literal arguments, ``data.py:make_dataset(root="/data", split="train")`` (parsed
+with ``ast.literal_eval``, never evaluated). Without ``attr`` we try, in order, ``make_dataset``,
 ``get_dataset``, ``dataset``, then the single Dataset subclass the module defines.
+
+"Dataset" means what DataLoader accepts, duck-typed as DataLoader itself does: an
+``IterableDataset`` subclass is iterable-style; anything else with ``__getitem__`` and
+``__len__`` (a torch Dataset, an Arrow-backed table, a list) is map-style.
 
 Importing the module runs the user's code, so this runs in the engine's child process, never in
 the dashboard's server process.
@@ -11,13 +16,15 @@ the dashboard's server process.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
@@ -26,8 +33,12 @@ from torch.utils.data import Dataset, IterableDataset
 from .errors import TargetError
 
 DEFAULT_NAMES = ("make_dataset", "get_dataset", "dataset")
-EXTRA_NAMES = ("batch_size", "collate_fn", "sampler", "train_step", "dataloader_kwargs",
+EXTRA_NAMES = ("collate_fn", "sampler", "batch_sampler", "train_step", "dataloader_kwargs",
                "worker_init_fn")
+# Module-level factories for settings that need the dataset: called with it after it is built.
+DATASET_FACTORIES = {"sampler": "make_sampler", "batch_sampler": "make_batch_sampler",
+                     "collate_fn": "make_collate_fn"}
+UNSET = object()  # the module does not define batch_size (None is a real value: self-batching)
 
 
 @dataclass
@@ -35,28 +46,54 @@ class ResolvedTarget:
     """The user's dataset plus the module-level extras the engine uses when present."""
 
     target: str
-    dataset: Dataset
+    dataset: Any  # a torch Dataset or anything DataLoader accepts as one (see above)
     found_as: str  # how the dataset was found, for the user ("make_dataset()", ...)
-    batch_size: int | None = None
+    batch_size: Any = UNSET  # int, None (the dataset yields whole batches) or UNSET
     collate_fn: Callable | None = None
     sampler: Any = None
+    batch_sampler: Any = None
     train_step: Callable | None = None
     dataloader_kwargs: dict | None = None  # the settings the user trains with today
     worker_init_fn: Callable | None = None
+    # How the snippet should name objects that came from the module ("make_sampler(dataset)").
+    expressions: dict = field(default_factory=dict)
 
     @property
     def is_iterable(self) -> bool:
         return isinstance(self.dataset, IterableDataset)
 
+    @property
+    def defines_batch_size(self) -> bool:
+        return self.batch_size is not UNSET
+
+
+_CALL = re.compile(r"^(?P<module>.+?):(?P<attr>[A-Za-z_]\w*)\s*\((?P<args>.*)\)\s*$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Call:
+    """Literal arguments for the target's factory: ``make_dataset(root="/data", split=2)``."""
+
+    args: tuple = ()
+    kwargs: tuple = ()  # (name, value) pairs
+
+    def render(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
+        return f"({', '.join(parts)})"
+
 
 def split_target(target: str) -> tuple[str, str | None]:
-    """``'a/b.py:make'`` -> ``('a/b.py', 'make')``; a Windows drive colon is not a separator."""
+    """``'a/b.py:make'`` -> ``('a/b.py', 'make')``; a Windows drive colon is not a separator.
+    A call's arguments stay on the attribute: ``'a.py:make(x=1)'`` -> ``('a.py', 'make(x=1)')``."""
     target = target.strip()
     if not target:
         raise TargetError(
             "No dataset target given. Pass path/to/data.py[:attr] or pkg.module[:attr].",
             type="target_empty",
         )
+    call = _CALL.match(target)
+    if call:
+        return call["module"], f"{call['attr']}({call['args']})"
     head, sep, tail = target.rpartition(":")
     if sep and tail and "/" not in tail and "\\" not in tail and len(head) > 1:
         return head, tail
@@ -140,29 +177,100 @@ def _import_failure(exc: BaseException, where: str) -> TargetError:
     )
 
 
-def resolve(target: str) -> ResolvedTarget:
-    """Import the target's module and build the Dataset it names."""
-    module_spec, attr = split_target(target)
-    module = load_module(module_spec)
-    if attr is not None:
-        if not hasattr(module, attr):
-            raise TargetError(
-                f"{module_spec} has no attribute '{attr}'. "
-                f"Available names: {', '.join(_public_names(module)) or '(none)'}.",
-                type="target_attr_missing",
-            )
-        dataset, found_as = _build(getattr(module, attr), attr), attr
-    else:
-        dataset, found_as = _find_default(module, module_spec)
-    return ResolvedTarget(
-        target=target,
-        dataset=dataset,
-        found_as=found_as,
-        **{name: getattr(module, name, None) for name in EXTRA_NAMES},
+def parse_call(attr: str) -> tuple[str, Call | None]:
+    """``'make(root="/d", n=2)'`` -> ``('make', Call(...))``; literals only, never evaluated."""
+    name, paren, rest = attr.partition("(")
+    if not paren:
+        return attr, None
+    name = name.strip()
+    try:
+        node = ast.parse(f"f({rest}", mode="eval").body
+    except SyntaxError as exc:
+        raise _bad_arguments(attr, name, f"not valid Python call syntax ({exc.msg})") from exc
+    if not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):
+        raise _bad_arguments(attr, name, "only plain and name=value arguments are allowed")
+    try:
+        args = tuple(ast.literal_eval(a) for a in node.args)
+        kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in node.keywords)
+    except ValueError as exc:
+        culprit = next(ast.unparse(v) for v in [*node.args, *(k.value for k in node.keywords)]
+                       if not _is_literal(v))
+        raise _bad_arguments(attr, name, f"{culprit} is not a literal") from exc
+    return name, Call(args, kwargs)
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except ValueError:
+        return False
+
+
+def _bad_arguments(attr: str, name: str, why: str) -> TargetError:
+    return TargetError(
+        f"Cannot read the arguments in '{attr}': {why}. Only literals are allowed (strings, "
+        f"numbers, True/False/None, lists, dicts), e.g. {name}(root=\"/data\", split=\"train\").",
+        type="target_bad_arguments",
     )
 
 
-def _find_default(module: ModuleType, where: str) -> tuple[Dataset, str]:
+def resolve(target: str) -> ResolvedTarget:
+    """Import the target's module and build the Dataset it names, then the module's extras
+    (a ``make_sampler(dataset)``-style factory is called with the dataset)."""
+    module_spec, attr = split_target(target)
+    module = load_module(module_spec)
+    if attr is not None:
+        name, call = parse_call(attr)
+        if not hasattr(module, name):
+            raise TargetError(
+                f"{module_spec} has no attribute '{name}'. "
+                f"Available names: {', '.join(_public_names(module)) or '(none)'}.",
+                type="target_attr_missing",
+            )
+        dataset, found_as = _build(getattr(module, name), name, call), attr
+    else:
+        dataset, found_as = _find_default(module, module_spec)
+    extras = {name: getattr(module, name, None) for name in EXTRA_NAMES}
+    expressions = {name: name for name in ("collate_fn", "sampler", "batch_sampler",
+                                           "worker_init_fn") if extras[name] is not None}
+    for key, factory in DATASET_FACTORIES.items():
+        made = _from_factory(module, key, factory, dataset)
+        if made is not None:
+            extras[key], expressions[key] = made
+    return ResolvedTarget(target=target, dataset=dataset, found_as=found_as,
+                          batch_size=getattr(module, "batch_size", UNSET),
+                          expressions=expressions, **extras)
+
+
+def _from_factory(module: ModuleType, key: str, factory: str, dataset: Any
+                  ) -> tuple[Any, str] | None:
+    """A sampler (or batch sampler, or collate function) built from the dataset: the module's
+    ``make_sampler(dataset)``, or a ``sampler`` that is a function of the dataset rather than a
+    sampler itself."""
+    func, name = getattr(module, factory, None), factory
+    value = getattr(module, key, None)
+    if func is None and key != "collate_fn" and _is_dataset_function(value):
+        func, name = value, key
+    if func is None:
+        return None
+    try:
+        return func(dataset), f"{name}(dataset)"
+    except Exception as exc:  # noqa: BLE001 - the user's factory
+        raise TargetError(
+            f"{name}(dataset) raised {type(exc).__name__}: {exc}",
+            details="".join(traceback.format_exception(exc)),
+            type="target_factory_error",
+        ) from exc
+
+
+def _is_dataset_function(value: Any) -> bool:
+    """A plain function or class to call with the dataset, not a sampler instance."""
+    return callable(value) and not hasattr(value, "__iter__") and (
+        inspect.isfunction(value) or inspect.isclass(value))
+
+
+def _find_default(module: ModuleType, where: str) -> tuple[Any, str]:
     for name in DEFAULT_NAMES:
         if hasattr(module, name):
             return _build(getattr(module, name), name), name
@@ -191,33 +299,67 @@ def _find_default(module: ModuleType, where: str) -> tuple[Dataset, str]:
     )
 
 
-def _build(obj: Any, name: str) -> Dataset:
-    """An instance is used as is; a class or a factory is called with no arguments."""
-    if isinstance(obj, Dataset):
+def dataset_problem(obj: Any) -> str | None:
+    """Why DataLoader would refuse ``obj`` as a dataset, or None when it accepts it.
+
+    DataLoader's own rule: an ``IterableDataset`` subclass is iterable-style, everything else is
+    map-style and is indexed by a sampler, which needs ``__getitem__`` and ``__len__``.
+    """
+    if isinstance(obj, IterableDataset) or isinstance(obj, Dataset):
+        return None
+    if isinstance(obj, type):
+        return "is a class, not an instance"
+    has_items, has_len = hasattr(obj, "__getitem__"), hasattr(obj, "__len__")
+    if has_items and has_len:
+        return None
+    if hasattr(obj, "__iter__") or hasattr(obj, "__next__"):
+        return ("is iterable but not a torch IterableDataset; DataLoader treats such objects as "
+                "map-style and indexes them, which needs __getitem__ and __len__. Wrap it: "
+                "class Stream(IterableDataset): def __iter__(self): return iter(source)")
+    missing = " and ".join(n for n, ok in (("__getitem__", has_items), ("__len__", has_len))
+                           if not ok)
+    return f"has no {missing}, which DataLoader needs to index a map-style dataset"
+
+
+def type_name(obj: Any) -> str:
+    """``datasets.arrow_dataset.Dataset`` rather than a bare ``Dataset``: several libraries
+    name their class Dataset, and a message naming only that word says nothing."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    module = getattr(cls, "__module__", "") or ""
+    return cls.__qualname__ if module in ("builtins", "") else f"{module}.{cls.__qualname__}"
+
+
+def _build(obj: Any, name: str, call: Call | None = None) -> Any:
+    """A dataset is used as is; a class or a factory is called (with the target's literal
+    arguments, if any)."""
+    if call is None and not isinstance(obj, type) and dataset_problem(obj) is None:
         return obj
     if not callable(obj):
         raise TargetError(
-            f"'{name}' is a {type(obj).__name__}, not a Dataset, a Dataset class or a "
-            "function returning one.",
+            f"'{name}' is a {type_name(obj)}, which cannot be used as a dataset: it "
+            f"{dataset_problem(obj)}.",
             type="target_not_dataset",
         )
+    args, kwargs = (call.args, dict(call.kwargs)) if call else ((), {})
+    shown = f"{name}{call.render()}" if call else f"{name}()"
     try:
-        result = obj()
+        result = obj(*args, **kwargs)
     except TypeError as exc:
-        if _needs_arguments(obj):
+        if call is None and _needs_arguments(obj):
             raise TargetError(
-                f"'{name}' needs arguments ({exc}). Point at a zero-argument factory, e.g. "
-                f"def make_dataset(): return {name}(...).",
+                f"'{name}' needs arguments ({exc}). Pass them in the target, e.g. "
+                f"data.py:{name}(root=\"/data\"), or point at a zero-argument factory.",
                 details=traceback.format_exc(),
                 type="target_factory_error",
             ) from exc
-        raise _factory_failure(exc, name) from exc
+        raise _factory_failure(exc, shown) from exc
     except BaseException as exc:  # noqa: BLE001
-        raise _factory_failure(exc, name) from exc
-    if not isinstance(result, Dataset):
+        raise _factory_failure(exc, shown) from exc
+    problem = dataset_problem(result)
+    if problem is not None:
         raise TargetError(
-            f"'{name}()' returned a {type(result).__name__}, not a torch Dataset. Return a "
-            "torch.utils.data.Dataset or IterableDataset.",
+            f"'{shown}' returned a {type_name(result)}, which DataLoader cannot load: it "
+            f"{problem}.",
             type="target_not_dataset",
         )
     return result
@@ -234,9 +376,9 @@ def _needs_arguments(obj: Any) -> bool:
     )
 
 
-def _factory_failure(exc: BaseException, name: str) -> TargetError:
+def _factory_failure(exc: BaseException, shown: str) -> TargetError:
     return TargetError(
-        f"Building the dataset with '{name}' raised {type(exc).__name__}: {exc}",
+        f"Building the dataset with '{shown}' raised {type(exc).__name__}: {exc}",
         details="".join(traceback.format_exception(exc)),
         type="target_factory_error",
     )

@@ -33,7 +33,20 @@ class TrialResult:
     h2d_other_ms: float | None = None  # the other memory kind, same batches
     repeat: int = 0
     phase: str = "search"
+    # 95% confidence half-width of samples_per_s as a fraction of it (batch means); None when
+    # the trial was too short to say. A trial is conclusive when it had MIN_STEADY_BATCHES
+    # steady batches and its interval was known: only such trials back a claim.
+    rate_ci: float | None = None
+    conclusive: bool = True
+    batches_per_s: float | None = None  # with batch_size=None a batch holds many samples
     extra: dict = field(default_factory=dict)
+
+    @property
+    def ms_per_batch(self) -> float:
+        """Wall time per batch at this trial's rate."""
+        if self.batches_per_s:
+            return 1000.0 / self.batches_per_s
+        return 1000.0 * (self.batch_size or 1) / self.samples_per_s
 
     @property
     def key(self) -> tuple:
@@ -46,6 +59,9 @@ class TrialResult:
     def from_dict(cls, data: dict) -> "TrialResult":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
 
 
 def summarize_trial(
@@ -75,6 +91,7 @@ def summarize_trial(
     copies = [b.h2d_ms for b in measured if b.h2d_ms is not None]
     others = [b.h2d_other_ms for b in measured if b.h2d_other_ms is not None]
     idle = metrics.consumer_idle_fraction(records, steady) if has_consumer else None
+    ci = metrics.rate_interval(records, warmup, max(num_workers, 1))
     return TrialResult(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
@@ -100,4 +117,7 @@ def summarize_trial(
         h2d_other_ms=metrics.percentile(others, 50) if others else None,
         phase=phase,
         repeat=repeat,
+        rate_ci=ci,
+        batches_per_s=steady.batches_per_s,
+        conclusive=steady.batches >= MIN_STEADY_BATCHES and ci is not None,
     )

@@ -7,16 +7,16 @@ import json
 import sys
 import time
 
-from .config import LoaderConfig
 from .runner import RunRequest, run_to_completion
 from .store import RunStore
 
 
-def add_tune_parser(sub, add_common, positive_int, non_negative_float) -> None:
+def add_tune_parser(sub, add_common, positive_int, non_negative_float, batch_size_arg) -> None:
     tune = sub.add_parser("tune", help="find the best num_workers / pin_memory / prefetch settings")
     tune.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
-    tune.add_argument("--batch-size", type=positive_int,
-                      help="default: the module's batch_size, else 32")
+    tune.add_argument("--batch-size", type=batch_size_arg, default=argparse.SUPPRESS,
+                      help="N, or none when the dataset yields whole batches; default: the "
+                           "module's batch_size, else 32")
     tune.add_argument("--step-ms", type=non_negative_float,
                       help="simulate a training step of this many ms per batch (0: none); "
                            "default: the module's train_step if it has one")
@@ -54,17 +54,25 @@ def render_tune_text(doc: dict) -> str:
     base = doc["baseline"] or {}
     rate = doc["expected_samples_per_s"]
     uncertainty = doc.get("uncertainty_pct")
-    noise = f" (±{uncertainty:.0f}% between repeats)" if uncertainty is not None else ""
+    noise = f" (±{uncertainty:.0f}%, 95% confidence)" if uncertainty is not None else ""
     lines.append(f"expected: {rate:.0f} samples/s{noise}")
     if base.get("samples_per_s"):
         lines.append(f"baseline ({base['source']}): {base['samples_per_s']:.0f} samples/s -> "
-                     f"{base['speedup']:.2f}x")
+                     + speedup_text(base))
     lines.append(f"tuned in {doc['tuning_seconds']:.1f} s over {len(doc['trials'])} trials")
     lines.append("")
     lines += [f"- {reason}" for reason in doc["reasons"]]
     for warning in doc["warnings"]:
         lines.append(f"warning [{warning['code']}]: {warning['message']}")
     return "\n".join(lines)
+
+
+def speedup_text(baseline: dict) -> str:
+    """``1.84x ±6%``, or the reason no speedup is claimed."""
+    if baseline.get("speedup") is None:
+        return baseline.get("speedup_note") or "no speedup claimed"
+    pct = baseline.get("speedup_pct")
+    return f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
 
 
 class _TrialProgress:
@@ -83,9 +91,10 @@ class _TrialProgress:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from .cli import settings_from_args
+
     request = RunRequest(
-        target=args.target, config=LoaderConfig(batch_size=args.batch_size or 1),
-        batch_size_given=args.batch_size is not None, step_ms=args.step_ms,
+        target=args.target, settings=settings_from_args(args), step_ms=args.step_ms,
         timeout_s=args.timeout_s, kind="tune", budget_s=args.budget_s,
         max_workers=args.max_workers, local_world_size=args.local_world_size,
     )

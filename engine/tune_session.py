@@ -13,16 +13,20 @@ import psutil
 
 from .config import LoaderConfig
 from .measure import Consumer, Measurement
+from . import metrics
 from .metrics import warmup_batches
 from .recommend import Limits
 from .target import ResolvedTarget
-from .trials import TrialResult, summarize_trial
-from .tuner import Tuner, TrialSpec, TuneOutcome
+from .errors import RunError
+from .trials import MIN_STEADY_BATCHES, TrialResult, summarize_trial
+from .tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
-MIN_STEADY_BATCHES = 8
 MIN_WINDOW_S = 0.6
+TARGET_CI = 0.04  # stop once samples/s is known to +-4% (95% confidence)
 PREWARM_S = 0.4
-MAX_TRIAL_S = 3.0
+MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
+HARD_CAP_S = 30.0  # ...which grows with the batch time up to this
+CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # ...to leave room for this many batches after warm-up
 
 
 def workers_private_mb() -> float | None:
@@ -37,37 +41,72 @@ def workers_private_mb() -> float | None:
     return sum(sizes) / len(sizes) if sizes else None
 
 
+class TrialClock:
+    """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over
+    MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
+    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S."""
+
+    def __init__(self, records: list, warmup: int, block: int, max_trial_s: float) -> None:
+        self.records, self.warmup, self.block = records, warmup, block
+        self.max_trial_s = max_trial_s
+        self.started = time.monotonic()
+        self.checked_at = 0
+        self.capped = False
+
+    def enough(self) -> bool:
+        records, warmup = self.records, self.warmup
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.cap(elapsed):
+            self.capped = True
+            return True
+        steady = len(records) - warmup
+        if steady < MIN_STEADY_BATCHES or records[-1].t_ready - records[warmup - 1].t_ready \
+                < MIN_WINDOW_S:
+            return False
+        if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
+            return False
+        self.checked_at = steady
+        ci = metrics.rate_interval(records, warmup, self.block)
+        return ci is not None and ci <= TARGET_CI
+
+    def cap(self, elapsed: float) -> float:
+        if self.max_trial_s <= PREWARM_S or not self.records:
+            return self.max_trial_s
+        per_batch = elapsed / len(self.records)
+        return min(max(self.max_trial_s, per_batch * (self.warmup + CAP_BATCHES)), HARD_CAP_S)
+
+
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                  phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S) -> TrialResult | None:
-    """One steady-state measurement: stops once enough batches after warm-up were seen."""
+                  phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
+                  attempts: list | None = None) -> TrialResult | None:
+    """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
+    collects a line per trial that reached no steady state, for the error that explains it."""
     warmup = warmup_batches(config.num_workers, config.effective_prefetch_factor)
     records: list = []
-    started = time.monotonic()
-
-    def enough() -> bool:
-        if time.monotonic() - started > max_trial_s:
-            return True
-        if len(records) < warmup + MIN_STEADY_BATCHES:
-            return False
-        window = records[-1].t_ready - records[warmup - 1].t_ready
-        return window >= MIN_WINDOW_S
-
+    clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
     cpu_before = time.process_time()
-    measurement = Measurement(resolved, config, consumer, max_trial_s, records.append, enough)
+    measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
+                              clock.enough)
     try:
         measurement.run()
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
     finally:
         measurement.close()
-    return summarize_trial(
+    seconds = time.monotonic() - clock.started
+    trial = summarize_trial(
         records, warmup,
         num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
         persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
-        batch_size=config.batch_size, seconds=time.monotonic() - started,
+        batch_size=config.batch_size, seconds=seconds,
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
         phase=phase, repeat=repeat,
     )
+    if trial is None and attempts is not None and phase != "prewarm":
+        each = f", {seconds / len(records):.2f} s per batch" if records else ""
+        attempts.append(f"num_workers={config.num_workers}: {len(records)} batch(es) in "
+                        f"{seconds:.1f} s{each}, {warmup} of them warm-up")
+    return trial
 
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer, system: dict,
@@ -82,9 +121,12 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
 
+    attempts: list[str] = []
+
     def measure(spec: TrialSpec) -> TrialResult | None:
         trial_config = search_config.replace(num_workers=spec.num_workers)
-        return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat)
+        return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
+                             attempts=attempts)
 
     started = time.monotonic()
     # The first batches in a fresh process pay for page faults, allocator growth and lazy
@@ -94,46 +136,94 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   step_on_cpu=consumer.kind == "train_step",
                   budget_s=float(request.get("budget_s") or 45.0),
                   batch_size=config.batch_size, on_trial=on_trial)
-    outcome = tuner.run()
-    baseline = _baseline(resolved, config, consumer, outcome, on_trial, request.get("baseline"))
-    return tune_document(outcome, baseline, config, time.monotonic() - started)
+    try:
+        outcome = tuner.run()
+    except NoSteadyState as exc:
+        raise no_steady_state_error(attempts, config) from exc
+    baseline = _baseline(resolved, config, consumer, outcome, on_trial,
+                         source=_baseline_source(resolved, request))
+    return tune_document(outcome, baseline, config, time.monotonic() - started,
+                         resolved.expressions)
+
+
+def no_steady_state_error(attempts: list[str], config: LoaderConfig) -> RunError:
+    hint = ("batch_size=None: each item the dataset yields is taken as a whole batch"
+            if config.batch_size is None and config.batch_sampler is None else
+            f"batch_size={config.batch_size}: if the dataset already yields whole batches, "
+            "set batch_size = None in the module (or --batch-size none)")
+    return RunError(
+        f"No trial reached a steady state: {'; '.join(attempts) or 'no batch arrived'}. "
+        f"A trial needs its warm-up batches and then {MIN_STEADY_BATCHES} more within "
+        f"{HARD_CAP_S:g} s. Check the batch size ({hint}), or make batches cheaper.",
+        type="no_steady_state")
+
+
+def _baseline_source(resolved: ResolvedTarget, request: dict) -> str:
+    if request.get("settings"):
+        return "your current settings"
+    if resolved.dataloader_kwargs:
+        return "the module's dataloader_kwargs"
+    return "DataLoader's defaults (num_workers=0; the module declares no dataloader_kwargs)"
 
 
 def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
-              current: dict | None = None) -> dict:
-    """What the recommendation is compared with: the caller's current settings (the
-    dashboard's controls) if given, else the module's declared ``dataloader_kwargs``, else
-    ``num_workers=0``."""
-    declared = current or resolved.dataloader_kwargs
-    if declared:
-        base = LoaderConfig.from_settings(dict(declared), config.replace(num_workers=0))
-        trial = measure_trial(resolved, base, consumer, "baseline", 0)
-        if trial is not None:
-            outcome.trials.append(trial)
-            on_trial(trial)
-        source = "your current settings" if current else "the module's dataloader_kwargs"
-    else:
-        base = config.replace(num_workers=0)
-        zeros = [t for t in outcome.trials if t.num_workers == 0]
-        trial = zeros[0] if zeros else None
-        source = "num_workers=0 (the module declares no dataloader_kwargs)"
-    rate = trial.samples_per_s if trial else None
-    expected = outcome.recommendation.expected_samples_per_s
+              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str) -> dict:
+    """What the recommendation is compared with: the settings the run started from (the
+    module's own, with the caller's choices on top; see settings.py). Measured, unless a search
+    trial already measured exactly those settings."""
+    same = [t for t in outcome.trials if t.key == _key(config) and t.phase != "prewarm"]
+    trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0)
+    if trial is not None and not same:
+        outcome.trials.append(trial)
+        on_trial(trial)
     return {
         "source": source,
-        "config": base.to_json_dict(),
-        "samples_per_s": rate,
+        "config": config.to_json_dict(),
+        "samples_per_s": trial.samples_per_s if trial else None,
         "consumer_idle_frac": trial.consumer_idle_frac if trial else None,
-        "speedup": expected / rate if rate else None,
+        **speedup_claim(outcome.recommendation, trial),
     }
 
 
+def speedup_claim(rec, base: TrialResult | None) -> dict:
+    """The speedup over the baseline with its 95% uncertainty, or why none is claimed: a claim
+    needs both rates measured long enough to believe (trials.MIN_STEADY_BATCHES and a known
+    interval)."""
+    if base is None or not base.samples_per_s:
+        return {"speedup": None, "speedup_pct": None,
+                "speedup_note": "the baseline reached no steady state, so no speedup is claimed"}
+    short = [name for name, ok in (("the pick", rec.conclusive), ("the baseline", base.conclusive))
+             if not ok]
+    if short:
+        return {"speedup": None, "speedup_pct": None,
+                "speedup_note": f"no speedup is claimed: the trials of {' and '.join(short)} "
+                                f"were too short to believe (fewer than {MIN_STEADY_BATCHES} "
+                                "steady batches); give the tuner a longer budget"}
+    pick_pct = rec.uncertainty_pct or 0.0
+    base_pct = 100.0 * (base.rate_ci or 0.0)
+    return {"speedup": rec.expected_samples_per_s / base.samples_per_s,
+            "speedup_pct": (pick_pct ** 2 + base_pct ** 2) ** 0.5, "speedup_note": None}
+
+
+def _key(config: LoaderConfig) -> tuple:
+    """A config's tuned settings in TrialResult.key's order."""
+    return (config.num_workers, config.prefetch_factor, config.persistent_workers,
+            config.pin_memory)
+
+
+def recommended_config(config: LoaderConfig, recommended: dict) -> LoaderConfig:
+    """``config`` with the tuner's choices; worker-only settings it left out return to
+    DataLoader's defaults."""
+    base = config.replace(num_workers=0, pin_memory=False)
+    return LoaderConfig.from_settings(recommended, base)
+
+
 def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
-                  seconds: float) -> dict:
+                  seconds: float, expressions: dict | None = None) -> dict:
     rec = outcome.recommendation
-    recommended = {k: v for k, v in rec.kwargs.items() if v is not None}
-    snippet = LoaderConfig.from_settings(recommended, config.replace(num_workers=0)).snippet()
+    recommended = {k: v for k, v in rec.kwargs.items() if v is not None or k == "batch_size"}
+    # The user's other settings (shuffle, sampler, collate_fn, ...) stay in the line.
+    snippet = recommended_config(config, recommended).snippet(expressions=expressions)
     chosen = [t for t in outcome.trials if t.num_workers == rec.kwargs["num_workers"]
               and t.phase != "baseline"]
     warnings = list(rec.warnings)

@@ -37,6 +37,10 @@ FLOOR_MIN_WORKERS = 8  # with a consumer, the idle floor is checked at least thi
 MEMORY_SHARE = 0.5  # workers may use at most half the free RAM and half of /dev/shm
 
 
+class NoSteadyState(Exception):
+    """No trial measured a steady-state rate."""
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     num_workers: int
@@ -149,7 +153,7 @@ class Tuner:
         self._confirm()
         groups = by_workers(self.trials)
         if not groups:
-            raise RuntimeError("no trial reached steady state")
+            raise NoSteadyState()
         recommendation = recommend(self.trials, profile, self.limits, self.has_consumer,
                                    self.batch_size)
         if self.out_of_budget:

@@ -92,7 +92,7 @@ class Verification:
             rates = [d["samples_per_s"] for d in docs if d["samples_per_s"]]
             idles = [d["consumer_idle_frac"] for d in docs if d["consumer_idle_frac"] is not None]
             arms[arm] = {
-                "config": self.requests[arm].config.to_json_dict(),
+                "config": docs[-1]["config"] if docs else dict(self.requests[arm].settings),
                 "snippet": docs[-1]["snippet"] if docs else None,
                 "samples_per_s_rounds": rates,
                 "samples_per_s": statistics.median(rates) if rates else None,

@@ -13,7 +13,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from dashboard.shared import get_jobs
-from engine import LoaderConfig, RunRequest, RunStore, run_to_completion
+from engine import RunRequest, RunStore, run_to_completion
 
 from .conftest import ROOT, dataset_path
 
@@ -151,7 +151,7 @@ def test_history_page_empty_then_compares_and_exports(app_env):
     store = RunStore(app_env)
     for workers in (0, 1):
         run_to_completion(RunRequest(target=dataset_path("small_map.py"), seconds=1.0,
-                                     config=LoaderConfig(batch_size=4, num_workers=workers)),
+                                     settings={"batch_size": 4, "num_workers": workers}),
                           store)
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception

@@ -96,7 +96,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
     try:
         # 1. The page opens on the demo dataset, and the demo starts by itself.
         page.goto(server.url)
-        page.get_by_text("Found FeatureDataset").wait_for(timeout=60_000)
+        page.get_by_text("Found with_train_step.FeatureDataset").wait_for(timeout=60_000)
         page.get_by_text("Run 1", exact=False).first.wait_for(timeout=60_000)
         page.get_by_text("samples/s").first.wait_for(timeout=60_000)
         steps.charts_with_data("Batch latency", "Worker utilization", "GPU idle gaps")

@@ -5,13 +5,14 @@ import pytest
 from dashboard.jobs import (
     LIVE_WINDOW_BATCHES,
     Jobs,
-    recommended_config,
+    controls_from_settings,
+    recommended_settings,
     request_from_controls,
     tune_request,
     verification_requests,
 )
 from dashboard.live_page import CONTROL_DEFAULTS
-from engine import LoaderConfig, RunStore
+from engine import RunStore
 from engine.live import LiveRun
 from engine.verify import Verification
 
@@ -26,29 +27,43 @@ def controls(**changes):
 def test_controls_become_a_request():
     request = request_from_controls("t.py", controls(num_workers=0, prefetch_factor=4,
                                                      persistent_workers=True, consumer="none"))
-    assert request.config.prefetch_factor is None and not request.config.persistent_workers
+    assert request.settings["prefetch_factor"] is None
+    assert not request.settings["persistent_workers"]
     assert request.step_ms == 0.0  # "none": no consumer even if the module has a train_step
     sim = request_from_controls("t.py", controls(num_workers=2, consumer="simulated", step_ms=7))
-    assert sim.step_ms == 7.0 and sim.config.prefetch_factor == 2
+    assert sim.step_ms == 7.0 and sim.settings["prefetch_factor"] == 2
     assert request_from_controls("t.py", controls(consumer="train_step")).step_ms is None
 
 
 def test_tune_reports_against_the_controls_settings():
     request = tune_request("t.py", controls(num_workers=3, budget_s=12, max_workers=8))
     assert request.kind == "tune" and request.budget_s == 12 and request.max_workers == 8
-    assert request.baseline["num_workers"] == 3
+    assert request.settings["num_workers"] == 3  # the baseline is the settings it starts from
 
 
-def test_recommended_config_resets_what_the_tuner_left_out():
-    base = LoaderConfig(batch_size=16, num_workers=4, prefetch_factor=8, persistent_workers=True)
-    config = recommended_config(base, {"num_workers": 2, "pin_memory": False})
-    assert config.num_workers == 2 and config.prefetch_factor is None
-    assert not config.persistent_workers and config.batch_size == 16
-    assert recommended_config(base, {"num_workers": 0}).prefetch_factor is None
+def test_self_batching_control_sends_batch_size_none():
+    request = request_from_controls("t.py", controls(self_batching=True, batch_size=64))
+    assert request.settings["batch_size"] is None
+    assert controls_from_settings({"batch_size": None, "num_workers": 2})["self_batching"]
+
+
+def test_controls_follow_the_module_settings():
+    values = controls_from_settings({"batch_size": 16, "num_workers": 3, "prefetch_factor": 4,
+                                     "persistent_workers": True, "shuffle": True})
+    assert values == {"self_batching": False, "batch_size": 16, "num_workers": 3,
+                      "pin_memory": False, "prefetch_factor": 4, "persistent_workers": True}
+
+
+def test_recommended_settings_reset_what_the_tuner_left_out():
+    base = {"batch_size": 16, "num_workers": 4, "prefetch_factor": 8, "persistent_workers": True}
+    settings = recommended_settings(base, {"num_workers": 2, "pin_memory": False})
+    assert settings["num_workers"] == 2 and settings["prefetch_factor"] is None
+    assert not settings["persistent_workers"] and settings["batch_size"] == 16
+    assert recommended_settings(base, {"num_workers": 0})["prefetch_factor"] is None
     tuned = tune_request("t.py", controls(num_workers=4))
     before, after = verification_requests(tuned, {"num_workers": 1}, 2.0)
     assert before.kind == after.kind == "verify" and before.seconds == 2.0
-    assert before.config.num_workers == 4 and after.config.num_workers == 1
+    assert before.settings["num_workers"] == 4 and after.settings["num_workers"] == 1
 
 
 def test_live_view_of_a_long_run_is_its_recent_window():
@@ -68,7 +83,7 @@ def test_live_view_of_a_long_run_is_its_recent_window():
 def test_inspect_describes_or_explains(db_path):
     jobs = Jobs(RunStore(db_path))
     ok = jobs.inspect(dataset_path("small_map.py"))
-    assert ok["status"] == "ok" and ok["dataset"]["class"] == "SmallMap"
+    assert ok["status"] == "ok" and ok["dataset"]["class"].endswith("SmallMap")
     assert jobs.inspect(dataset_path("small_map.py")) is ok  # cached while the file is unchanged
     bad = jobs.inspect(dataset_path("missing_import.py"))
     assert bad["status"] == "error" and "definitely_not_installed_pkg" in bad["error"]["message"]

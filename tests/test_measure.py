@@ -2,17 +2,17 @@
 
 import pytest
 
-from engine.config import LoaderConfig
 from engine.errors import RunError
-from engine.measure import Consumer, Measurement, effective_config
+from engine.measure import Consumer, Measurement
+from engine.settings import starting_config
 from engine.target import resolve
 
 from .conftest import dataset_path
 
 
-def _measure(target, config, consumer=Consumer(), seconds=30.0, max_batches=None, given=True):
+def _measure(target, settings, consumer=Consumer(), seconds=30.0, max_batches=None):
     resolved = resolve(dataset_path(target))
-    config = effective_config(resolved, config, batch_size_given=given)
+    config = starting_config(resolved, settings)
     records, epochs = [], []
     Measurement(resolved, config, consumer, seconds, records.append,
                 on_epoch=lambda *a: epochs.append(a), max_batches=max_batches).run()
@@ -20,7 +20,7 @@ def _measure(target, config, consumer=Consumer(), seconds=30.0, max_batches=None
 
 
 def test_zero_workers_crosses_epochs_until_max_batches():
-    records, epochs = _measure("small_map.py", LoaderConfig(batch_size=16), max_batches=10)
+    records, epochs = _measure("small_map.py", dict(batch_size=16), max_batches=10)
     assert len(records) == 10
     assert [e[0] for e in epochs] == [0, 1, 2]  # 64 samples / 16 = 4 batches per epoch
     assert {r.worker_id for r in records} == {-1}
@@ -29,37 +29,37 @@ def test_zero_workers_crosses_epochs_until_max_batches():
 
 
 def test_several_workers_are_attributed():
-    records, _ = _measure("small_map.py", LoaderConfig(batch_size=8, num_workers=2),
+    records, _ = _measure("small_map.py", dict(batch_size=8, num_workers=2),
                           max_batches=16)
     assert {r.worker_id for r in records} == {0, 1}
     assert all(r.fetch_start >= 0 for r in records)
 
 
 def test_module_batch_size_applies_unless_given():
-    records, _ = _measure("small_map.py", LoaderConfig(), max_batches=2, given=False)
+    records, _ = _measure("small_map.py", dict(), max_batches=2)
     assert records[0].samples == 4
 
 
 def test_iterable_dataset_with_workers():
-    records, _ = _measure("stream.py", LoaderConfig(batch_size=5, num_workers=2), max_batches=30)
+    records, _ = _measure("stream.py", dict(batch_size=5, num_workers=2), max_batches=30)
     assert {r.worker_id for r in records} == {0, 1}
 
 
 def test_train_step_consumer_is_timed():
-    records, _ = _measure("with_step.py", LoaderConfig(batch_size=4),
+    records, _ = _measure("with_step.py", dict(batch_size=4),
                           consumer=Consumer("train_step"), max_batches=5)
     assert all(r.step_s >= 0.002 for r in records)
 
 
 def test_simulated_step_without_gpu_sleeps():
-    records, _ = _measure("small_map.py", LoaderConfig(batch_size=4),
+    records, _ = _measure("small_map.py", dict(batch_size=4),
                           consumer=Consumer("simulated", 5.0), max_batches=3)
     assert all(r.step_s >= 0.005 for r in records)
 
 
 def test_empty_dataset_is_reported():
     with pytest.raises(RunError, match="produced no batches"):
-        _measure("empty.py", LoaderConfig(batch_size=4), max_batches=3)
+        _measure("empty.py", dict(batch_size=4), max_batches=3)
 
 
 def test_consumer_choice():

@@ -87,3 +87,21 @@ def test_idle_gaps_timeline():
 def test_record_row_roundtrip():
     record = batch(3, 1.0, 0.5)
     assert BatchRecord.from_row(record.to_row()) == record
+
+
+def test_rate_interval_is_tight_for_steady_batches_and_wide_for_erratic_ones():
+    from engine.metrics import rate_interval
+
+    def timeline(gaps):
+        t, rows = 0.0, []
+        for seq, gap in enumerate(gaps):
+            t += gap
+            rows.append(BatchRecord(seq, 0, t - gap, gap, 0.0, 8, 0, -1, 1, 0.0, 0.0, 0.0))
+        return rows
+
+    steady = timeline([0.01] * 41)
+    assert rate_interval(steady, 1) < 0.001
+    erratic = timeline([0.01, 0.002, 0.03, 0.004, 0.02] * 8 + [0.01])
+    assert rate_interval(erratic, 1) > 0.05
+    assert rate_interval(steady[:3], 1) is None  # fewer than three blocks: too short to say
+    assert rate_interval(steady, 1, block_batches=20) is None

@@ -1,12 +1,16 @@
 """The timing wrappers behave exactly like the wrapped dataset and tag each batch."""
 
+import collections
+import dataclasses
+import time
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from engine.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
-                           batch_size_of, nbytes_of, sizes_of, wrap_dataset)
+                           payload_bytes, samples_in, sizes_of, wrap_dataset)
 
 from .datasets.small_map import SmallMap
 from .datasets.stream import Stream
@@ -63,10 +67,11 @@ def test_attribute_access_passes_through():
 
 def test_batch_size_and_bytes():
     batch = (torch.zeros(4, 3, dtype=torch.float32), torch.zeros(4, dtype=torch.int64))
-    assert batch_size_of(batch) == 4
-    assert nbytes_of(batch) == 4 * 3 * 4 + 4 * 8
-    assert nbytes_of({"x": np.zeros((2, 2), dtype=np.float64)}) == 32
-    assert batch_size_of({"x": torch.zeros(7, 2)}) == 7
+    assert samples_in(batch) == 4
+    assert payload_bytes(batch) == 4 * 3 * 4 + 4 * 8
+    assert payload_bytes({"x": np.zeros((2, 2), dtype=np.float64)}) == 32
+    assert samples_in({"x": torch.zeros(7, 2)}) == 7
+    assert payload_bytes(["ab", b"cde", 1, 2.0]) == 2 + 3 + 8 + 8
 
 
 @pytest.mark.parametrize("batch", [
@@ -78,4 +83,38 @@ def test_batch_size_and_bytes():
     torch.zeros(6, 2),
 ])
 def test_sizes_of_agrees_with_the_general_functions(batch):
-    assert sizes_of(batch) == (batch_size_of(batch), nbytes_of(batch))
+    assert sizes_of(batch) == (samples_in(batch), payload_bytes(batch))
+
+
+class Encoding(collections.UserDict):
+    pass
+
+
+@dataclasses.dataclass
+class Batch:
+    images: torch.Tensor
+    meta: list
+
+
+def test_any_mapping_or_dataclass_batch_is_read():
+    encoding = Encoding(input_ids=torch.zeros(32, 9, dtype=torch.int64), labels=torch.zeros(32))
+    assert samples_in(encoding) == 32 and payload_bytes(encoding) == 32 * 9 * 8 + 32 * 4
+    batch = Batch(torch.zeros(5, 2), [{"id": 1}] * 5)
+    assert samples_in(batch) == 5 and payload_bytes(batch) == 5 * 2 * 4 + 5 * 8
+
+
+def test_samples_are_the_items_collated_not_a_guess():
+    """A detection-style collate returns a list of per-image dicts with a varying number of boxes:
+    with auto-batching, samples are the items the batch was made of."""
+    items = [{"boxes": torch.zeros(i % 3, 4), "image": torch.zeros(3, 8, 8)} for i in range(16)]
+    collate = TimedCollate(lambda samples: samples, auto_collation=True)
+    _, meta = collate(items)
+    assert meta.samples == 16
+
+
+def test_the_byte_walk_is_bounded_and_estimates_long_lists():
+    polygons = [[float(i)] * 1000 for i in range(200)]  # 200k Python floats
+    started = time.perf_counter()
+    estimate = payload_bytes({"polygons": polygons, "image": torch.zeros(10)})
+    assert time.perf_counter() - started < 0.01  # visits <= WALK_BUDGET objects, not 200k
+    assert 0.5 * 200_000 * 8 < estimate - 40 < 2 * 200_000 * 8

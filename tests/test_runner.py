@@ -9,16 +9,14 @@ import time
 
 import psutil
 
-from engine.config import LoaderConfig
 from engine.runner import RunHandle, RunRequest, RunState, run_to_completion
 from engine.store import RunStore
 
 from .conftest import dataset_path
 
 
-def _request(name, seconds=1.5, **config):
-    return RunRequest(target=dataset_path(name), config=LoaderConfig(**config),
-                      batch_size_given="batch_size" in config, seconds=seconds)
+def _request(name, seconds=1.5, **settings):
+    return RunRequest(target=dataset_path(name), settings=settings, seconds=seconds)
 
 
 def test_run_with_workers_streams_and_summarises(db_path):
@@ -116,7 +114,7 @@ def test_hard_crash_is_reported_with_the_signal():
 
 
 def test_hang_times_out_with_a_clear_message():
-    request = RunRequest(target=dataset_path("slow_items.py"), config=LoaderConfig(num_workers=1),
+    request = RunRequest(target=dataset_path("slow_items.py"), settings={"num_workers": 1},
                          seconds=30, timeout_s=1.0)
     started = time.monotonic()
     handle = run_to_completion(request)
@@ -141,9 +139,8 @@ def test_parent_death_stops_the_child(tmp_path):
         "import sys, time\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
         "from engine.runner import RunHandle, RunRequest\n"
-        "from engine.config import LoaderConfig\n"
         f"h = RunHandle(RunRequest(target={dataset_path('slow_items.py')!r}, "
-        "config=LoaderConfig(num_workers=2), seconds=60)).start()\n"
+        "settings={'num_workers': 2}, seconds=60)).start()\n"
         "print(h.pid, flush=True)\n"
         "time.sleep(60)\n"
     )

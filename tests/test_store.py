@@ -2,7 +2,6 @@
 
 import time
 
-from engine.config import LoaderConfig
 from engine.runner import RunHandle, RunRequest, RunState
 from engine.store import DB_ENV, RunStore, default_db_path
 
@@ -11,8 +10,8 @@ from .conftest import dataset_path
 
 def test_batches_are_in_the_database_while_the_run_is_going(db_path):
     store = RunStore(db_path)
-    request = RunRequest(target=dataset_path("small_map.py"), config=LoaderConfig(batch_size=4),
-                         batch_size_given=True, seconds=30)
+    request = RunRequest(target=dataset_path("small_map.py"), settings={"batch_size": 4},
+                         seconds=30)
     handle = RunHandle(request, store).start()
     try:
         reader = RunStore(db_path)  # a second connection, like the dashboard's
@@ -21,7 +20,7 @@ def test_batches_are_in_the_database_while_the_run_is_going(db_path):
             time.sleep(0.1)
         in_flight = reader.get_run(handle.run_id)
         assert in_flight["status"] == "running"
-        assert reader.batches(handle.run_id) and in_flight["dataset"]["class"] == "SmallMap"
+        assert reader.batches(handle.run_id) and in_flight["dataset"]["class"].endswith("SmallMap")
         assert reader.resources(handle.run_id) is not None
     finally:
         assert handle.stop() is RunState.STOPPED

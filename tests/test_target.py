@@ -59,7 +59,8 @@ def test_iterable_dataset_is_recognised():
         ("two_classes.py", "target_ambiguous", "A, B"),
         ("factory_raises.py", "target_factory_error", "FileNotFoundError: /data/train.csv"),
         ("needs_args.py", "target_factory_error", "needs arguments"),
-        ("returns_list.py", "target_not_dataset", "returned a list"),
+        ("returns_generator.py", "target_not_dataset", "returned a generator"),
+        ("small_map.py:SmallMap(rows=open(1))", "target_bad_arguments", "open(1) is not a literal"),
         ("small_map.py:nope", "target_attr_missing", "has no attribute 'nope'"),
     ],
 )
@@ -71,3 +72,26 @@ def test_bad_targets_have_a_specific_headline(target, kind, phrase):
     assert caught.value.type == kind
     assert phrase in caught.value.message
     assert "\n" not in caught.value.message  # a one-line headline; tracebacks go in details
+
+
+def test_duck_typed_dataset_and_dataset_factories_are_accepted():
+    """DataLoader's own rule: anything with __getitem__ and __len__ is map-style."""
+    resolved = resolve(dataset_path("duck_table.py"))
+    assert not isinstance(resolved.dataset, Dataset) and not resolved.is_iterable
+    assert resolved.sampler is not None  # make_sampler(dataset) was called with the dataset
+    assert resolved.expressions["sampler"] == "make_sampler(dataset)"
+    assert resolve(dataset_path("returns_list.py")).dataset == [1, 2, 3]
+
+
+def test_factory_with_literal_arguments():
+    resolved = resolve(dataset_path("duck_table.py") + ':make_dataset(rows=12)')
+    assert len(resolved.dataset) == 12 and resolved.found_as == "make_dataset(rows=12)"
+    assert split_target("C:/d/x.py:make(root='a:b')") == ("C:/d/x.py", "make(root='a:b')")
+    needs = resolve(dataset_path("needs_args.py") + ':NeedsPath("/data")')
+    assert needs.dataset.root == "/data"
+
+
+def test_refusals_name_the_full_type():
+    with pytest.raises(TargetError) as caught:
+        resolve(dataset_path("returns_generator.py"))
+    assert "IterableDataset" in caught.value.message and "\n" not in caught.value.message

@@ -1,0 +1,180 @@
+"""The corpus fixtures themselves are right: each module builds, and one batch from a plain
+DataLoader (``num_workers=0``) holds exactly ``EXPECTED["samples_per_batch"]`` samples,
+counted twice: from the indices the batch sampler handed out and from the batch's contents.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from tests.real import _data, plain_loop
+
+MODULES = [
+    "detection", "detectron2_style", "jpeg_folder", "webdataset_style", "copy_on_read_leak",
+    "copy_on_read_fixed", "memmap_store", "long_tail", "many_classes", "duck_typed",
+    "noisy_worker", "audio_like",
+]
+CODES = {"worker_memory_growth", "skewed_labels"}
+WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")
+
+
+def load(name: str):
+    return importlib.import_module(f"tests.real.{name}")
+
+
+def samples_in(batch) -> int:
+    """Samples in a collated batch, read from its contents: a tensor's leading dimension, a
+    list of per-sample dicts' length; every part of a tuple / mapping must agree."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, Mapping):
+        parts = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        if batch and all(isinstance(item, Mapping) for item in batch):
+            return len(batch)  # a list of per-sample dicts (trivial_batch_collator)
+        parts = list(batch)
+    else:
+        raise TypeError(f"cannot count samples in a {type(batch).__name__}")
+    counts = set()
+    for part in parts:
+        if isinstance(part, (torch.Tensor, Mapping, list, tuple)):
+            counts.add(samples_in(part))
+    assert len(counts) == 1, f"parts of the batch disagree on its size: {counts}"
+    return counts.pop()
+
+
+@pytest.mark.filterwarnings("ignore:fixture warning")
+@pytest.mark.parametrize("name", MODULES)
+def test_one_batch_has_the_expected_samples(name):
+    module = load(name)
+    expected = module.EXPECTED
+    assert set(expected["diagnostics_present"]) <= CODES
+    assert set(expected["diagnostics_absent"]) <= CODES
+    assert not set(expected["diagnostics_present"]) & set(expected["diagnostics_absent"])
+
+    dataset = module.make_dataset()
+    settings = plain_loop.loader_settings(module, dataset, num_workers=0)
+    for key in WORKER_ONLY:
+        settings.pop(key, None)
+    loader, unpack = plain_loop.counting_loader(dataset, settings)
+    iterator = iter(loader)
+    counted, batch = unpack(next(iterator))
+    del iterator
+
+    assert counted == expected["samples_per_batch"]
+    assert samples_in(batch) == expected["samples_per_batch"]
+
+
+def test_long_tail_counts_match_expected():
+    module = load("long_tail")
+    targets = module.make_dataset().targets
+    counts = {label: targets.count(label) for label in set(targets)}
+    assert counts == module.EXPECTED["label_counts"]
+    assert max(counts.values()) / min(counts.values()) == module.EXPECTED["label_ratio"] == 22.0
+    assert targets == sorted(targets)  # stored class-sorted, like ImageFolder
+
+
+def test_duck_typed_is_not_a_torch_dataset():
+    module = load("duck_typed")
+    dataset = module.make_dataset()
+    assert not isinstance(dataset, torch.utils.data.Dataset)
+    batch = module.collate_fn(dataset.__getitems__([0, 1, 2]))
+    assert isinstance(batch, Mapping) and not isinstance(batch, dict)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape
+
+
+def test_plain_rate_counts_whole_batches_from_a_stream_with_workers():
+    result = plain_loop.plain_rate(load("webdataset_style"), 0.25)
+    assert result["batches"] > 0
+    assert result["samples"] == 64 * result["batches"]
+    assert result["samples_per_s"] == pytest.approx(result["samples"] / result["seconds"])
+
+
+def test_plain_rate_by_file_path_with_persistent_workers():
+    path = os.path.join(os.path.dirname(__file__), "memmap_store.py")
+    result = plain_loop.plain_rate(path, 0.25)
+    assert result["batches"] > 0 and result["samples"] == 128 * result["batches"]
+
+
+def test_plain_rate_counts_a_short_last_batch():
+    # 200 images in order: batches of 32 x 6 then 8, and a new epoch after it; the first
+    # batch is the warm-up (num_workers=0), so counting starts at the second
+    result = plain_loop.plain_rate(load("jpeg_folder"), 0.25, shuffle=False)
+    sizes = [32] * 6 + [8]
+    assert result["batches"] > 7
+    assert result["samples"] == sum(sizes[(1 + i) % 7] for i in range(result["batches"]))
+
+
+def test_noisy_worker_speaks_once_per_worker(capfd):
+    module = load("noisy_worker")
+    loader = torch.utils.data.DataLoader(module.make_dataset(), batch_size=8, num_workers=2)
+    iterator = iter(loader)
+    for _ in range(20):
+        next(iterator)
+    iterator._shutdown_workers()
+    del iterator
+    err = capfd.readouterr().err
+    assert err.count(module.STDERR_LINE) == 2
+
+
+def test_fixture_dir_builds_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLTUNER_FIXTURE_DIR", str(tmp_path))
+    calls = []
+
+    def build(folder):
+        calls.append(folder)
+        with open(os.path.join(folder, "data.txt"), "w") as f:
+            f.write("x")
+
+    first = _data.fixture_dir("thing-v1", build)
+    assert first == str(tmp_path / "thing-v1")
+    assert _data.fixture_dir("thing-v1", build) == first
+    assert len(calls) == 1
+    assert os.listdir(tmp_path) == ["thing-v1"]  # no temporary folder left behind
+
+
+def test_fixture_dir_loser_of_a_race_keeps_the_winners_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLTUNER_FIXTURE_DIR", str(tmp_path))
+
+    def build(folder):
+        # another process publishes while we are still building
+        winner = tmp_path / "race-v1"
+        winner.mkdir()
+        (winner / "data.txt").write_text("winner")
+        with open(os.path.join(folder, "data.txt"), "w") as f:
+            f.write("loser")
+
+    final = _data.fixture_dir("race-v1", build)
+    with open(os.path.join(final, "data.txt")) as f:
+        assert f.read() == "winner"
+    assert os.listdir(tmp_path) == ["race-v1"]
+
+
+def test_fixture_dir_concurrent_builders_agree(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLTUNER_FIXTURE_DIR", str(tmp_path))
+    start = threading.Barrier(4)
+    seen = []
+
+    def build(folder):
+        with open(os.path.join(folder, "data.txt"), "w") as f:
+            f.write(os.path.basename(folder))
+
+    def worker():
+        start.wait()
+        final = _data.fixture_dir("concurrent-v1", build)
+        with open(os.path.join(final, "data.txt")) as f:
+            seen.append(f.read())
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen) == 4 and len(set(seen)) == 1
+    assert os.listdir(tmp_path) == ["concurrent-v1"]
