@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from engine.config import LoaderConfig  # noqa: E402
-from engine.measure import effective_config  # noqa: E402
+from engine.settings import starting_config  # noqa: E402
 from engine.metrics import warmup_batches  # noqa: E402
 from engine.probes import samples_in  # noqa: E402
 from engine.runner import RunRequest, run_to_completion  # noqa: E402
@@ -130,7 +130,7 @@ def main() -> None:
         doc, tune_s = tune(target, args.max_workers)
         pick = doc["recommended"]["num_workers"]
         resolved = resolve(target)
-        base = effective_config(resolved, LoaderConfig(), False)
+        base = starting_config(resolved)
         points = grid_points(args.max_workers)
         rates = {n: [] for n in points}
         idles = {n: [] for n in points}

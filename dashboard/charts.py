@@ -214,7 +214,11 @@ def throughput_over_time(batches: Sequence[BatchRecord], bin_s: float | None = N
         return [], []
     end = max(b.t_ready for b in batches)
     if bin_s is None:
-        bin_s = min(max(end / 30, 0.1), 2.0)
+        # Workers deliver in rounds: a bin holding fewer batches than a round shows a sawtooth
+        # between 0 and twice the rate. Bins hold at least 2 rounds (5 batches) on average.
+        workers = len({b.worker_id for b in batches})
+        per_batch = end / len(batches)
+        bin_s = max(min(max(end / 30, 0.1), 2.0), per_batch * max(5, 2 * workers))
     full = int(end // bin_s)
     counts = np.zeros(full)
     for b in batches:

@@ -42,6 +42,7 @@ class Jobs:
         self.verification: Verification | None = None
         self.applied: dict | None = None  # the settings last applied, with what they replaced
         self.started_any = False
+        self.last_request: RunRequest | None = None  # what a new tab opens on
         self._lock = threading.Lock()
         self._inspections: dict[tuple, tuple[float, dict]] = {}
         self._summaries: dict[RunHandle, dict] = {}
@@ -67,7 +68,8 @@ class Jobs:
         with self._lock:
             self._stop_jobs()
             self._summaries.clear()
-            self.run = RunHandle(request, self.store).start()
+            self.run = RunHandle(self._with_tuned_workers(request), self.store).start()
+            self.last_request = request
             self.applied = None
             self.started_any = True
             return self.run
@@ -75,7 +77,7 @@ class Jobs:
     def start_tune(self, request: RunRequest) -> RunHandle:
         with self._lock:
             self._stop_jobs()
-            self.tune_request = request
+            self.tune_request = self.last_request = request
             self.applied = None  # an earlier Apply belongs to an earlier recommendation
             self.tune = RunHandle(request, self.store).start()
             self.started_any = True
@@ -87,10 +89,23 @@ class Jobs:
             self._stop_jobs()
             self.applied = {"before": dict(before.settings), "after": dict(after.settings),
                             "target": after.target, "at": time.time()}
-            self.verification = Verification(before, after, self.store, rounds,
+            self.last_request = after
+            self.verification = Verification(before, self._with_tuned_workers(after), self.store,
+                                              rounds,
                                               on_run=self._show_run).start()
             self.started_any = True
             return self.verification
+
+    def _with_tuned_workers(self, request: RunRequest) -> RunRequest:
+        """A run of the worker count the last tune of this target measured to pay says so, so
+        its diagnostics do not contradict the recommendation."""
+        tune = self.tune
+        if tune is None or not tune.state.done or tune.request.target != request.target:
+            return request
+        recommended = (self.summary(tune).get("recommended") or {}).get("num_workers")
+        if recommended is None or request.settings.get("num_workers") != recommended:
+            return request
+        return dataclasses.replace(request, tuned_workers=recommended)
 
     def _show_run(self, handle: RunHandle) -> None:
         self.run = handle

@@ -15,6 +15,7 @@ import time
 import streamlit as st
 
 from engine import RunHandle
+from engine.verify import check_claim
 from engine.tune_cli import settings_file, speedup_text
 
 from . import charts, views
@@ -43,7 +44,17 @@ def controls() -> dict:
     return {name: st.session_state[f"ctl_{name}"] for name in CONTROL_DEFAULTS}
 
 
-def _init_state() -> None:
+def _init_state(jobs: Jobs) -> None:
+    """A new tab opens on the server's latest job (its target and settings), so what it shows
+    next to that job's results is that job's, not the demo's defaults."""
+    if "target" not in st.session_state and jobs.last_request is not None:
+        request = jobs.last_request
+        st.session_state.target = st.session_state.synced_target = request.target
+        _set_controls(controls_from_settings(request.settings))
+        st.session_state.ctl_consumer = ("train_step" if request.step_ms is None else
+                                         "none" if request.step_ms == 0 else "simulated")
+        if request.step_ms:
+            st.session_state.ctl_step_ms = float(request.step_ms)
     st.session_state.setdefault("target", DEMO_TARGET)
     for name, value in CONTROL_DEFAULTS.items():
         st.session_state.setdefault(f"ctl_{name}", value)
@@ -178,6 +189,10 @@ def _applied_block(jobs: Jobs) -> None:
                f"settings vs {views.fmt(before['samples_per_s'])} before: "
                f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result['rounds']} runs each, "
                f"interleaved).{idle}", icon="✅")
+    tune_doc = jobs.summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done else {}
+    verdict = check_claim(tune_doc.get("baseline"), speedup)
+    if verdict:
+        st.caption(verdict)
     cols = st.columns(2)
     for col, arm in zip(cols, ("before", "after")):
         data = result[arm]
@@ -301,7 +316,7 @@ def _watch_for_jobs(jobs: Jobs) -> None:
 
 def render() -> None:
     jobs = get_jobs()
-    _init_state()
+    _init_state(jobs)
     st.title("DataLoader Tuner")
     st.caption("Runs your Dataset in a real DataLoader in a background process and measures it. "
                "This dashboard executes the module you point it at; it listens on 127.0.0.1.")

@@ -19,6 +19,21 @@ def fmt(value, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
+def compact(value: float | None) -> str:
+    """A figure short enough for a narrow headline tile: 3-4 significant digits, k/M above
+    10,000 (a 6-column row truncates "12345.67" to "123...")."""
+    if value is None:
+        return "n/a"
+    size = abs(value)
+    if size >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if size >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    if size >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
 def error_card(error: dict, output_tail: str | None = None) -> None:
     """The headline first, the traceback only on request."""
     st.error(f"**{error['message']}**", icon="🛑")
@@ -35,17 +50,18 @@ def headline(doc: dict) -> None:
     """samples/s, batches/s, p50/p95 wait, consumer idle and the input-bound verdict."""
     lat = doc.get("batch_latency_ms") or {}
     cols = st.columns(6)
-    cols[0].metric("samples/s", fmt(doc.get("samples_per_s")))
-    cols[1].metric("batches/s", fmt(doc.get("batches_per_s")))
-    cols[2].metric("p50 batch wait", fmt(lat.get("p50"), ".2f", " ms"))
-    cols[3].metric("p95 batch wait", fmt(lat.get("p95"), ".2f", " ms"))
+    cols[0].metric("samples/s", compact(doc.get("samples_per_s")),
+                   help=f"{fmt(doc.get('samples_per_s'), ',.1f')} samples/s, steady state")
+    cols[1].metric("batches/s", compact(doc.get("batches_per_s")))
+    cols[2].metric("p50 batch wait", compact(lat.get("p50")) + " ms")
+    cols[3].metric("p95 batch wait", compact(lat.get("p95")) + " ms")
     idle = doc.get("consumer_idle_frac")
     cols[4].metric("consumer idle", fmt(idle * 100 if idle is not None else None, ".1f", " %"))
     verdict = doc.get("input_bound")
-    cols[5].metric("input-bound?", verdict.split()[0] if verdict else "no consumer",
+    cols[5].metric("input-bound?", verdict.split()[0] if verdict else "n/a",
                    help="TensorBoard's input-pipeline-analyzer thresholds: idle under 5 % is not "
                         "input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
-                        "(the module's train_step or a simulated step).")
+                        "(the module's train_step or a simulated step); n/a without one.")
     if doc.get("steady_batches") is not None:
         st.caption(f"{doc['batches']} batches in {doc['seconds']:.1f} s; figures are steady "
                    f"state, after the first {doc['warmup_batches']} (prefetched) batches.")

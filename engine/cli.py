@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from .config import LoaderConfig
+from .config import LoaderConfig, load_settings
 from .errors import ConfigError
 from .report import render_text, samples_per_s_of
 from .runner import RunRequest, inspect_target, run_to_completion
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--pin-memory", action=argparse.BooleanOptionalAction)
     profile.add_argument("--prefetch-factor", type=_positive_int)
     profile.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction)
+    profile.add_argument("--settings", metavar="FILE",
+                         help="a settings file written by `tune --out`: profile its settings "
+                              "(flags given here go on top)")
     profile.add_argument("--multiprocessing-context", choices=("fork", "spawn", "forkserver"),
                          help="how workers start (default: the platform's, fork on Linux)")
     profile.add_argument("--step-ms", type=_non_negative_float,
@@ -114,18 +117,20 @@ SETTING_FLAGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_wor
 
 
 def settings_from_args(args: argparse.Namespace) -> dict:
-    """The settings given on the command line; the module's own fill in the rest."""
-    chosen = {key: getattr(args, key) for key in SETTING_FLAGS
-              if getattr(args, key, None) is not None}
+    """The settings given on the command line (a settings file, then flags); the module's own
+    fill in the rest."""
+    chosen = load_settings(args.settings) if getattr(args, "settings", None) else {}
+    chosen.update({key: getattr(args, key) for key in SETTING_FLAGS
+                   if getattr(args, key, None) is not None})
     if hasattr(args, "batch_size"):  # absent unless given (argparse.SUPPRESS); None is a value
         chosen["batch_size"] = args.batch_size
     return chosen
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
     try:  # flags DataLoader would reject together: refused before anything starts (with the
         # module's own settings they are checked in the engine, which knows them)
+        settings = settings_from_args(args)
         if "num_workers" in settings:
             LoaderConfig.from_settings(settings)
     except ConfigError as exc:
@@ -134,8 +139,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         else:
             print(f"ERROR: {exc}")
         return EXIT_RUN_FAILED
+    # The count a tune measured to pay, unless a flag replaced it: no warning second-guesses it.
+    tuned = (load_settings(args.settings).get("num_workers")
+             if args.settings and args.num_workers is None else None)
     request = RunRequest(
-        target=args.target, settings=settings,
+        target=args.target, settings=settings, tuned_workers=tuned,
         step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,
     )
     store = RunStore(args.db)

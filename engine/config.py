@@ -189,9 +189,20 @@ def load_settings(path: str) -> dict:
     Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
     provenance) are ignored.
     """
-    with open(path, encoding="utf-8") as handle:
-        document = json.load(handle)
-    settings = document.get("dataloader_kwargs", document)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the settings file {path}: {exc.strerror}.",
+                          type="invalid_settings") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a settings file (not valid JSON: {exc}). Write one "
+                          "with `python -m engine tune TARGET --out FILE`.",
+                          type="invalid_settings") from exc
+    settings = document.get("dataloader_kwargs", document) if isinstance(document, dict) else None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path} holds no DataLoader settings (a JSON object expected).",
+                          type="invalid_settings")
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(LoaderConfig)})
     if unknown:
         raise ConfigError(

@@ -16,8 +16,9 @@ from .report import summarize, summarize_tune
 
 
 class LiveRun:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, tuned_workers: int | None = None) -> None:
         self.target = target
+        self.tuned_workers = tuned_workers  # a count the tuner measured to pay (pitfalls.py)
         self.dataset: dict | None = None
         self.config: dict | None = None
         self.snippet: str | None = None

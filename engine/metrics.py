@@ -28,13 +28,15 @@ class BatchRecord(NamedTuple):
     wait_s: float
     step_s: float
     samples: int
-    nbytes: int
+    nbytes: int | None
     worker_id: int
     worker_pid: int
     fetch_start: float
     fetch_s: float
     collate_s: float
-    fetch_cpu_s: float = 0.0  # CPU time the worker spent in the fetch (its process clock)
+    # CPU time the worker spent in the fetch (its process clock). It and nbytes are None on
+    # batches they were not read for: sampled when batches come fast (probes.SAMPLE_EVERY).
+    fetch_cpu_s: float | None = None
     h2d_ms: float | None = None
     h2d_other_ms: float | None = None  # the other memory kind (pageable if pinned), sampled
     gpu_gap_ms: float | None = None
@@ -59,7 +61,7 @@ class BatchRecord(NamedTuple):
 
 
 BATCH_COLUMNS = BatchRecord._fields
-INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "nbytes", "worker_id", "worker_pid"})
+INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "worker_id", "worker_pid"})
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -246,7 +248,15 @@ def per_batch_costs(batches: Sequence[BatchRecord]) -> dict:
         return {"fetch_ms": None, "fetch_cpu_ms": None, "collate_ms": None, "bytes": None}
     return {
         "fetch_ms": percentile([b.fetch_s * 1000 for b in batches], 50),
-        "fetch_cpu_ms": percentile([b.fetch_cpu_s * 1000 for b in batches], 50),
+        "fetch_cpu_ms": percentile(
+            [b.fetch_cpu_s * 1000 for b in batches if b.fetch_cpu_s is not None], 50),
         "collate_ms": percentile([b.collate_s * 1000 for b in batches], 50),
-        "bytes": percentile([b.nbytes for b in batches], 50),
+        "bytes": percentile([b.nbytes for b in batches if b.nbytes is not None], 50),
     }
+
+
+def read_share(batches: Sequence[BatchRecord]) -> float | None:
+    """The share of batches whose CPU time and bytes were read (1.0: all; see probes)."""
+    if not batches:
+        return None
+    return sum(1 for b in batches if b.fetch_cpu_s is not None) / len(batches)

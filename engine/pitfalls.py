@@ -306,16 +306,20 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
         "docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / prefetch_factor")]
 
 
-def cpu_oversubscription(num_workers: int, system: dict, cpu_share: float | None) -> list[dict]:
+def cpu_oversubscription(num_workers: int, system: dict, cpu_share: float | None,
+                         tuned_workers: int | None = None) -> list[dict]:
+    """More CPU-bound workers than usable CPUs. Not raised for a count the tuner measured to
+    pay (``tuned_workers``): one worker beyond the cores often does, covering the hand-offs."""
     found = []
     usable = system.get("cpus_usable") or 1
     other = system.get("other_load_cpus") or 0.0
-    if num_workers > usable and (cpu_share or 0) >= 0.5:
+    measured_to_pay = tuned_workers is not None and num_workers <= tuned_workers
+    if num_workers > usable and (cpu_share or 0) >= 0.5 and not measured_to_pay:
         found.append(diagnostic(
             "more_workers_than_cpus", "warning",
             f"{num_workers} workers on {usable} usable CPU(s), and the dataset is CPU-bound "
-            f"({cpu_share:.0%} of each fetch is CPU): extra workers only take turns on the same "
-            "cores and add memory. Tune to find the count that pays.",
+            f"({cpu_share:.0%} of each fetch is CPU): extra workers may only take turns on the "
+            "same cores and add memory. Tune to measure whether they pay.",
             {"num_workers": num_workers, "cpus_usable": usable, "cpu_share": round(cpu_share, 2)},
             "python -m engine tune TARGET"))
     if other >= max(0.5, 0.25 * usable):
@@ -362,5 +366,6 @@ def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) ->
 
 
 def cpu_share_of(batches: Sequence[BatchRecord]) -> float | None:
-    wall = sum(b.fetch_s for b in batches)
-    return sum(b.fetch_cpu_s for b in batches) / wall if wall > 0 else None
+    read = [b for b in batches if b.fetch_cpu_s is not None]
+    wall = sum(b.fetch_s for b in read)
+    return sum(b.fetch_cpu_s for b in read) / wall if wall > 0 else None

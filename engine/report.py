@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import metrics, pitfalls
-from .gpu import NO_GPU_REASON
 
 if TYPE_CHECKING:
     from .live import LiveRun
@@ -17,7 +16,10 @@ def summarize(live: "LiveRun", status: str) -> dict:
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
     idle = metrics.consumer_idle_fraction(batches, steady)
     has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
-    gpu_info = (live.system or {}).get("gpu") or {"available": False, "reason": NO_GPU_REASON}
+    # The child reports the GPU (gpu.describe) in its first event; a run that failed before
+    # that has no GPU figures either. (No torch here: the parent side stays light.)
+    gpu_info = (live.system or {}).get("gpu") or {
+        "available": False, "reason": "the run ended before the GPU could be checked"}
     per_batch = metrics.per_batch_costs(measured)
     doc = {
         "status": status,
@@ -37,7 +39,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "batch_latency_ms": metrics.latency_ms([b.wait_s for b in measured]),
         "startup_s": live.epochs[0]["startup_s"] if live.epochs else None,
         "per_batch": per_batch,
-        "counting": live.counting,
+        "counting": _counting(live.counting, measured),
         "workers": _workers(live, batches, window),
         "main_process": _main_process(live),
         "consumer_idle_frac": idle if has_consumer else None,
@@ -79,6 +81,17 @@ def samples_per_s_of(summary: dict | None) -> float | None:
     """A saved run's samples/s: measured for a profile, expected for a tune."""
     summary = summary or {}
     return summary.get("samples_per_s") or summary.get("expected_samples_per_s")
+
+
+def _counting(rules: dict | None, measured: list) -> dict | None:
+    """How each figure was counted, with how many batches had their CPU time and bytes read."""
+    if rules is None:
+        return None
+    share = metrics.read_share(measured)
+    read = ("every batch" if share is None or share >= 1.0 else
+            f"{share:.0%} of batches (sampled: batches came faster than one per ms; see "
+            "probes.SAMPLE_EVERY)")
+    return {**rules, "cpu_time_and_bytes_read_on": read}
 
 
 def _resource_stats(rows: list[dict]) -> dict:
@@ -126,7 +139,7 @@ def _transfer(batches: list) -> dict | None:
     others = [b.h2d_other_ms for b in batches if b.h2d_other_ms is not None]
     if not copies:
         return None
-    sizes = [b.nbytes for b in batches if b.h2d_ms is not None]
+    sizes = [b.nbytes for b in batches if b.h2d_ms is not None and b.nbytes is not None]
     p50 = metrics.percentile(copies, 50)
     return {
         "copy_ms": {"p50": p50, "p95": metrics.percentile(copies, 95)},
@@ -151,7 +164,7 @@ def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
     workers = config.get("num_workers") or 0
     prefetch = config.get("prefetch_factor") or (2 if workers else 0)
     found = []
-    if live.error is None:
+    if live.error is None and live.finished_reason is not None:  # not while a run is starting
         found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
     found += pitfalls.pin_memory_without_gpu(config, bool(gpu_info.get("available")))
     found += pitfalls.duplicated_rng(live.probes)
@@ -160,7 +173,8 @@ def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
                                     (live.dataset or {}).get("length"))
     found += pitfalls.worker_memory_growth(live.resources)
     found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.get("shm"))
-    found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured))
+    found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured),
+                                           live.tuned_workers)
     found += pitfalls.thread_oversubscription(live.resources, workers,
                                               system.get("cpus_usable") or 1)
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s)

@@ -63,6 +63,9 @@ class RunRequest:
     budget_s: float = 45.0  # tune only
     max_workers: int = 32  # tune only
     local_world_size: int = 1  # tune only
+    # num_workers a tune measured to pay for this target (a settings file, an Apply): the
+    # diagnostics do not second-guess it.
+    tuned_workers: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -101,7 +104,7 @@ class RunHandle:
     def __init__(self, request: RunRequest, store: RunStore | None = None) -> None:
         self.request = request
         self.store = store
-        self.live = LiveRun(request.target)
+        self.live = LiveRun(request.target, request.tuned_workers)
         self._lock = threading.Lock()
         self._events: list[dict] = []
         self._cursor = 0

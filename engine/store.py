@@ -196,8 +196,11 @@ class RunStore:
             self._local.conn = None
 
 
+INTEGER_COLUMNS = INT_BATCH_COLUMNS | {"nbytes"}  # nbytes may be None (sampled), else an int
+
+
 def _typed_batch_row(row: tuple) -> tuple:
     return tuple(
-        int(v) if (name in INT_BATCH_COLUMNS and v is not None) else v
+        int(v) if (name in INTEGER_COLUMNS and v is not None) else v
         for name, v in zip(BATCH_COLUMNS, row)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import psutil
 
@@ -33,16 +34,27 @@ def cpu_quota() -> float | None:
 
 
 def other_processes_cpu(interval_s: float = 0.2) -> float:
-    """CPU cores' worth of load from processes other than this one and its children."""
-    own = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
-    total_percent = psutil.cpu_percent(interval=interval_s) * psutil.cpu_count()
-    mine = 0.0
-    for pid in own:
+    """CPU cores' worth of load from processes other than this one and its children, over
+    ``interval_s``: the machine's CPU time minus ours in the same interval."""
+    me = psutil.Process()
+    own = [me] + me.children(recursive=True)
+    before = _cpu_seconds(own)
+    psutil.cpu_percent(interval=None)  # primes the machine-wide counter
+    time.sleep(interval_s)
+    total_percent = psutil.cpu_percent(interval=None) * psutil.cpu_count()
+    mine = sum(_cpu_seconds(own).get(p, 0.0) - s for p, s in before.items()) / interval_s
+    return max(total_percent / 100.0 - mine, 0.0)
+
+
+def _cpu_seconds(procs: list) -> dict:
+    seconds = {}
+    for proc in procs:
         try:
-            mine += psutil.Process(pid).cpu_percent(interval=None)
+            times = proc.cpu_times()
+            seconds[proc] = times.user + times.system
         except psutil.Error:
             pass
-    return max(total_percent - mine, 0.0) / 100.0
+    return seconds
 
 
 def shm_usage() -> dict | None:

@@ -107,11 +107,12 @@ def summarize_trial(
         latency_p95_ms=metrics.percentile([b.wait_s * 1000 for b in measured], 95),
         worker_ms=metrics.percentile(work, 50),
         worker_cpu_ms=metrics.percentile(
-            [(b.fetch_cpu_s + b.collate_s) * 1000 for b in measured], 50),
+            [(b.fetch_cpu_s + b.collate_s) * 1000 for b in measured
+             if b.fetch_cpu_s is not None], 50),
         worker_ms_cv=(variance ** 0.5) / mean if mean > 0 else None,
         step_ms=metrics.percentile([b.step_s * 1000 for b in measured], 50),
         main_cpu_ms=(main_cpu_s * 1000 / len(records)) if main_cpu_s is not None else None,
-        batch_bytes=metrics.percentile([b.nbytes for b in measured], 50),
+        batch_bytes=metrics.percentile([b.nbytes for b in measured if b.nbytes is not None], 50),
         worker_private_mb=worker_private_mb,
         h2d_ms=metrics.percentile(copies, 50) if copies else None,
         h2d_other_ms=metrics.percentile(others, 50) if others else None,

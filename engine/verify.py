@@ -105,3 +105,24 @@ class Verification:
         if final:
             self._result = result
         return result
+
+
+CLAIM_TOLERANCE_PCT = 15.0
+
+
+def check_claim(baseline: dict | None, measured_speedup: float | None) -> str | None:
+    """What verification says about the tune's claimed speedup (``baseline`` from the tune
+    document): agreed within its uncertainty (at least CLAIM_TOLERANCE_PCT), or not."""
+    claimed = (baseline or {}).get("speedup")
+    if measured_speedup is None:
+        return None
+    if claimed is None:
+        return (f"The tune claimed no speedup ({(baseline or {}).get('speedup_note')}); "
+                f"verification measured {measured_speedup:.2f}x.")
+    allowed = max(CLAIM_TOLERANCE_PCT, (baseline or {}).get("speedup_pct") or 0.0)
+    off = 100.0 * (measured_speedup / claimed - 1)
+    verdict = (f"within the ±{allowed:.0f}% allowed" if abs(off) <= allowed else
+               f"more than the ±{allowed:.0f}% the claim allowed: the machine's load may have "
+               "changed between the tune and now, or the trials were unlucky")
+    return (f"The tune claimed {claimed:.2f}x; verification measured {measured_speedup:.2f}x "
+            f"({off:+.0f}%, {verdict}).")

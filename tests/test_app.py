@@ -143,6 +143,11 @@ def test_tune_recommends_and_apply_verifies(app_env):
     applied = next(s.value for s in at.success if "Applied" in s.value)
     assert "with the new settings" in applied and "median of 2 runs" in applied
     assert "Throughput over time" in chart_titles(at)
+    # A second tab opens on that job: its target and the applied settings, not the demo's.
+    other = live_app()
+    assert other.text_input(key="target").value == dataset_path("small_map.py")
+    assert other.number_input(key="ctl_num_workers").value == recommended["num_workers"]
+    assert "Applied to" in texts(other)
 
 
 def test_history_page_empty_then_compares_and_exports(app_env):
@@ -207,3 +212,18 @@ def test_pitfalls_show_with_their_fix(app_env):
     assert not at.exception
     assert any("duplicated_random_streams" in w.value for w in at.warning)
     assert any("worker_init_fn" in c.value for c in at.code)
+
+
+def test_the_controls_start_from_the_modules_own_settings(app_env):
+    at = set_target(live_app(), dataset_path("with_kwargs.py"))
+    assert at.number_input(key="ctl_num_workers").value == 2
+    assert at.number_input(key="ctl_batch_size").value == 6
+    assert at.checkbox(key="ctl_persistent_workers").value is True
+    button(at, "Start").click()
+    at = at.run()
+    handle = get_jobs().run
+    deadline = time.monotonic() + 60
+    while handle.live.config is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    get_jobs().stop_all()
+    assert handle.live.config["shuffle"] is True and handle.live.config["drop_last"] is True

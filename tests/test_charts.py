@@ -106,3 +106,22 @@ def test_compare_figures_overlay_one_trace_per_run():
     cdf = charts.compare_latency_figure([(label, b, 1) for label, b in runs])
     assert cdf.data[0].y[-1] == pytest.approx(1.0)
     assert cdf.data[1].x[0] > cdf.data[0].x[0]
+
+
+def test_throughput_of_bursty_rounds_is_not_a_sawtooth():
+    """4 workers delivering a round of 4 batches every 0.4 s: short bins would alternate
+    between 0 and twice the rate; the default bins hold whole rounds."""
+    batches = []
+    for i in range(48):
+        t = (i // 4) * 0.4 + (i % 4) * 0.001
+        batches.append(make_batches(1)[0]._replace(seq=i, t_request=t, wait_s=0.0,
+                                                   worker_id=i % 4))
+    _, y = charts.throughput_over_time(batches)
+    assert min(y) > 0.5 * max(y), y  # 8 samples x 4 per 0.4 s = 80 samples/s throughout
+
+
+def test_headline_figures_fit_a_narrow_tile():
+    from dashboard.views import compact
+
+    assert [compact(v) for v in (377.07, 12345.6, 2.5e6, 0.1234, None)] == [
+        "377", "12.3k", "2.50M", "0.123", "n/a"]

@@ -104,3 +104,43 @@ def test_tune_bad_target_exits_1(db_path):
     result = cli("tune", dataset_path("two_classes.py"), "--json", db=db_path)
     assert result.returncode == 1
     assert json.loads(result.stdout)["error"]["type"] == "target_ambiguous"
+
+
+def test_profile_of_a_settings_file_keeps_its_settings_and_trusts_its_worker_count(db_path,
+                                                                                    tmp_path):
+    """A tune's settings file profiled as is: no warning contradicts the count it measured."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"dataloader_kwargs": {"batch_size": 4, "num_workers": 3},
+                                    "reasons": ["measured"]}))
+    cpu_heavy = os.path.join(ROOT, "examples", "cpu_bound.py")
+    trusted = cli("profile", cpu_heavy, "--settings", str(settings), "--seconds", "2", "--json",
+                  db=db_path)
+    doc = json.loads(trusted.stdout)
+    assert doc["config"]["num_workers"] == 3 and doc["config"]["batch_size"] == 4
+    assert "more_workers_than_cpus" not in {w["code"] for w in doc["warnings"]}
+    untuned = cli("profile", cpu_heavy, "--num-workers", "3", "--batch-size", "4", "--seconds",
+                  "2", "--json", db=db_path)  # the same count, not known to pay: flagged
+    assert "more_workers_than_cpus" in {w["code"] for w in json.loads(untuned.stdout)["warnings"]}
+    missing = cli("profile", cpu_heavy, "--settings", str(tmp_path / "nope.json"), db=db_path)
+    assert missing.returncode == 1 and "Cannot read the settings file" in missing.stdout
+
+
+def test_batch_size_none_from_the_command_line(db_path):
+    result = cli("profile", dataset_path("stream.py"), "--batch-size", "none", "--seconds", "1",
+                 "--json", db=db_path)
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "ok" and doc["config"]["batch_size"] is None
+    assert doc["counting"]["samples"].startswith("batch_size=None")
+
+
+def test_the_parent_side_does_not_import_torch():
+    """The CLI parent and the dashboard server only start and read runs: torch (seconds to
+    import, hundreds of MB) stays in the engine's child process."""
+    code = ("import sys\n"
+            "import engine.cli, engine.tune_cli, dashboard.jobs, dashboard.live_page, "
+            "dashboard.history_page\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

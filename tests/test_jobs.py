@@ -118,3 +118,13 @@ def test_verification_measures_both_settings_interleaved(db_path):
                                               / result["before"]["samples_per_s"])
     labels = sorted(run["label"] for run in store.list_runs())
     assert labels == ["after", "after", "before", "before"]
+
+
+def test_verification_checks_the_claimed_speedup():
+    from engine.verify import check_claim
+
+    claim = {"speedup": 2.0, "speedup_pct": 6.0}
+    assert "within the ±15% allowed" in check_claim(claim, 1.9)
+    assert "more than the ±15%" in check_claim(claim, 1.4)
+    assert "claimed no speedup" in check_claim({"speedup": None, "speedup_note": "too short"}, 1.2)
+    assert check_claim(claim, None) is None

@@ -24,8 +24,19 @@ def test_zero_workers_crosses_epochs_until_max_batches():
     assert len(records) == 10
     assert [e[0] for e in epochs] == [0, 1, 2]  # 64 samples / 16 = 4 batches per epoch
     assert {r.worker_id for r in records} == {-1}
-    assert all(r.samples == 16 and r.nbytes > 0 for r in records)
+    assert all(r.samples == 16 for r in records)
+    assert all(r.nbytes > 0 for r in records if r.nbytes is not None)
     assert [r.seq for r in records] == list(range(10))
+
+
+def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
+    """Batches under 1 ms: the costly reads happen on every 16th batch only."""
+    from engine.probes import SAMPLE_EVERY
+
+    records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
+    read = [r for r in records if r.fetch_cpu_s is not None]
+    assert all(r.nbytes is not None for r in read)
+    assert 200 / SAMPLE_EVERY - 2 <= len(read) <= 200 / SAMPLE_EVERY + 3
 
 
 def test_several_workers_are_attributed():

@@ -79,6 +79,9 @@ def test_oversubscription_rules():
     system = {"cpus_usable": 2, "other_load_cpus": 0.0}
     assert pitfalls.cpu_oversubscription(4, system, 0.9)[0]["code"] == "more_workers_than_cpus"
     assert pitfalls.cpu_oversubscription(4, system, 0.1) == []  # waiting workers may outnumber
+    # a count the tuner measured to pay is not second-guessed; more than it still is
+    assert pitfalls.cpu_oversubscription(3, system, 0.9, tuned_workers=3) == []
+    assert pitfalls.cpu_oversubscription(5, system, 0.9, tuned_workers=3)
     busy = pitfalls.cpu_oversubscription(1, {"cpus_usable": 8, "other_load_cpus": 4.0}, 0.9)
     assert busy[0]["code"] == "cpus_busy_elsewhere" and busy[0]["severity"] == "info"
     threads = [{"role": "worker", "threads": 9}, {"role": "worker", "threads": 9}]

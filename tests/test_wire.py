@@ -17,6 +17,12 @@ def test_rows_round_trip_through_json_with_their_types():
     assert back == rows
     assert all(type(v) is int for v in back[1][:2] + back[1][5:9])  # ints stay ints
     assert back[0][13] is None and back[1][13] == 0.75  # NaN in a GPU column reads as None
+    assert type(back[0][6]) is int  # bytes, where read, stay ints
+
+
+def test_figures_not_read_on_a_sampled_batch_stay_none():
+    row = tuple(BatchRecord(0, 0, 0.5, 1e-4, 2e-6, 64, None, -1, 42, 0.25, 3e-5, 1e-5, None))
+    assert unpack_rows(pack_rows([row])) == [row]
 
 
 def test_columns_with_no_gpu_figures_are_sent_as_absent():
