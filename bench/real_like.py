@@ -29,7 +29,9 @@ effects measured here (the same plain loop differs by 1.7x from one minute to th
 bench/overhead.py). Two runs back to back see nearly the same machine, so their ratio cancels the
 drift; alternating which goes first (A B, B A, ...) cancels what the order itself does (a warm
 page cache, a neighbour's burst that starts or ends); the median of the per-pair ratios resists
-the odd pair a noisy neighbour spoils.
+the odd pair a noisy neighbour spoils. Pairs cannot rescue a run made while another heavy job
+shares the cores: loading in the main process with torch ops (webdataset_style at num_workers=0)
+then swings from ~280k to ~6k samples/s between runs seconds apart, so run it on a quiet machine.
 
 With a train_step (audio_like), the rates here are load-only (the profile runs with step_ms=0,
 as plain_rate loads only), but the tuner, as users run it, feeds the step: its claim includes
@@ -42,7 +44,8 @@ process tree (engine children, plain loops, their workers):
     ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--seconds 3]
         [--pairs 3] [--repeats 3] [--passes 3] [--budget-s 45] [--quick] [--json PATH]
 
---quick: 1 pair, 1 repeat, one grid pass over 0, 2, 4 workers and the pick: a smoke run.
+--quick: 1 pair, 1 repeat, one grid pass over 0, 2, 4 workers and the pick (unless given): a
+smoke run. The tables print "!" beside a figure that misses its target.
 """
 
 from __future__ import annotations
@@ -200,8 +203,9 @@ def describe(settings: dict) -> str:
 
 # -- the four figures -------------------------------------------------------------------------
 
-def reported_vs_plain(target: str, args) -> dict:
-    """1. and 2.: the tool's reported rate over plain_rate's, and the cost per batch."""
+def reported_vs_plain(target: str, expected_per_batch: int | None, args) -> dict:
+    """1. and 2.: the tool's reported rate over plain_rate's, and the cost per batch; with the
+    samples per batch each counted, against the module's EXPECTED (short last batches aside)."""
     runs = interleaved(lambda: profiled(target, args.seconds),
                        lambda: plain(target, args.seconds), args.pairs)
     ratios = [tool["samples_per_s"] / base["samples_per_s"] for tool, base in runs]
@@ -210,10 +214,14 @@ def reported_vs_plain(target: str, args) -> dict:
         print(f"  pair {i}: reported {tool['samples_per_s']:9.1f}/s  plain "
               f"{base['samples_per_s']:9.1f}/s  ratio {ratio:.3f}  cost {cost:+8.1f} us/batch",
               flush=True)
+    per_batch = [statistics.median(r["samples_per_s"] / r["batches_per_s"] for r in side)
+                 for side in zip(*runs)]
+    print(f"  samples/batch: tool {per_batch[0]:.1f}, plain {per_batch[1]:.1f}, "
+          f"EXPECTED {expected_per_batch}", flush=True)
     return {"reported": statistics.median(t["samples_per_s"] for t, _ in runs),
             "plain": statistics.median(b["samples_per_s"] for _, b in runs),
             "ratio": statistics.median(ratios), "cost_us": statistics.median(costs),
-            "ratios": ratios, "costs_us": costs}
+            "ratios": ratios, "costs_us": costs, "samples_per_batch": per_batch}
 
 
 def tune_and_verify(target: str, own: dict, args) -> dict:
@@ -283,7 +291,7 @@ def bench_module(name: str, args) -> dict:
     print(f"\n== {name} ({describe(own)}{', train_step' if row['train_step'] else ''})",
           flush=True)
     try:
-        row["profile"] = reported_vs_plain(target, args)
+        row["profile"] = reported_vs_plain(target, row["samples_per_batch"], args)
         row["tunes"] = []
         for number in range(1, args.repeats + 1):
             row["tunes"].append(tune_and_verify(target, own, args))
@@ -294,7 +302,7 @@ def bench_module(name: str, args) -> dict:
         row["grid"], row["grid_best"] = rates, best
         for tune in row["tunes"]:
             tune["pick_score"] = rates[tune["pick"]["num_workers"]] / rates[best]
-        print(f"  grid median: " + ", ".join(f"{n}:{r:.0f}" for n, r in rates.items())
+        print("  grid median: " + ", ".join(f"{n}:{r:.0f}" for n, r in rates.items())
               + f"; best {best}; picks {picks} score "
               + " ".join(f"{t['pick_score']:.2f}" for t in row["tunes"]), flush=True)
     except BenchError as exc:

@@ -168,7 +168,8 @@ def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
 
 def describe_profile(profile: CostProfile, limits: Limits) -> str:
     if profile.make_ms <= 1.2 * profile.receive_ms:
-        step = " (your step not included)" if profile.step_ms else ""
+        # Without a consumer the "step" is the measuring loop's own microsecond.
+        step = " (your step not included)" if profile.step_ms >= 0.05 else ""
         return (f"Batches are cheap to make: {profile.make_ms:.2f} ms each in the main "
                 f"process{step}, while receiving one from a worker costs the main process "
                 f"{profile.receive_ms:.2f} ms, so the hand-off between processes costs as much "
