@@ -178,7 +178,9 @@ def idle_gaps_figure(batches: Sequence[BatchRecord], gpu_measured: bool) -> go.F
 
 def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) -> go.Figure:
     """Throughput against num_workers, one point per measured trial, the pick highlighted."""
-    searched = [t for t in trials if t.get("phase") != "baseline" and t.get("samples_per_s")]
+    searched = [t for t in trials if t.get("phase") not in ("baseline", "final")
+                and t.get("samples_per_s")]
+    final = [t for t in trials if t.get("phase") == "final" and t.get("samples_per_s")]
     traces = []
     traces.append(go.Scatter(
         x=[t["num_workers"] for t in searched], y=[t["samples_per_s"] for t in searched],
@@ -197,9 +199,10 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
                                  y=[b["samples_per_s"] for b in baseline], mode="markers",
                                  name="current settings", marker={"size": 11, "symbol": "diamond",
                                                                   "color": COLORS[1]}))
-    if recommended_workers is not None and recommended_workers in best:
-        traces.append(go.Scatter(x=[recommended_workers],
-                                 y=[float(np.median(best[recommended_workers]))],
+    if recommended_workers is not None and (final or recommended_workers in best):
+        # The recommendation as measured with all its settings, if it was (see tune_session).
+        y = final[-1]["samples_per_s"] if final else float(np.median(best[recommended_workers]))
+        traces.append(go.Scatter(x=[recommended_workers], y=[y],
                                  mode="markers", name="recommended",
                                  marker={"size": 16, "symbol": "star", "color": COLORS[2]}))
     return _figure(traces, "Tune: throughput against num_workers", _axis("num_workers"),

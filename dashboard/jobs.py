@@ -159,12 +159,14 @@ def settings_from_controls(controls: dict) -> dict:
     settings (shuffle, sampler, collate_fn, ...) are not on the page and stay the module's."""
     workers = int(controls["num_workers"])
     settings = {
-        "batch_size": None if controls.get("self_batching") else int(controls["batch_size"]),
         "num_workers": workers,
         "pin_memory": bool(controls["pin_memory"]),
         "prefetch_factor": int(controls["prefetch_factor"]) if workers else None,
         "persistent_workers": bool(controls["persistent_workers"]) if workers else False,
     }
+    if not controls.get("batch_sampler"):  # the module's batch sampler makes the batches
+        settings["batch_size"] = (None if controls.get("self_batching")
+                                  else int(controls["batch_size"]))
     LoaderConfig.from_settings(settings)  # refuse what DataLoader would, before starting
     return settings
 
@@ -188,10 +190,11 @@ def tune_request(target: str, controls: dict) -> RunRequest:
 def recommended_settings(base: dict, recommended: dict) -> dict:
     """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
     workers = int(recommended["num_workers"])
+    batch = {"batch_size": recommended["batch_size"]} if "batch_size" in recommended else {}
     return {
         **base,
+        **batch,
         "num_workers": workers,
-        "batch_size": recommended.get("batch_size", base.get("batch_size")),
         "pin_memory": bool(recommended.get("pin_memory", False)),
         "prefetch_factor": recommended.get("prefetch_factor") if workers else None,
         "persistent_workers": bool(recommended.get("persistent_workers", False)) if workers
@@ -204,6 +207,7 @@ def controls_from_settings(settings: dict) -> dict:
     workers = int(settings.get("num_workers") or 0)
     batch_size = settings.get("batch_size", 1)
     return {
+        "batch_sampler": settings.get("batch_sampler") is not None,
         "self_batching": batch_size is None,
         **({"batch_size": int(batch_size)} if isinstance(batch_size, int) else {}),
         "num_workers": workers,

@@ -29,7 +29,7 @@ REFRESH_S = 1.0
 WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
 
 CONTROL_DEFAULTS = {
-    "batch_size": 32, "self_batching": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
+    "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
     "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": 30.0,
     "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "verify_seconds": 5.0,
 }
@@ -124,10 +124,14 @@ def _sync_controls(info: dict) -> list[str]:
 def _sidebar(consumer_options: list[str]) -> None:
     bar = st.sidebar
     bar.header("Loader settings")
+    own_batches = st.session_state.ctl_batch_sampler
+    if own_batches:
+        bar.caption("The module's batch_sampler makes the batches: no batch_size here.")
     bar.checkbox("batch_size=None (the dataset yields whole batches)", key="ctl_self_batching",
-                 help="As WebDataset pipelines do: each item is already a batch.")
+                 help="As WebDataset pipelines do: each item is already a batch.",
+                 disabled=own_batches)
     bar.number_input("batch_size", min_value=1, max_value=1 << 20, key="ctl_batch_size",
-                     disabled=st.session_state.ctl_self_batching)
+                     disabled=st.session_state.ctl_self_batching or own_batches)
     bar.number_input("num_workers", min_value=0, max_value=512, key="ctl_num_workers")
     bar.checkbox("pin_memory", key="ctl_pin_memory")
     no_workers = st.session_state.ctl_num_workers == 0
@@ -225,7 +229,7 @@ def _recommendation_block(jobs: Jobs) -> None:
     with st.container(border=True):
         st.markdown(
             f"**Expected {views.fmt(doc['expected_samples_per_s'])} samples/s**"
-            + (f" (±{noise:.0f} %, 95 % confidence)" if noise is not None else "")
+            + (f" (±{noise:.0f} %)" if noise is not None else "")
             + (f": **{speedup_text(base)}** over {base.get('source')} "
                f"({views.fmt(base.get('samples_per_s'))} samples/s measured)"
                if base.get("speedup") else ""))

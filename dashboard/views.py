@@ -19,19 +19,19 @@ def fmt(value, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
-def compact(value: float | None) -> str:
+def compact(value: float | None, unit: str = "") -> str:
     """A figure short enough for a narrow headline tile: 3-4 significant digits, k/M above
     10,000 (a 6-column row truncates "12345.67" to "123...")."""
     if value is None:
         return "n/a"
     size = abs(value)
     if size >= 1e6:
-        return f"{value / 1e6:.2f}M"
+        return f"{value / 1e6:.2f}M{unit}"
     if size >= 1e4:
-        return f"{value / 1e3:.1f}k"
+        return f"{value / 1e3:.1f}k{unit}"
     if size >= 100:
-        return f"{value:.0f}"
-    return f"{value:.3g}"
+        return f"{value:.0f}{unit}"
+    return f"{value:.3g}{unit}"
 
 
 def error_card(error: dict, output_tail: str | None = None) -> None:
@@ -53,8 +53,8 @@ def headline(doc: dict) -> None:
     cols[0].metric("samples/s", compact(doc.get("samples_per_s")),
                    help=f"{fmt(doc.get('samples_per_s'), ',.1f')} samples/s, steady state")
     cols[1].metric("batches/s", compact(doc.get("batches_per_s")))
-    cols[2].metric("p50 batch wait", compact(lat.get("p50")) + " ms")
-    cols[3].metric("p95 batch wait", compact(lat.get("p95")) + " ms")
+    cols[2].metric("p50 batch wait", compact(lat.get("p50"), " ms"))
+    cols[3].metric("p95 batch wait", compact(lat.get("p95"), " ms"))
     idle = doc.get("consumer_idle_frac")
     cols[4].metric("consumer idle", fmt(idle * 100 if idle is not None else None, ".1f", " %"))
     verdict = doc.get("input_bound")
@@ -63,8 +63,12 @@ def headline(doc: dict) -> None:
                         "input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
                         "(the module's train_step or a simulated step); n/a without one.")
     if doc.get("steady_batches") is not None:
+        counting = doc.get("counting") or {}
+        how = (f" Samples counted: {counting['samples']}; CPU time and bytes read on "
+               f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}."
+               if counting else "")
         st.caption(f"{doc['batches']} batches in {doc['seconds']:.1f} s; figures are steady "
-                   f"state, after the first {doc['warmup_batches']} (prefetched) batches.")
+                   f"state, after the first {doc['warmup_batches']} (prefetched) batches.{how}")
 
 
 def run_charts(doc: dict, batches: Sequence[BatchRecord], key: str) -> None:

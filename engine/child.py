@@ -42,11 +42,11 @@ import psutil
 
 from . import gpu, system
 from .config import LoaderConfig
-from .settings import starting_config
+from .settings import snippet_names, starting_config
 from .describe import describe
 from .errors import EngineError, RunError
 from .failures import explain_failure, hang_error, may_be_worker_death
-from .measure import Consumer, Measurement
+from .measure import Consumer, Measurement, labels_of_dataset
 from .metrics import warmup_batches
 from .probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
 from .target import resolve
@@ -269,7 +269,10 @@ class ChildRun:
         if self.request.get("mode") == "tune" and "suggested max number of worker" in str(message):
             return  # the tuner tries such counts on purpose and judges them by measurement
         code = "torch_warning" if "torch" in filename else "python_warning"
-        self.events.send({"e": "warning", "code": code, "message": str(message)})
+        # The text a worker's warning has in the log (output.py), so the two count as one.
+        self.events.send({"e": "warning", "code": code,
+                          "message": f"{category.__name__}: {message}",
+                          "where": f"{filename}:{lineno}"})
 
     # -- streaming threads --------------------------------------------------------------
 
@@ -309,11 +312,27 @@ class ChildRun:
         finally:
             self.finished.set()
             self._flush()
-            if self.measurement is not None and self.measurement.label_counts:
-                self.events.send({"e": "labels", "counts": self.measurement.label_counts})
             reap_workers()
+            self._send_labels()
             self.events.send({"e": "finished", "reason": reason, "t": time.monotonic() - self.t0})
         return code
+
+    def _send_labels(self) -> None:
+        """Class counts: from the dataset's own label list when it has one (exact, whatever
+        the order), else from the batches the run sampled."""
+        if self.measurement is None:
+            return
+        config = self.measurement.config
+        try:  # a sampler (e.g. a WeightedRandomSampler) changes what the model sees: count that
+            counts = (labels_of_dataset(self.measurement.resolved.dataset)
+                      if config.sampler is None and config.batch_sampler is None else None)
+        except Exception:  # noqa: BLE001 - a dataset attribute that misbehaves: use batches
+            counts = None
+        if counts:
+            self.events.send({"e": "labels", "counts": counts, "source": "dataset"})
+        elif self.measurement.label_counts:
+            self.events.send({"e": "labels", "counts": self.measurement.label_counts,
+                              "source": "batches"})
 
     def _explain(self, failure: BaseException) -> EngineError:
         if isinstance(failure, Hang):
@@ -333,8 +352,9 @@ class ChildRun:
         resolved = resolve(request["target"])
         config = starting_config(resolved, request.get("settings"))
         consumer = Consumer.choose(request.get("step_ms"), resolved.train_step is not None)
-        try:
-            dataset_info = describe(resolved)
+        try:  # an iterable's first item only when inspecting: a run must not consume it
+            dataset_info = describe(resolved, with_sample=not resolved.is_iterable
+                                    or request.get("mode") == "inspect")
         except Exception as exc:  # noqa: BLE001
             raise RunError(
                 f"Reading sample 0 failed: {type(exc).__name__}: {exc}",
@@ -347,7 +367,7 @@ class ChildRun:
             "pid": os.getpid(),
             "dataset": dataset_info,
             "config": config.to_json_dict(),
-            "snippet": config.snippet(expressions=resolved.expressions),
+            "snippet": config.snippet(expressions=snippet_names(resolved, config)),
             "warmup_batches": warmup_for(config),
             "counting": counting_rules(config),
             "consumer": consumer.to_dict(),

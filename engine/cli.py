@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--step-ms", type=_non_negative_float,
                          help="simulate a training step of this many ms per batch (0: none); "
                               "default: the module's train_step if it has one")
-    profile.add_argument("--seconds", type=float, default=10.0, help="how long to measure")
+    profile.add_argument("--seconds", type=float, default=15.0,
+                         help="how long to measure (default 15; worker memory growth is judged "
+                              "only over 8 s or more after the workers' first 2 s)")
     profile.add_argument("--timeout-s", type=float, default=60.0,
                          help="fail if no batch arrives for this long")
     _add_common(profile)

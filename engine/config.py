@@ -17,6 +17,11 @@ from .errors import ConfigError
 TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
+# Settings DataLoader takes only with worker processes, and their defaults.
+WORKER_ONLY = {"prefetch_factor": None, "persistent_workers": False,
+               "multiprocessing_context": None, "timeout": 0}
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """What a user passes to ``DataLoader(dataset, ...)``.
@@ -91,6 +96,18 @@ class LoaderConfig:
                 f"prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}.",
                 type="invalid_settings",
             )
+        if self.num_workers == 0 and self.multiprocessing_context is not None:
+            raise ConfigError(
+                "multiprocessing_context only applies with worker processes (num_workers > 0): "
+                "DataLoader refuses it without. Set num_workers >= 1 or leave it unset.",
+                type="invalid_settings",
+            )
+        if self.num_workers == 0 and self.timeout:
+            raise ConfigError(
+                "timeout only applies with worker processes (num_workers > 0): DataLoader "
+                "refuses it without. Set num_workers >= 1 or timeout=0.",
+                type="invalid_settings",
+            )
         if self.num_workers == 0 and self.persistent_workers:
             raise ConfigError(
                 "persistent_workers=True needs worker processes (num_workers > 0). "
@@ -108,8 +125,8 @@ class LoaderConfig:
     def replace(self, **changes: Any) -> "LoaderConfig":
         """A copy with ``changes``; dropping workers also drops worker-only settings."""
         if changes.get("num_workers") == 0:
-            changes.setdefault("prefetch_factor", None)
-            changes.setdefault("persistent_workers", False)
+            for key, default in WORKER_ONLY.items():
+                changes.setdefault(key, default)
         return dataclasses.replace(self, **changes)
 
     def to_kwargs(self, torch_version: str | None = None) -> dict:

@@ -51,7 +51,14 @@ def describe(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
         "sample_bytes": None,
     }
     if with_sample:
-        sample = _first_sample(resolved, length)
+        try:
+            sample = _first_sample(resolved, length)
+        except Exception as exc:  # noqa: BLE001
+            if not resolved.is_iterable:
+                raise  # sample 0 of a map-style dataset failing is the run's error
+            # Some streams only work inside workers (they shard by get_worker_info()).
+            sample = _NONE
+            info["sample_error"] = f"{type(exc).__name__}: {exc}"
         if sample is not _NONE:
             info["sample"] = structure(sample)
             info["sample_bytes"] = payload_bytes(sample)

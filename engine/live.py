@@ -39,6 +39,7 @@ class LiveRun:
         self.tune_result: dict | None = None
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.label_counts: dict = {}
+        self.label_source = "batches"  # or "dataset": its own targets/labels list, all of it
         self.output = OutputLog()  # what the user's code printed (fed by the runner)
 
     def apply(self, event: dict) -> None:
@@ -68,11 +69,12 @@ class LiveRun:
         elif kind == "epoch":
             self.epochs.append({k: event[k] for k in ("epoch", "t", "startup_s")})
         elif kind == "warning":  # one the child itself caught (its workers' go to the log)
-            self.output.add(event["code"], event["message"])
+            self.output.add(event["code"], event["message"], event.get("where", ""))
         elif kind == "probe":
             self.probes.append({k: event[k] for k in ("pid", "worker_id", "probe")})
         elif kind == "labels":
             self.label_counts = event["counts"]
+            self.label_source = event.get("source", "batches")
         elif kind == "error":
             self.error = EngineError.from_dict(event["error"])
         elif kind == "finished":

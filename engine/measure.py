@@ -245,6 +245,33 @@ def count_labels(batch: Any, samples: int, counts: dict[int, int]) -> None:
             counts[label] = counts.get(label, 0) + n
 
 
+LABEL_ATTRIBUTES = ("targets", "labels")  # ImageFolder, DatasetFolder and many custom sets
+
+
+def labels_of_dataset(dataset: Any) -> dict[int, int] | None:
+    """Every sample's class from the dataset's own ``targets``/``labels`` (one int per sample),
+    counted: exact and independent of the order batches come in. None when it has no such
+    list."""
+    try:
+        length = len(dataset)
+    except TypeError:
+        return None
+    for name in LABEL_ATTRIBUTES:
+        labels = getattr(dataset, name, None)
+        if labels is None or isinstance(labels, (str, bytes, dict)):
+            continue
+        try:
+            values = labels.tolist() if hasattr(labels, "tolist") else list(labels)
+        except TypeError:
+            continue
+        if len(values) == length and values and all(type(v) is int for v in values[:1000]):
+            counts: dict[int, int] = {}
+            for label in values:
+                counts[label] = counts.get(label, 0) + 1
+            return counts
+    return None
+
+
 def _short(indices: Any) -> Any:
     return list(indices)[:64] if isinstance(indices, (list, tuple)) else indices
 

@@ -10,6 +10,7 @@ each distinct line is kept once, with how often it was seen.
 from __future__ import annotations
 
 import re
+import threading
 
 MAX_DISTINCT = 30  # distinct lines kept; the rest are only counted
 MAX_LINE = 300
@@ -17,9 +18,11 @@ _WARNING = re.compile(r"^(?P<where>.+?):(?P<line>\d+): (?P<category>\w*Warning):
 
 
 class OutputLog:
-    """Distinct lines with their counts, in the order first seen."""
+    """Distinct lines with their counts, in the order first seen. Thread-safe: the runner's
+    reader thread feeds it while the page reads it."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.counts: dict[tuple[str, str], int] = {}  # (code, text) -> times seen
         self.where: dict[tuple[str, str], str] = {}
         self.dropped = 0
@@ -39,7 +42,8 @@ class OutputLog:
             return
         found = _WARNING.match(line)
         if found:
-            self.add("python_warning", f"{found['category']}: {found['text']}",
+            code = "torch_warning" if "torch" in found["where"] else "python_warning"
+            self.add(code, f"{found['category']}: {found['text']}",
                      f"{found['where']}:{found['line']}")
         else:
             self.add("printed_output", line)
@@ -48,16 +52,19 @@ class OutputLog:
         """One more sighting of a line (``code``: python_warning, torch_warning or
         printed_output)."""
         key = (code, text[:MAX_LINE])
-        if key not in self.counts and len(self.counts) >= MAX_DISTINCT:
-            self.dropped += 1
-            return
-        self.counts[key] = self.counts.get(key, 0) + 1
-        if where:
-            self.where.setdefault(key, where)
+        with self._lock:
+            if key not in self.counts and len(self.counts) >= MAX_DISTINCT:
+                self.dropped += 1
+                return
+            self.counts[key] = self.counts.get(key, 0) + 1
+            if where:
+                self.where.setdefault(key, where)
 
     def diagnostics(self) -> list[dict]:
         found = []
-        for (code, text), count in self.counts.items():
+        with self._lock:
+            seen = list(self.counts.items())
+        for (code, text), count in seen:
             times = f" (seen {count} times: once per worker process or epoch, typically)" \
                 if count > 1 else ""
             is_warning = code != "printed_output"

@@ -107,11 +107,19 @@ def duplicated_rng(probes: Sequence[dict]) -> list[dict]:
 SKEW_FIX = """import collections
 from torch.utils.data import WeightedRandomSampler
 
-# one label per sample, from the dataset itself (ImageFolder and MNIST keep them in .targets)
-if hasattr(dataset, "targets"):
-    labels = [int(y) for y in dataset.targets]
-else:
-    labels = [int(dataset[i][-1]) for i in range(len(dataset))]
+def label_of(sample):  # where the tool found labels: last in a tuple, or under a label key
+    if isinstance(sample, dict):
+        return next(sample[k] for k in ("label", "labels", "target", "targets", "y") if k in sample)
+    return sample[-1]
+
+# one label per sample, from the dataset itself (ImageFolder and MNIST keep them in .targets;
+# reading every sample instead decodes the whole dataset once)
+source = getattr(dataset, "targets", None)
+if source is None:
+    source = getattr(dataset, "labels", None)
+if source is None:
+    source = [label_of(dataset[i]) for i in range(len(dataset))]
+labels = [int(y) for y in source]
 counts = collections.Counter(labels)
 weights = [1.0 / counts[y] for y in labels]  # every class drawn equally often
 sampler = WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
@@ -148,7 +156,7 @@ def skew_lower_bound(most: int, least: int, classes: int) -> float:
 
 
 def skewed_labels(counts: dict, order_independent: bool | None = True,
-                  dataset_len: int | None = None) -> list[dict]:
+                  dataset_len: int | None = None, source: str = "batches") -> list[dict]:
     """Flag class imbalance only when the counts prove it: the rarest and the most common
     class differ at least SKEW_RATIO-fold at SKEW_CONFIDENCE.
 
@@ -168,20 +176,24 @@ def skewed_labels(counts: dict, order_independent: bool | None = True,
     if low < SKEW_RATIO:
         return []
     order = {True: "shuffled", None: "unknown", False: "sequential"}[order_independent]
-    how = {True: "in shuffled order", None: "in an order not known to be random",
-           False: "in sequential order, as many as the dataset has"}[order_independent]
+    how = {True: "in sampled batches in shuffled order",
+           None: "in sampled batches in an order not known to be random",
+           False: "in sampled batches in sequential order, as many as the dataset has"
+           }[order_independent]
+    if source == "dataset":
+        how = "in the dataset's own label list (targets), every sample"
     return [diagnostic(
         "skewed_labels", "warning",
         f"Labels are skewed: class {most_label} has {most / least:.1f}x the samples of class "
         f"{least_label} ({most} vs {least}; at least {low:.1f}x at {SKEW_CONFIDENCE:.0%} "
-        f"confidence), counted from {counted} labels of {len(counts)} classes in sampled batches "
-        f"{how}. A model can score well by ignoring rare classes; a WeightedRandomSampler "
+        f"confidence), counted from {counted} labels of {len(counts)} classes {how}. A model "
+        "can score well by ignoring rare classes; a WeightedRandomSampler "
         "draws them as often as the others.",
         {"label_counts": dict(sorted(counts.items())), "most": [most_label, most],
          "least": [least_label, least], "ratio": round(most / least, 2),
          "ratio_lower_bound": round(low, 2), "confidence": SKEW_CONFIDENCE,
          "labels_counted": counted, "classes_counted": len(counts),
-         "order": order, "dataset_len": dataset_len},
+         "order": order, "dataset_len": dataset_len, "source": source},
         SKEW_FIX)]
 
 

@@ -14,6 +14,7 @@ Classes here live at module scope so spawn/forkserver workers can unpickle them 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -57,18 +58,23 @@ def add_note(exc: BaseException, text: str) -> None:
         exc.add_note(f"{NOTE_PREFIX} {text}")
 
 
-# The process CPU clock (a system call) and the batch's byte size cost ~1.5 us per batch: felt
-# by batches that take ~100 us. Once a process's batches take under FAST_BATCH_S they are read
-# on every SAMPLE_EVERY-th batch only (the output says so: report "counting").
+# The costly reads, the process CPU clock (a system call) and the batch's byte size (a walk
+# over its structure: up to ~200 us for a list of per-image dicts), are read on every batch
+# only while they cost under READ_SHARE of the batch's time. Beyond that, on every n-th batch:
+# SAMPLE_EVERY once batches take under FAST_BATCH_S (the clock alone is felt at ~100 us per
+# batch), and as rarely as keeps the walk under READ_SHARE, up to MAX_EVERY. The output says on
+# how many batches they were read (report "counting").
 FAST_BATCH_S = 0.001
 SAMPLE_EVERY = 16
+READ_SHARE = 0.005
+MAX_EVERY = 64
 
 
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
     __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe",
-                 "made", "fast")
+                 "made", "every")
 
     def __init__(self) -> None:
         self.start = None
@@ -80,17 +86,20 @@ class _FetchTimer:
         self.probed = False  # this process's first fetch was probed (see rng_probe)
         self.probe = None
         self.made = 0  # batches this process made
-        self.fast = False  # its last batch took under FAST_BATCH_S: sample the costly reads
-
-    def reads_this_batch(self) -> bool:
-        """Whether the batch starting now reads the CPU clock and its byte size."""
-        return not self.fast or self.made % SAMPLE_EVERY == 0
+        self.every = 1  # the costly reads happen on every n-th batch (see READ_SHARE)
 
     def begin(self) -> float:
-        """Called before each fetch; notes the CPU clock at the batch's first fetch."""
-        if self.start is None and self.cpu_start is None and self.reads_this_batch():
+        """Called before each fetch; notes the CPU clock at the first fetch of a batch that
+        reads it (the test is written out in TimedMapDataset too, for speed)."""
+        if self.start is None and self.cpu_start is None and self.made % self.every == 0:
             self.cpu_start = cpu_clock()
         return clock()
+
+    def read_every(self, batch_s: float, reads_s: float) -> int:
+        """How often to read, after a batch of ``batch_s`` whose reads took ``reads_s``."""
+        base = SAMPLE_EVERY if batch_s < FAST_BATCH_S else 1
+        share = math.ceil(reads_s / (READ_SHARE * batch_s)) if batch_s > 0 else MAX_EVERY
+        return min(max(base, share), MAX_EVERY)
 
     def add(self, start: float, end: float) -> None:
         if self.start is None:
@@ -165,8 +174,8 @@ class TimedMapDataset(Dataset):
         # methods: with tiny batches each call shows in the throughput (bench/overhead.py).
         timer = _timer
         timer.indices, timer.fetching = indices, True
-        if timer.start is None and timer.cpu_start is None and (  # the batch's first fetch
-                not timer.fast or timer.made % SAMPLE_EVERY == 0):
+        if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
+                and timer.made % timer.every == 0):  # ...and it reads the costly figures
             timer.cpu_start = cpu_clock()
         start = clock()
         if self._inner_getitems:
@@ -305,12 +314,12 @@ class TimedCollate:
         collate_s = end - start
         info = get_worker_info()
         counted = len(samples) if self.auto_collation else None
-        if fetch_cpu_s is not None:  # a batch whose costly figures are read (see SAMPLE_EVERY)
+        if fetch_cpu_s is not None:  # a batch whose costly figures are read (see READ_SHARE)
             samples_n, nbytes = sizes_of(batch, counted)
+            timer.every = timer.read_every(end - fetch_start, clock() - end)
         else:
             samples_n, nbytes = (counted if counted is not None else samples_in(batch)), None
         timer.made += 1
-        timer.fast = end - fetch_start < FAST_BATCH_S
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return batch, tuple.__new__(BatchMeta, (
             -1 if info is None else info.id, timer.pid, fetch_start, fetch_s, collate_s,
@@ -460,7 +469,7 @@ SAMPLES_RULE = ("batch_size=None: each item is a batch; its samples are the lead
 
 def samples_in(batch: Any) -> int:
     """Samples in a batch the dataset made itself (``batch_size=None``): see SAMPLES_RULE."""
-    found = _first_array(batch, [WALK_BUDGET])
+    found = _first_array(batch)
     if found is not None and getattr(found, "ndim", 0) > 0:
         return int(found.shape[0])
     if isinstance(batch, (list, tuple)) and batch and not isinstance(batch[0], (int, float)):
@@ -468,16 +477,23 @@ def samples_in(batch: Any) -> int:
     return 1
 
 
-def _first_array(value: Any, budget: list[int]) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return None
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return value
-    if isinstance(value, (str, bytes, bytearray)):
-        return None
-    for item in _children(value) or ():
-        found = _first_array(item, budget)
-        if found is not None:
-            return found
+def _first_array(batch: Any) -> Any:
+    """The first tensor or array, level by level (a WebDataset batch is (keys, images, labels):
+    the images are found before the walk spends itself on 256 key strings). Bounded like the
+    byte walk: WALK_BUDGET containers, WALK_LIST_SAMPLE items of each."""
+    level, budget = [batch], WALK_BUDGET
+    while level and budget > 0:
+        deeper = []
+        for value in level:
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
+                return value
+            if isinstance(value, (str, bytes, bytearray, int, float)) or value is None:
+                continue
+            budget -= 1
+            items = _children(value)
+            if items:
+                deeper.extend(items[:WALK_LIST_SAMPLE])
+            if budget <= 0:
+                break
+        level = deeper
     return None

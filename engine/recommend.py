@@ -240,6 +240,24 @@ def prefetch_decision(n: int, chosen: list[TrialResult], has_consumer: bool
                   f"variation {cv:.2f}).")
 
 
+def main_process_reason(groups: dict[int, list[TrialResult]], has_consumer: bool) -> str:
+    """Why num_workers=0, against the fastest worker count measured and the tolerance the
+    pick actually allowed."""
+    rate = median_rate(groups[0])
+    rates = {n: median_rate(ts) for n, ts in groups.items() if n > 0}
+    best = max(rates, key=rates.get)
+    if rate >= rates[best]:
+        return (f"Loading in the main process beats worker processes here ({rate:.0f} "
+                f"samples/s against {rates[best]:.0f} at best, with {best}): handing each batch "
+                "between processes costs more than making it.")
+    tolerance = FED_RATE_TOLERANCE if has_consumer else FEWER_WORKERS_TOLERANCE
+    why = "keeps your step as fed" if has_consumer else "is that close"
+    return (f"Loading in the main process is {1 - rate / rates[best]:.0%} slower than the "
+            f"fastest worker count ({rate:.0f} samples/s against {rates[best]:.0f} with "
+            f"{best}); within the {tolerance:.0%} allowed, the main process {why} without the "
+            "workers' memory and start-up.")
+
+
 def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Limits,
               has_consumer: bool, batch_size: int | None) -> Recommendation:
     groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None])
@@ -254,17 +272,7 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
         base = median_rate(groups[0])
         reasons.append(f"That is {rate / base:.1f}x the {base:.0f} samples/s of num_workers=0.")
     elif n == 0 and len(groups) > 1:
-        fewest = min(k for k in groups if k > 0)
-        one = median_rate(groups[fewest])
-        if rate >= one:
-            reasons.append(f"Loading in the main process beats worker processes here "
-                           f"({rate:.0f} samples/s against {one:.0f} with {fewest}): handing "
-                           "each batch between processes costs more than making it.")
-        else:
-            reasons.append(f"Loading in the main process is within "
-                           f"{FEWER_WORKERS_TOLERANCE:.0%} of worker processes here ({rate:.0f} "
-                           f"samples/s against {one:.0f} with {fewest}), without their memory "
-                           "and start-up.")
+        reasons.append(main_process_reason(groups, has_consumer))
     if limits.memory_binds:
         reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
                        "(worker memory plus batches in flight against free RAM and /dev/shm).")
@@ -287,4 +295,4 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
                          "message": f"Repeated measurements of the pick varied by ±{spread:.0f}%: "
                                     "other load on this machine makes the numbers uncertain."})
     return Recommendation(kwargs, rate, uncertainty_pct(chosen), reasons, warnings,
-                          conclusive=any(t.conclusive for t in chosen))
+                          conclusive=all(t.conclusive for t in chosen))

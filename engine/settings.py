@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import LoaderConfig
+from .config import WORKER_ONLY, LoaderConfig
 from .errors import ConfigError
 from .target import ResolvedTarget
 
@@ -42,8 +42,12 @@ def module_settings(resolved: ResolvedTarget) -> dict:
     if "batch_sampler" in declared:
         settings.pop("batch_size", None)
     settings.update(declared)
-    if resolved.is_iterable:
-        settings.pop("sampler", None)  # DataLoader refuses a sampler with an IterableDataset
+    if resolved.is_iterable and (settings.get("sampler") is not None
+                                 or settings.get("batch_sampler") is not None):
+        raise ConfigError(
+            "The module gives a sampler, but the dataset is an IterableDataset: DataLoader "
+            "refuses samplers for it (the dataset decides the order itself). Remove the "
+            "sampler, or make the dataset map-style.", type="invalid_settings")
     return settings
 
 
@@ -53,8 +57,8 @@ def starting_config(resolved: ResolvedTarget, chosen: dict | None = None) -> Loa
     chosen = dict(chosen or {})
     if settings.get("num_workers", 0) and chosen.get("num_workers") == 0:
         # Dropping workers drops worker-only settings the module set, as DataLoader requires.
-        settings.pop("prefetch_factor", None)
-        settings.pop("persistent_workers", None)
+        for key in WORKER_ONLY:
+            settings.pop(key, None)
     settings.update(chosen)
     if settings.get("batch_sampler") is not None and "batch_size" in chosen:
         raise ConfigError(
@@ -65,3 +69,17 @@ def starting_config(resolved: ResolvedTarget, chosen: dict | None = None) -> Loa
         raise ConfigError(f"Unknown DataLoader setting(s): {', '.join(unknown)}.",
                           type="invalid_settings")
     return LoaderConfig(**settings)
+
+
+def snippet_names(resolved: ResolvedTarget, config: LoaderConfig) -> dict:
+    """How the ``DataLoader(...)`` line names each object setting of ``config``, as the user's
+    module makes it: ``sampler=make_sampler(dataset)``, ``collate_fn=collate_fn``,
+    ``generator=dataloader_kwargs["generator"]``. Only for objects that are the module's own."""
+    names = {}
+    for key, value in (resolved.dataloader_kwargs or {}).items():
+        if key in KNOWN_KEYS and getattr(config, key, None) is value:
+            names[key] = f"dataloader_kwargs[{key!r}]"
+    for key, expression in resolved.expressions.items():
+        if key not in names and getattr(config, key, None) is getattr(resolved, key, None):
+            names[key] = expression
+    return names

@@ -192,9 +192,9 @@ def parse_call(attr: str) -> tuple[str, Call | None]:
     try:
         args = tuple(ast.literal_eval(a) for a in node.args)
         kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in node.keywords)
-    except ValueError as exc:
-        culprit = next(ast.unparse(v) for v in [*node.args, *(k.value for k in node.keywords)]
-                       if not _is_literal(v))
+    except (ValueError, TypeError) as exc:  # TypeError: {[1]: 2}, an unhashable key
+        culprit = next((ast.unparse(v) for v in [*node.args, *(k.value for k in node.keywords)]
+                        if not _is_literal(v)), rest.rstrip(")"))
         raise _bad_arguments(attr, name, f"{culprit} is not a literal") from exc
     return name, Call(args, kwargs)
 
@@ -203,7 +203,7 @@ def _is_literal(node: ast.AST) -> bool:
     try:
         ast.literal_eval(node)
         return True
-    except ValueError:
+    except (ValueError, TypeError):
         return False
 
 
@@ -235,6 +235,8 @@ def resolve(target: str) -> ResolvedTarget:
     expressions = {name: name for name in ("collate_fn", "sampler", "batch_sampler",
                                            "worker_init_fn") if extras[name] is not None}
     for key, factory in DATASET_FACTORIES.items():
+        if key != "collate_fn" and isinstance(dataset, IterableDataset):
+            continue  # DataLoader takes no sampler with an iterable (settings.py says so)
         made = _from_factory(module, key, factory, dataset)
         if made is not None:
             extras[key], expressions[key] = made
@@ -335,9 +337,12 @@ def _build(obj: Any, name: str, call: Call | None = None) -> Any:
     if call is None and not isinstance(obj, type) and dataset_problem(obj) is None:
         return obj
     if not callable(obj):
+        problem = dataset_problem(obj)
         raise TargetError(
             f"'{name}' is a {type_name(obj)}, which cannot be used as a dataset: it "
-            f"{dataset_problem(obj)}.",
+            f"{problem}." if problem else
+            f"'{name}' is a {type_name(obj)}, not a function or class, so it takes no "
+            f"arguments: point at {name} without them, or at a factory.",
             type="target_not_dataset",
         )
     args, kwargs = (call.args, dict(call.kwargs)) if call else ((), {})

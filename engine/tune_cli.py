@@ -41,7 +41,9 @@ def settings_file(doc: dict) -> dict:
         "baseline": doc["baseline"],
         "reasons": doc["reasons"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_with": "from engine import load_settings; DataLoader(ds, **load_settings(path))",
+        "load_with": "from engine import load_settings; DataLoader(ds, <your other settings: "
+                     "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
+        "snippet": doc["snippet"],
     }
 
 
@@ -54,7 +56,7 @@ def render_tune_text(doc: dict) -> str:
     base = doc["baseline"] or {}
     rate = doc["expected_samples_per_s"]
     uncertainty = doc.get("uncertainty_pct")
-    noise = f" (±{uncertainty:.0f}%, 95% confidence)" if uncertainty is not None else ""
+    noise = f" (±{uncertainty:.0f}%)" if uncertainty is not None else ""
     lines.append(f"expected: {rate:.0f} samples/s{noise}")
     if base.get("samples_per_s"):
         lines.append(f"baseline ({base['source']}): {base['samples_per_s']:.0f} samples/s -> "

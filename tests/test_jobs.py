@@ -50,7 +50,8 @@ def test_self_batching_control_sends_batch_size_none():
 def test_controls_follow_the_module_settings():
     values = controls_from_settings({"batch_size": 16, "num_workers": 3, "prefetch_factor": 4,
                                      "persistent_workers": True, "shuffle": True})
-    assert values == {"self_batching": False, "batch_size": 16, "num_workers": 3,
+    assert values == {"batch_sampler": False, "self_batching": False, "batch_size": 16,
+                      "num_workers": 3,
                       "pin_memory": False, "prefetch_factor": 4, "persistent_workers": True}
 
 
@@ -128,3 +129,10 @@ def test_verification_checks_the_claimed_speedup():
     assert "more than the ±15%" in check_claim(claim, 1.4)
     assert "claimed no speedup" in check_claim({"speedup": None, "speedup_note": "too short"}, 1.2)
     assert check_claim(claim, None) is None
+
+
+def test_a_module_batch_sampler_means_no_batch_size_from_the_page():
+    values = controls_from_settings({"batch_sampler": "BatchSampler(...)", "num_workers": 0})
+    request = request_from_controls("t.py", controls(**values))
+    assert "batch_size" not in request.settings
+    assert "batch_size" not in recommended_settings(request.settings, {"num_workers": 2})

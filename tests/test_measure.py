@@ -36,7 +36,8 @@ def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
     read = [r for r in records if r.fetch_cpu_s is not None]
     assert all(r.nbytes is not None for r in read)
-    assert 200 / SAMPLE_EVERY - 2 <= len(read) <= 200 / SAMPLE_EVERY + 3
+    # (the first batches, slow with page faults and lazy imports, may each be read)
+    assert 200 / SAMPLE_EVERY - 2 <= len(read) <= 200 / SAMPLE_EVERY + 6
 
 
 def test_several_workers_are_attributed():
@@ -78,3 +79,53 @@ def test_consumer_choice():
     assert Consumer.choose(None, False).kind == "none"
     assert Consumer.choose(10, True) == Consumer("simulated", 10.0)
     assert Consumer.choose(0, True).kind == "none"
+
+
+def test_labels_are_read_from_the_dataset_when_it_lists_them():
+    """An ImageFolder-style targets list gives exact counts whatever order batches come in."""
+    import numpy as np
+
+    from engine.measure import labels_of_dataset
+
+    class Folder:
+        def __init__(self, targets):
+            self.targets = targets
+
+        def __len__(self):
+            return len(self.targets)
+
+    assert labels_of_dataset(Folder([0] * 22 + [1])) == {0: 22, 1: 1}
+    assert labels_of_dataset(Folder(np.array([2, 2, 3]))) == {2: 2, 3: 1}
+    assert labels_of_dataset(Folder(["a", "b"])) is None  # not class indices
+    assert labels_of_dataset(Folder([])) is None
+    assert labels_of_dataset([1, 2, 3]) is None
+
+
+def test_the_snippet_names_objects_as_the_module_makes_them():
+    from engine.settings import snippet_names
+
+    resolved = resolve(dataset_path("duck_table.py"))
+    config = starting_config(resolved, {"num_workers": 1})
+    line = config.snippet(expressions=snippet_names(resolved, config))
+    assert "sampler=make_sampler(dataset)" in line and "collate_fn=collate_fn" in line
+
+
+def test_a_module_batch_sampler_makes_the_batches_and_refuses_a_batch_size():
+    from engine.errors import ConfigError
+
+    records, _ = _measure("with_batch_sampler.py", {}, max_batches=12)
+    assert {r.samples for r in records} == {5}
+    resolved = resolve(dataset_path("with_batch_sampler.py"))
+    with pytest.raises(ConfigError, match="batch_sampler makes the batches"):
+        starting_config(resolved, {"batch_size": 8})
+
+
+def test_worker_only_settings_go_with_the_workers():
+    from engine.config import LoaderConfig
+    from engine.errors import ConfigError
+
+    with_workers = LoaderConfig(num_workers=2, multiprocessing_context="spawn", timeout=30)
+    alone = with_workers.replace(num_workers=0)
+    assert alone.multiprocessing_context is None and alone.timeout == 0
+    with pytest.raises(ConfigError, match="multiprocessing_context only applies"):
+        LoaderConfig(num_workers=0, multiprocessing_context="spawn")

@@ -332,8 +332,25 @@ class WithTargets(Pairs):
         self.targets = torch.tensor(self.labels) if as_tensor else list(self.labels)
 
 
-@pytest.mark.parametrize("dataset", [Pairs(), WithTargets(False), WithTargets(True)],
-                         ids=["getitem", "targets-list", "targets-tensor"])
+class Dicts(Dataset):
+    """Dict samples (a tokenizer pipeline's shape), the labels under "label", no label list."""
+
+    def __len__(self):
+        return len(Pairs.labels)
+
+    def __getitem__(self, index):
+        return {"input_ids": torch.zeros(3), "label": Pairs.labels[index]}
+
+
+class Tuples(Dicts):
+    def __getitem__(self, index):
+        return torch.zeros(2), torch.tensor(Pairs.labels[index])
+
+
+@pytest.mark.parametrize("dataset", [Pairs(), WithTargets(False), WithTargets(True), Dicts(),
+                                     Tuples()],
+                         ids=["labels-attr", "targets-list", "targets-tensor", "dict-samples",
+                              "tuple-samples"])
 def test_the_skew_fix_runs_as_pasted_and_balances_the_classes(dataset):
     scope = {"dataset": dataset}
     exec(pitfalls.SKEW_FIX, scope)
@@ -342,3 +359,9 @@ def test_the_skew_fix_runs_as_pasted_and_balances_the_classes(dataset):
     assert sum(drawn.values()) == len(dataset)
     for label in (0, 1, 2):
         assert drawn[label] / len(dataset) == pytest.approx(1 / 3, abs=0.04)
+
+
+def test_skew_from_the_datasets_own_labels_says_so():
+    found = pitfalls.skewed_labels({0: 880, 1: 40}, True, 920, source="dataset")
+    assert found and "dataset's own label list" in found[0]["message"]
+    assert found[0]["evidence"]["source"] == "dataset"

@@ -118,3 +118,20 @@ def test_the_byte_walk_is_bounded_and_estimates_long_lists():
     estimate = payload_bytes({"polygons": polygons, "image": torch.zeros(10)})
     assert time.perf_counter() - started < 0.01  # visits <= WALK_BUDGET objects, not 200k
     assert 0.5 * 200_000 * 8 < estimate - 40 < 2 * 200_000 * 8
+
+
+def test_a_self_made_batch_is_counted_by_its_tensors_not_its_key_strings():
+    keys = [f"sample-{i:06d}" for i in range(256)]
+    batch = (keys, torch.zeros(256, 3, 8, 8), torch.zeros(256, dtype=torch.int64))
+    assert samples_in(batch) == 256
+    assert samples_in([{"a": 1}, {"a": 2}]) == 2  # a list of per-sample dicts
+
+
+def test_costly_reads_are_sampled_when_they_would_cost_over_half_a_percent():
+    from engine.probes import MAX_EVERY, SAMPLE_EVERY, _FetchTimer
+
+    timer = _FetchTimer()
+    assert timer.read_every(batch_s=0.010, reads_s=0.000002) == 1  # 0.02%: every batch
+    assert timer.read_every(batch_s=0.0005, reads_s=0.000002) == SAMPLE_EVERY  # a fast batch
+    assert timer.read_every(batch_s=0.0016, reads_s=0.00021) == 27  # a 210 us walk of 1.6 ms
+    assert timer.read_every(batch_s=0.001, reads_s=0.01) == MAX_EVERY
