@@ -95,11 +95,12 @@ def _dataset_card(info: dict) -> None:
     if ds["sample"] is not None:
         size = f", {ds['sample_bytes'] / 1024:.1f} KiB" if ds["sample_bytes"] else ""
         sample = f"; sample 0: `{json.dumps(ds['sample'])}`{size}"
-    extras = [name for flag, name in ((ds["has_train_step"], "train_step"),
-                                      (ds["has_collate_fn"], "collate_fn"),
-                                      (ds["has_sampler"], "sampler"),
-                                      (ds["module_batch_size"], f"batch_size={ds['module_batch_size']}"))
-              if flag]
+    extras = [name for flag, name in (
+        (ds["has_train_step"], "train_step"), (ds["has_collate_fn"], "collate_fn"),
+        (ds["has_sampler"], "a sampler"),
+        (ds.get("defines_batch_size"), f"batch_size={ds['module_batch_size']}"),
+        (ds.get("has_dataloader_kwargs"), "dataloader_kwargs (the controls start from them)"))
+        if flag]
     st.success(f"Found **{ds['class']}** ({ds['kind']}-style, via `{ds['found_as']}`): "
                f"{length}{sample}" + (f". Module also defines: {', '.join(extras)}." if extras
                                       else "."), icon="✅")
