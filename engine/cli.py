@@ -142,8 +142,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"ERROR: {exc}")
         return EXIT_RUN_FAILED
     # The count a tune measured to pay, unless a flag replaced it: no warning second-guesses it.
-    tuned = (load_settings(args.settings).get("num_workers")
-             if args.settings and args.num_workers is None else None)
+    tuned = settings.get("num_workers") if args.settings and args.num_workers is None else None
     request = RunRequest(
         target=args.target, settings=settings, tuned_workers=tuned,
         step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,

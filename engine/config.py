@@ -116,6 +116,11 @@ class LoaderConfig:
             )
 
     @property
+    def tuned_key(self) -> tuple:
+        """The settings the tuner varies, in ``TrialResult.key``'s order."""
+        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+    @property
     def effective_prefetch_factor(self) -> int:
         """Batches each worker keeps in flight (0 without workers)."""
         if self.num_workers == 0:

@@ -62,6 +62,8 @@ class BatchRecord(NamedTuple):
 
 BATCH_COLUMNS = BatchRecord._fields
 INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "worker_id", "worker_pid"})
+# An int where present, None on batches it was not read for (sampled, see probes.READ_SHARE).
+OPTIONAL_INT_COLUMNS = frozenset({"nbytes"})
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 
-from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, BatchRecord
+from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS, BatchRecord
 
 DB_ENV = "DLTUNER_DB"
 
@@ -196,7 +196,7 @@ class RunStore:
             self._local.conn = None
 
 
-INTEGER_COLUMNS = INT_BATCH_COLUMNS | {"nbytes"}  # nbytes may be None (sampled), else an int
+INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
 
 
 def _typed_batch_row(row: tuple) -> tuple:

@@ -159,7 +159,7 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     prefetch, workers restarted each epoch), and expect what that measured."""
     rec = outcome.recommendation
     final = recommended_config(config, rec.kwargs)
-    if not final.num_workers or any(t.key == _key(final) and t.phase != "baseline"
+    if not final.num_workers or any(t.key == final.tuned_key and t.phase != "baseline"
                                     for t in outcome.trials):
         return  # the search measured exactly these settings
     trial = measure_trial(resolved, final, consumer, "final", 0)
@@ -201,18 +201,19 @@ def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer
     """What the recommendation is compared with: the settings the run started from (the
     module's own, with the caller's choices on top; see settings.py). Measured, unless a search
     trial already measured exactly those settings."""
-    same = [t for t in outcome.trials if t.key == _key(config) and t.phase != "prewarm"]
+    same = [t for t in outcome.trials if t.key == config.tuned_key and t.phase != "prewarm"]
     trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0)
     if trial is not None and not same:
         outcome.trials.append(trial)
         on_trial(trial)
+    recommended = recommended_config(config, outcome.recommendation.kwargs)
     return {
         "source": source,
         "config": config.to_json_dict(),
         "samples_per_s": trial.samples_per_s if trial else None,
         "consumer_idle_frac": trial.consumer_idle_frac if trial else None,
-        **speedup_claim(outcome.recommendation, trial, same_settings=_key(
-            recommended_config(config, outcome.recommendation.kwargs)) == _key(config)),
+        **speedup_claim(outcome.recommendation, trial,
+                        same_settings=recommended.tuned_key == config.tuned_key),
     }
 
 
@@ -237,12 +238,6 @@ def speedup_claim(rec, base: TrialResult | None, same_settings: bool = False) ->
     base_pct = 100.0 * (base.rate_ci or 0.0)
     return {"speedup": rec.expected_samples_per_s / base.samples_per_s,
             "speedup_pct": (pick_pct ** 2 + base_pct ** 2) ** 0.5, "speedup_note": None}
-
-
-def _key(config: LoaderConfig) -> tuple:
-    """A config's tuned settings in TrialResult.key's order."""
-    return (config.num_workers, config.prefetch_factor, config.persistent_workers,
-            config.pin_memory)
 
 
 def recommended_config(config: LoaderConfig, recommended: dict) -> LoaderConfig:

@@ -13,10 +13,11 @@ import base64
 import math
 from array import array
 
-from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS
+from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS
 
 # None without a GPU; or, for the CPU clock and bytes, on batches they were not read for.
-OPTIONAL_COLUMNS = frozenset({"h2d_ms", "h2d_other_ms", "gpu_gap_ms", "fetch_cpu_s", "nbytes"})
+OPTIONAL_COLUMNS = frozenset({"h2d_ms", "h2d_other_ms", "gpu_gap_ms", "fetch_cpu_s"}
+                             ) | OPTIONAL_INT_COLUMNS
 
 
 def pack_rows(rows: list[tuple]) -> dict:
@@ -46,7 +47,7 @@ def unpack_rows(packed: dict) -> list[tuple]:
         values = array("q" if name in INT_BATCH_COLUMNS else "d")
         values.frombytes(base64.b64decode(text))
         values = values.tolist()
-        if name == "nbytes":  # optional, and an int where present
+        if name in OPTIONAL_INT_COLUMNS:
             values = [None if v != v else int(v) for v in values]
         elif name in OPTIONAL_COLUMNS:
             values = [None if v != v else v for v in values]  # NaN != NaN
