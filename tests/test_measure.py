@@ -36,8 +36,9 @@ def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
     read = [r for r in records if r.fetch_cpu_s is not None]
     assert all(r.nbytes is not None for r in read)
-    # (the first batches, slow with page faults and lazy imports, may each be read)
-    assert 200 / SAMPLE_EVERY - 2 <= len(read) <= 200 / SAMPLE_EVERY + 6
+    # A batch slowed past 1 ms (page faults, a GC pass, a busy machine) makes the next one read
+    # too, so the count above 200 / SAMPLE_EVERY depends on load: sampling is what is asserted.
+    assert 200 / SAMPLE_EVERY - 2 <= len(read) <= 200 / 4
 
 
 def test_several_workers_are_attributed():
