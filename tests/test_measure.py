@@ -31,8 +31,10 @@ def test_zero_workers_crosses_epochs_until_max_batches():
 
 def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     """Batches under 1 ms: the costly reads happen on every 16th batch only."""
+    from engine import probes
     from engine.probes import SAMPLE_EVERY
 
+    probes._after_fork()  # a fresh per-process timer, as a new worker has: no earlier test's state
     records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
     read = [r for r in records if r.fetch_cpu_s is not None]
     assert all(r.nbytes is not None for r in read)
