@@ -227,6 +227,8 @@ class ChildRun:
         if os.getppid() != self.parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
             return True
+        if self.rows:  # batches arrived since the last flush
+            self.last_progress = time.monotonic()
         timeout_s = self.request.get("timeout_s") or 0
         if timeout_s and time.monotonic() - self.last_progress > timeout_s:
             outstanding = []
@@ -389,7 +391,9 @@ class ChildRun:
             config,
             consumer,
             seconds=float(request.get("seconds", 10.0)),
-            on_batch=self._on_batch,
+            # The deque's own append: a method of ours here costs ~0.3 us a batch (~1% of a
+            # 50 us batch); the watchdog sees progress as rows waiting to be flushed.
+            on_batch=self.rows.append,
             should_stop=lambda: self.stop_requested,
             on_epoch=lambda epoch, t, startup: self.events.send(
                 {"e": "epoch", "epoch": epoch, "t": t, "startup_s": startup}
@@ -413,10 +417,6 @@ class ChildRun:
         self.worker_ids[pid] = worker_id
         if probe is not None:
             self.events.send({"e": "probe", "pid": pid, "worker_id": worker_id, "probe": probe})
-
-    def _on_batch(self, record) -> None:
-        self.last_progress = time.monotonic()
-        self.rows.append(record)  # a NamedTuple: already the row wire.pack_rows reads
 
     def _hang_error(self) -> RunError:
         info = self.hang_info or {}

@@ -74,7 +74,7 @@ class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
     __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe",
-                 "made", "every")
+                 "made", "every", "worker_id")
 
     def __init__(self) -> None:
         self.start = None
@@ -87,6 +87,7 @@ class _FetchTimer:
         self.probe = None
         self.made = 0  # batches this process made
         self.every = 1  # the costly reads happen on every n-th batch (see READ_SHARE)
+        self.worker_id: int | None = None  # DataLoader's worker id (-1: main), once known
 
     def begin(self) -> float:
         """Called before each fetch; notes the CPU clock at the first fetch of a batch that
@@ -106,23 +107,12 @@ class _FetchTimer:
             self.start = start
         self.total += end - start
 
-    def take(self, now: float) -> tuple[float, float, float | None]:
-        """(fetch start, fetch seconds, fetch CPU seconds or None when not read)."""
-        start, total = (self.start if self.start is not None else now), self.total
-        cpu = cpu_clock() - self.cpu_start if self.cpu_start is not None else None
-        self.start, self.cpu_start, self.total = None, None, 0.0
-        return start, total, cpu
-
     def first_fetch_here(self) -> bool:
         """True once per process (a forked worker starts afresh, see _after_fork)."""
         if self.probed:
             return False
         self.probed = True
         return True
-
-    def take_probe(self) -> dict | None:
-        probe, self.probe = self.probe, None
-        return probe
 
 
 _timer = _FetchTimer()  # each worker process gets its own
@@ -162,17 +152,15 @@ class TimedMapDataset(Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list) -> list:
-        if _timer.first_fetch_here():
-            before = rng_state(self.inner)
-            items = self._timed_fetch(indices)
-            _timer.probe = rng_probe(before, rng_state(self.inner))
-            return items
-        return self._timed_fetch(indices)
-
-    def _timed_fetch(self, indices: list) -> list:
         # The timer's bookkeeping is written out here and in TimedCollate rather than in
-        # methods: with tiny batches each call shows in the throughput (bench/overhead.py).
+        # methods: with 50 us batches each call shows in the throughput (bench/overhead.py).
         timer = _timer
+        if not timer.probed:
+            timer.probed = True
+            before = rng_state(self.inner)
+            items = self.__getitems__(indices)
+            timer.probe = rng_probe(before, rng_state(self.inner))
+            return items
         timer.indices, timer.fetching = indices, True
         if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
                 and timer.made % timer.every == 0):  # ...and it reads the costly figures
@@ -302,7 +290,12 @@ class TimedCollate:
     def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
         timer = _timer
         start = clock()
-        fetch_start, fetch_s, fetch_cpu_s = timer.take(start)
+        # _FetchTimer.take, written out (see TimedMapDataset.__getitems__)
+        fetch_start = timer.start if timer.start is not None else start
+        fetch_s = timer.total
+        fetch_cpu_s = cpu_clock() - timer.cpu_start if timer.cpu_start is not None else None
+        timer.start = timer.cpu_start = None
+        timer.total = 0.0
         try:
             batch = self.collate_fn(samples)
         except Exception as exc:
@@ -311,8 +304,6 @@ class TimedCollate:
             add_note(exc, f"in collate_fn for {where}" + (f"; {mismatch}" if mismatch else ""))
             raise
         end = clock()
-        collate_s = end - start
-        info = get_worker_info()
         counted = len(samples) if self.auto_collation else None
         if fetch_cpu_s is not None:  # a batch whose costly figures are read (see READ_SHARE)
             samples_n, nbytes = sizes_of(batch, counted)
@@ -320,10 +311,14 @@ class TimedCollate:
         else:
             samples_n, nbytes = (counted if counted is not None else samples_in(batch)), None
         timer.made += 1
+        if timer.worker_id is None:  # once per process: DataLoader's worker id, -1 in main
+            info = get_worker_info()
+            timer.worker_id = -1 if info is None else info.id
+        probe, timer.probe = timer.probe, None
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return batch, tuple.__new__(BatchMeta, (
-            -1 if info is None else info.id, timer.pid, fetch_start, fetch_s, collate_s,
-            fetch_cpu_s, samples_n, nbytes, timer.take_probe()))
+            timer.worker_id, timer.pid, fetch_start, fetch_s, end - start, fetch_cpu_s,
+            samples_n, nbytes, probe))
 
 
 def shape_mismatch(samples: list) -> str | None:

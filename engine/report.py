@@ -167,6 +167,8 @@ def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
     found = []
     if live.error is None and live.finished_reason is not None:  # not while a run is starting
         found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
+        if steady is not None and steady.batches >= pitfalls.MIN_STEADY_BATCHES:
+            found += pitfalls.measuring_cost(steady.batches_per_s, steady.samples_per_s)
     found += pitfalls.pin_memory_without_gpu(config, bool(gpu_info.get("available")))
     found += pitfalls.duplicated_rng(live.probes)
     if live.label_source == "dataset":  # every label, read from the dataset: order is moot

@@ -20,6 +20,12 @@ from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS, Bat
 
 DB_ENV = "DLTUNER_DB"
 
+# One row per process per resource sample (child.ResourceSampler): the private-memory columns
+# are what worker_memory_growth judges, so a stored run can be judged again as it was live.
+RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
+                    "uss_mb", "pss_mb", "dirty_mb")
+RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER"}
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -43,7 +49,7 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE INDEX IF NOT EXISTS batches_run ON batches(run_id, seq);
 CREATE TABLE IF NOT EXISTS resources (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    t REAL, pid INTEGER, role TEXT, worker_id INTEGER, cpu_percent REAL, rss_mb REAL
+    {", ".join(f"{c} {RESOURCE_TYPES.get(c, 'REAL')}" for c in RESOURCE_COLUMNS)}
 );
 CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id, t);
 CREATE TABLE IF NOT EXISTS gpu_samples (
@@ -74,6 +80,7 @@ class RunStore:
         self._local = threading.local()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
+            _add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -110,9 +117,10 @@ class RunStore:
                 )
             elif kind == "resources":
                 conn.executemany(
-                    "INSERT INTO resources VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(run_id, event["t"], p["pid"], p["role"], p["worker_id"], p["cpu_percent"],
-                      p["rss_mb"]) for p in event["procs"]],
+                    f"INSERT INTO resources (run_id, {', '.join(RESOURCE_COLUMNS)}) "
+                    f"VALUES ({', '.join('?' * (len(RESOURCE_COLUMNS) + 1))})",
+                    [(run_id, event["t"], *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
+                     for p in event["procs"]],
                 )
                 if event.get("gpu"):
                     gpu = event["gpu"]
@@ -169,8 +177,8 @@ class RunStore:
 
     def resources(self, run_id: int) -> list[dict]:
         rows = self._conn().execute(
-            "SELECT t, pid, role, worker_id, cpu_percent, rss_mb FROM resources WHERE run_id = ? "
-            "ORDER BY t", (run_id,)
+            f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM resources WHERE run_id = ? ORDER BY t",
+            (run_id,)
         ).fetchall()
         return [dict(r) for r in rows]
 
@@ -197,6 +205,16 @@ class RunStore:
 
 
 INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
+
+
+def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: tuple,
+                         types: dict) -> None:
+    """A history file written by an older version lacks newer columns: add them (NULL in its
+    old rows), so old runs stay readable and new ones are stored whole."""
+    present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for column in columns:
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {types.get(column, 'REAL')}")
 
 
 def _typed_batch_row(row: tuple) -> tuple:

@@ -365,3 +365,12 @@ def test_skew_from_the_datasets_own_labels_says_so():
     found = pitfalls.skewed_labels({0: 880, 1: 40}, True, 920, source="dataset")
     assert found and "dataset's own label list" in found[0]["message"]
     assert found[0]["evidence"]["source"] == "dataset"
+
+
+def test_measuring_cost_is_said_only_for_batches_faster_than_100_us():
+    found = pitfalls.measuring_cost(19_600.0, 627_200.0)  # 51 us batches
+    assert [d["code"] for d in found] == ["measuring_cost"]
+    assert "every 51 us" in found[0]["message"] and "627,200 samples/s" in found[0]["message"]
+    assert found[0]["evidence"]["batch_us"] == 51.0
+    assert pitfalls.measuring_cost(7_300.0, 233_600.0) == []  # 137 us: measured at >= 0.97
+    assert pitfalls.measuring_cost(None, None) == []

@@ -43,3 +43,34 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(DB_ENV)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert default_db_path() == str(tmp_path / "dataloader-tuner" / "runs.sqlite")
+
+
+def _sample(t, dirty):
+    return {"e": "resources", "t": t, "procs": [
+        {"pid": 11, "role": "worker", "worker_id": 0, "cpu_percent": 50.0, "rss_mb": 100.0,
+         "threads": 2, "uss_mb": None if dirty is None else 20.0 + dirty, "pss_mb": 40.0, "dirty_mb": dirty}]}
+
+
+def test_worker_private_memory_is_stored_with_each_sample(tmp_path):
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    run_id = store.create_run("profile", "t.py", {})
+    store.record_event(run_id, _sample(1.0, 13.0))
+    store.record_event(run_id, _sample(3.0, None))  # not read this time: stays None
+    rows = store.resources(run_id)
+    assert [(r["t"], r["dirty_mb"], r["threads"]) for r in rows] == [(1.0, 13.0, 2), (3.0, None, 2)]
+    assert rows[0]["uss_mb"] == 33.0 and rows[0]["pss_mb"] == 40.0
+
+
+def test_a_history_file_from_before_private_memory_is_upgraded(tmp_path):
+    import sqlite3
+    path = str(tmp_path / "old.sqlite")
+    with sqlite3.connect(path) as conn:  # the resources table as earlier versions made it
+        conn.execute("CREATE TABLE resources (run_id INTEGER NOT NULL, t REAL, pid INTEGER, "
+                     "role TEXT, worker_id INTEGER, cpu_percent REAL, rss_mb REAL)")
+        conn.execute("INSERT INTO resources VALUES (99, 0.5, 11, 'main', -1, 90.0, 50.0)")
+    store = RunStore(path)
+    old = store.resources(99)
+    assert old[0]["rss_mb"] == 50.0 and old[0]["dirty_mb"] is None
+    run_id = store.create_run("profile", "t.py", {})
+    store.record_event(run_id, _sample(1.0, 7.0))
+    assert store.resources(run_id)[0]["dirty_mb"] == 7.0
