@@ -18,6 +18,7 @@ import time
 
 from engine import LoaderConfig, RunHandle, RunRequest, RunStore
 from engine.runner import inspect_target
+from engine.settings import recommended_settings
 from engine.live import LiveRun
 from engine.verify import Verification
 
@@ -186,20 +187,6 @@ def tune_request(target: str, controls: dict) -> RunRequest:
     return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
                                max_workers=int(controls["max_workers"]))
 
-
-def recommended_settings(base: dict, recommended: dict) -> dict:
-    """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
-    workers = int(recommended["num_workers"])
-    batch = {"batch_size": recommended["batch_size"]} if "batch_size" in recommended else {}
-    return {
-        **base,
-        **batch,
-        "num_workers": workers,
-        "pin_memory": bool(recommended.get("pin_memory", False)),
-        "prefetch_factor": recommended.get("prefetch_factor") if workers else None,
-        "persistent_workers": bool(recommended.get("persistent_workers", False)) if workers
-        else False,
-    }
 
 
 def controls_from_settings(settings: dict) -> dict:

@@ -11,12 +11,10 @@ import streamlit as st
 
 from engine import metrics
 from engine.metrics import BatchRecord
+from engine.report import fmt
+from engine.system import SystemSnapshot
 
 from . import charts
-
-
-def fmt(value, spec: str = ".1f", unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
 def compact(value: float | None, unit: str = "") -> str:
@@ -124,12 +122,14 @@ def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bo
     """Usable CPUs and their load, RAM, /dev/shm, and the GPU (or why there is none)."""
     if not system:
         return
+    snap = SystemSnapshot.from_dict(system)  # the tuner's reading of the same figures
     cols = st.columns(4)
-    cols[0].metric("usable CPUs", system["cpus_usable"],
-                   help=f"{system['cpus_logical']} logical CPUs; usable = affinity"
-                        + (f", cgroup quota {system['cpu_quota']:.1f}" if system.get("cpu_quota")
+    cols[0].metric("usable CPUs", f"{snap.cores:g}",
+                   help=f"{snap.cpus_logical} logical CPUs; usable = affinity "
+                        f"({snap.cpus_usable})"
+                        + (f" capped by the cgroup quota {snap.cpu_quota:.1f}" if snap.cpu_quota
                            else ""))
-    load = f"{system['other_load_cpus']:.1f} CPUs busy elsewhere at start"
+    load = f"{snap.other_load_cpus:.1f} CPUs busy elsewhere at start"
     if live:
         load += f"; machine now {psutil.cpu_percent(None):.0f} %"
     cols[0].caption(load)

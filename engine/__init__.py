@@ -3,7 +3,8 @@
 No Streamlit here: the dashboard, the CLI and tests all drive the engine through this API.
 """
 
-from .config import LoaderConfig, load_settings
+from .config import LoaderConfig
+from .settings import load_settings
 from .errors import ConfigError, EngineError, RunError, TargetError
 from .runner import RunHandle, RunRequest, RunState, run_to_completion
 from .store import RunStore, default_db_path

@@ -1,17 +1,7 @@
 """The engine's child process: runs the user's loader in its main thread and streams events.
 
-NOTE [ Engine process protocol ]
-
-    parent (CLI / dashboard)                    child: python -m engine.child
-    ------------------------                    -----------------------------------------
-    Popen(start_new_session=True) ------------> reads the request (JSON) from stdin
-                                                resolves the target  --(error)--> exit 1
-    <------------ event pipe: JSON lines ------ {"e": "ready", dataset, config, system}
-    <------------------------------------------ {"e": "batches", packed rows (wire.py)} / 0.25 s
-    <------------------------------------------ {"e": "resources", procs} every 0.5 s
-    SIGTERM (stop) ---------------------------> handler raises StopRun in the main thread
-                                                kills + reaps its DataLoader workers
-    <------------------------------------------ {"e": "finished", reason}; exit 0
+The protocol (the request, every event, their order) is NOTE [ Engine process protocol ] in
+protocol.py.
 
 Why a separate process, started fresh (not forked from the server): the user's code may crash,
 hang or leak, and must not take the dashboard with it; torch installs its dead-worker SIGCHLD
@@ -50,7 +40,8 @@ from .measure import Consumer, Measurement, labels_of_dataset
 from .metrics import warmup_batches
 from .probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
 from .target import resolve
-from .wire import pack_rows
+from . import protocol
+from .protocol import RunRequest
 
 TICK_S = 0.25  # batches reach the parent at least this often
 SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
@@ -74,8 +65,8 @@ class EventWriter:
         self.lock = threading.Lock()
         self.broken = False
 
-    def send(self, event: dict) -> None:
-        data = (json.dumps(event, default=str) + "\n").encode()
+    def send(self, event: protocol.Event) -> None:
+        data = protocol.encode(event)
         with self.lock:
             if self.broken:
                 return
@@ -112,7 +103,7 @@ class ResourceSampler:
         self.me.cpu_percent(None)
         self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
 
-    def sample(self, t: float) -> dict:
+    def sample(self, t: float) -> protocol.Resources:
         procs, primed = [], set()
         for child in self.me.children(recursive=False):
             if child.pid not in self.known:
@@ -142,13 +133,13 @@ class ResourceSampler:
                 {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
                  "cpu_percent": cpu, "rss_mb": rss, "threads": threads, **private}
             )
-        event = {"e": "resources", "t": t, "procs": procs}
+        gpu_sample = None
         if self.nvml is not None:
             try:
-                event["gpu"] = self.nvml.sample()
+                gpu_sample = self.nvml.sample()
             except Exception:  # noqa: BLE001
                 pass
-        return event
+        return protocol.Resources(t, procs, gpu_sample)
 
     def _private_mb(self, pid: int, proc: psutil.Process) -> dict:
         """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
@@ -197,7 +188,7 @@ class ResourceSampler:
 
 
 class ChildRun:
-    def __init__(self, request: dict, events: EventWriter) -> None:
+    def __init__(self, request: RunRequest, events: EventWriter) -> None:
         self.request = request
         self.events = events
         self.rows: collections.deque = collections.deque()
@@ -208,7 +199,7 @@ class ChildRun:
         self.t0 = time.monotonic()
         self.hang_info: dict | None = None
         # From the request, not os.getppid(): the parent may die before we get this far.
-        self.parent_pid = request.get("parent_pid") or os.getppid()
+        self.parent_pid = request.parent_pid or os.getppid()
         self.measurement: Measurement | None = None
         self.streaming = False  # profile runs stream batches and resource samples
 
@@ -229,7 +220,7 @@ class ChildRun:
             return True
         if self.rows:  # batches arrived since the last flush
             self.last_progress = time.monotonic()
-        timeout_s = self.request.get("timeout_s") or 0
+        timeout_s = self.request.timeout_s or 0
         if timeout_s and time.monotonic() - self.last_progress > timeout_s:
             outstanding = []
             if self.measurement is not None:
@@ -268,13 +259,12 @@ class ChildRun:
                     pass
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if self.request.get("mode") == "tune" and "suggested max number of worker" in str(message):
+        if self.request.kind == "tune" and "suggested max number of worker" in str(message):
             return  # the tuner tries such counts on purpose and judges them by measurement
         code = "torch_warning" if "torch" in filename else "python_warning"
         # The text a worker's warning has in the log (output.py), so the two count as one.
-        self.events.send({"e": "warning", "code": code,
-                          "message": f"{category.__name__}: {message}",
-                          "where": f"{filename}:{lineno}"})
+        self.events.send(protocol.WarningCaught(code, f"{category.__name__}: {message}",
+                                                f"{filename}:{lineno}"))
 
     # -- streaming threads --------------------------------------------------------------
 
@@ -283,7 +273,7 @@ class ChildRun:
         while self.rows:
             rows.append(self.rows.popleft())
         if rows:
-            self.events.send({"e": "batches", **pack_rows(rows)})
+            self.events.send(protocol.Batches(rows))
 
     # -- the run ----------------------------------------------------------------------
 
@@ -316,7 +306,7 @@ class ChildRun:
             self._flush()
             reap_workers()
             self._send_labels()
-            self.events.send({"e": "finished", "reason": reason, "t": time.monotonic() - self.t0})
+            self.events.send(protocol.Finished(reason, time.monotonic() - self.t0))
         return code
 
     def _send_labels(self) -> None:
@@ -331,10 +321,9 @@ class ChildRun:
         except Exception:  # noqa: BLE001 - a dataset attribute that misbehaves: use batches
             counts = None
         if counts:
-            self.events.send({"e": "labels", "counts": counts, "source": "dataset"})
+            self.events.send(protocol.Labels(counts, "dataset"))
         elif self.measurement.label_counts:
-            self.events.send({"e": "labels", "counts": self.measurement.label_counts,
-                              "source": "batches"})
+            self.events.send(protocol.Labels(self.measurement.label_counts, "batches"))
 
     def _explain(self, failure: BaseException) -> EngineError:
         if isinstance(failure, Hang):
@@ -351,36 +340,36 @@ class ChildRun:
 
     def _run(self) -> None:
         request = self.request
-        resolved = resolve(request["target"])
-        config = starting_config(resolved, request.get("settings"))
-        consumer = Consumer.choose(request.get("step_ms"), resolved.train_step is not None)
+        resolved = resolve(request.target)
+        config = starting_config(resolved, request.settings)
+        consumer = Consumer.choose(request.step_ms, resolved.train_step is not None)
         try:  # an iterable's first item only when inspecting: a run must not consume it
             dataset_info = describe(resolved, with_sample=not resolved.is_iterable
-                                    or request.get("mode") == "inspect")
+                                    or request.kind == "inspect")
         except Exception as exc:  # noqa: BLE001
             raise RunError(
                 f"Reading sample 0 failed: {type(exc).__name__}: {exc}",
                 details=traceback.format_exc(),
                 type="getitem_error",
             ) from exc
-        ready = {
-            "e": "ready",
-            "mode": request.get("mode", "profile"),
-            "pid": os.getpid(),
-            "dataset": dataset_info,
-            "config": config.to_json_dict(),
-            "snippet": config.snippet(expressions=snippet_names(resolved, config)),
-            "warmup_batches": warmup_for(config),
-            "counting": counting_rules(config),
-            "consumer": consumer.to_dict(),
-            "system": system.snapshot(),
-            "torch": __import__("torch").__version__,
-        }
+        ready = protocol.Ready(
+            # verify runs measure as profile runs do
+            mode=request.kind if request.kind in ("tune", "inspect") else "profile",
+            pid=os.getpid(),
+            dataset=dataset_info,
+            config=config.to_json_dict(),
+            snippet=config.snippet(expressions=snippet_names(resolved, config)),
+            warmup_batches=warmup_for(config),
+            counting=counting_rules(config),
+            consumer=consumer.to_dict(),
+            system=system.snapshot(),
+            torch=__import__("torch").__version__,
+        )
         self.events.send(ready)
-        if request.get("mode") == "inspect":  # the dashboard's check of a target: no loader
+        if request.kind == "inspect":  # the dashboard's check of a target: no loader
             return
-        if request.get("mode") == "tune":
-            self._tune(resolved, config, consumer, ready["system"])
+        if request.kind == "tune":
+            self._tune(resolved, config, consumer, ready.system)
             return
         self.streaming = True
         self.last_progress = time.monotonic()
@@ -390,14 +379,13 @@ class ChildRun:
             resolved,
             config,
             consumer,
-            seconds=float(request.get("seconds", 10.0)),
+            seconds=float(request.seconds),
             # The deque's own append: a method of ours here costs ~0.3 us a batch (~1% of a
             # 50 us batch); the watchdog sees progress as rows waiting to be flushed.
             on_batch=self.rows.append,
             should_stop=lambda: self.stop_requested,
             on_epoch=lambda epoch, t, startup: self.events.send(
-                {"e": "epoch", "epoch": epoch, "t": t, "startup_s": startup}
-            ),
+                protocol.Epoch(epoch, t, startup)),
             on_worker=self._on_worker,
         )
         self.t0 = time.monotonic()
@@ -408,22 +396,22 @@ class ChildRun:
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()
-            self.events.send({"e": "trial", "trial": trial.to_dict()})
+            self.events.send(protocol.Trial(trial.to_dict()))
 
         document = run_tune(resolved, config, consumer, system, self.request, on_trial)
-        self.events.send({"e": "tune_result", "result": document})
+        self.events.send(protocol.TuneResult(document))
 
     def _on_worker(self, pid: int, worker_id: int, probe: dict | None) -> None:
         self.worker_ids[pid] = worker_id
         if probe is not None:
-            self.events.send({"e": "probe", "pid": pid, "worker_id": worker_id, "probe": probe})
+            self.events.send(protocol.Probe(pid, worker_id, probe))
 
     def _hang_error(self) -> RunError:
         info = self.hang_info or {}
         return hang_error(info.get("timeout_s") or 0, info.get("outstanding") or [])
 
     def _send_error(self, error: EngineError) -> None:
-        self.events.send({"e": "error", "error": error.to_dict()})
+        self.events.send(protocol.Error(error.to_dict()))
 
 
 def counting_rules(config: LoaderConfig) -> dict:
@@ -464,9 +452,9 @@ def reap_workers(timeout_s: float = 1.0) -> None:
 
 def main() -> None:
     # stdout belongs to the user's prints; events travel on their own descriptor.
-    request = json.loads(sys.stdin.read())
-    if request.get("cwd"):
-        os.chdir(request["cwd"])
+    request = RunRequest.from_json(json.loads(sys.stdin.read()))
+    if request.cwd:
+        os.chdir(request.cwd)
     code = ChildRun(request, EventWriter(int(os.environ["DLTUNER_EVENT_FD"]))).run()
     sys.stdout.flush()
     sys.stderr.flush()

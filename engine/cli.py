@@ -12,7 +12,9 @@ import json
 import sys
 import time
 
-from .config import LoaderConfig, load_settings
+from . import protocol
+from .config import LoaderConfig
+from .settings import load_settings
 from .errors import ConfigError
 from .report import render_text, samples_per_s_of
 from .runner import RunRequest, inspect_target, run_to_completion
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--seconds", type=float, default=15.0,
                          help="how long to measure (default 15; worker memory growth is judged "
                               "only over 8 s or more after the workers' first 2 s)")
-    profile.add_argument("--timeout-s", type=float, default=60.0,
+    profile.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
                          help="fail if no batch arrives for this long")
     _add_common(profile)
 
@@ -219,11 +221,11 @@ class _Progress:
         self.batches = 0
         self.last = 0.0
 
-    def on_event(self, event: dict) -> None:
+    def on_event(self, event: protocol.Event) -> None:
         if not self.enabled:
             return
-        if event["e"] == "batches":
-            self.batches += len(event["rows"])
+        if isinstance(event, protocol.Batches):
+            self.batches += len(event.rows)
         now = time.monotonic()
         if now - self.last > 0.5:
             self.last = now

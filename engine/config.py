@@ -7,7 +7,6 @@ any worker starts and says how to fix the problem instead of only what is wrong.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -203,32 +202,3 @@ def _is_json_scalar(value: Any) -> bool:
 def _supports_in_order(torch_version: str) -> bool:
     major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 6)
-
-
-def load_settings(path: str) -> dict:
-    """Read a settings file written by ``engine tune --out`` for ``DataLoader(ds, **settings)``.
-
-    Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
-    provenance) are ignored.
-    """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except OSError as exc:
-        raise ConfigError(f"Cannot read the settings file {path}: {exc.strerror}.",
-                          type="invalid_settings") from exc
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not a settings file (not valid JSON: {exc}). Write one "
-                          "with `python -m engine tune TARGET --out FILE`.",
-                          type="invalid_settings") from exc
-    settings = document.get("dataloader_kwargs", document) if isinstance(document, dict) else None
-    if not isinstance(settings, dict):
-        raise ConfigError(f"{path} holds no DataLoader settings (a JSON object expected).",
-                          type="invalid_settings")
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(LoaderConfig)})
-    if unknown:
-        raise ConfigError(
-            f"{path} has keys that are not DataLoader settings: {', '.join(unknown)}.",
-            type="invalid_settings",
-        )
-    return dict(settings)

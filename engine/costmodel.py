@@ -71,10 +71,6 @@ class CostProfile:
             return 1000.0 / self.serial_ms
         return min(self.limits(n).values())
 
-    def binding_limit(self, n: int) -> str:
-        limits = self.limits(n)
-        return min(limits, key=limits.get)
-
     def peak_workers(self, max_workers: int) -> int:
         """The fewest workers predicted to reach ``PEAK_SHARE`` of the best with workers."""
         ceiling = self.limits(1)

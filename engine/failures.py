@@ -2,8 +2,8 @@
 
 torch reports worker failures as text (a worker's exception is re-raised in the main process
 with the worker's traceback inside its message; a dead worker is a RuntimeError), so most of
-this is recognising torch's exact wording (see KNOWLEDGE.md) and the notes the probes attach
-(probes.NOTE_PREFIX: which sample, which batch, which field of the samples).
+this is recognising torch's exact wording (quoted in tests/test_pitfalls.py) and the notes the
+probes attach (probes.NOTE_PREFIX: which sample, which batch, which field of the samples).
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 
+from . import protocol
 from .errors import EngineError
 from .metrics import BatchRecord
 from .output import OutputLog
+from .system import SystemSnapshot
 from .report import summarize, summarize_tune
 
 
@@ -23,7 +25,7 @@ class LiveRun:
         self.config: dict | None = None
         self.snippet: str | None = None
         self.consumer: dict | None = None
-        self.system: dict | None = None
+        self.system: SystemSnapshot | None = None
         self.torch_version: str | None = None
         self.warmup_batches = 1
         self.counting: dict | None = None  # how samples and bytes are counted (child.py)
@@ -42,44 +44,43 @@ class LiveRun:
         self.label_source = "batches"  # or "dataset": its own targets/labels list, all of it
         self.output = OutputLog()  # what the user's code printed (fed by the runner)
 
-    def apply(self, event: dict) -> None:
-        kind = event["e"]
-        if kind == "ready":
-            self.dataset, self.config = event["dataset"], event["config"]
-            self.snippet, self.consumer = event["snippet"], event["consumer"]
-            self.system, self.torch_version = event["system"], event.get("torch")
-            self.warmup_batches = event["warmup_batches"]
-            self.counting = event.get("counting")
-            self.mode = event.get("mode", "profile")
-        elif kind == "trial":
-            self.trials.append(event["trial"])
-        elif kind == "tune_result":
-            self.tune_result = event["result"]
-        elif kind == "batches":
-            self.batches.extend(BatchRecord.from_row(row) for row in event["rows"])
+    def apply(self, event: protocol.Event) -> None:
+        if isinstance(event, protocol.Batches):  # the common one first
+            self.batches.extend(BatchRecord.from_row(row) for row in event.rows)
             if self.batches:
                 last = self.batches[-1]
                 self.elapsed_s = max(self.elapsed_s, last.t_ready + last.step_s)
-        elif kind == "resources":
-            self.elapsed_s = max(self.elapsed_s, event["t"])
-            for proc in event["procs"]:
-                self.resources.append({"t": event["t"], **proc})
-            if event.get("gpu"):
-                self.gpu_samples.append({"t": event["t"], **event["gpu"]})
-        elif kind == "epoch":
-            self.epochs.append({k: event[k] for k in ("epoch", "t", "startup_s")})
-        elif kind == "warning":  # one the child itself caught (its workers' go to the log)
-            self.output.add(event["code"], event["message"], event.get("where", ""))
-        elif kind == "probe":
-            self.probes.append({k: event[k] for k in ("pid", "worker_id", "probe")})
-        elif kind == "labels":
-            self.label_counts = event["counts"]
-            self.label_source = event.get("source", "batches")
-        elif kind == "error":
-            self.error = EngineError.from_dict(event["error"])
-        elif kind == "finished":
-            self.finished_reason = event["reason"]
-            self.elapsed_s = max(self.elapsed_s, event["t"])
+        elif isinstance(event, protocol.Resources):
+            self.elapsed_s = max(self.elapsed_s, event.t)
+            for proc in event.procs:
+                self.resources.append({"t": event.t, **proc})
+            if event.gpu:
+                self.gpu_samples.append({"t": event.t, **event.gpu})
+        elif isinstance(event, protocol.Ready):
+            self.dataset, self.config = event.dataset, event.config
+            self.snippet, self.consumer = event.snippet, event.consumer
+            self.system, self.torch_version = event.system, event.torch
+            self.warmup_batches = event.warmup_batches
+            self.counting = event.counting
+            self.mode = event.mode
+        elif isinstance(event, protocol.Trial):
+            self.trials.append(event.trial)
+        elif isinstance(event, protocol.TuneResult):
+            self.tune_result = event.result
+        elif isinstance(event, protocol.Epoch):
+            self.epochs.append({"epoch": event.epoch, "t": event.t, "startup_s": event.startup_s})
+        elif isinstance(event, protocol.WarningCaught):  # its workers' go to the log
+            self.output.add(event.code, event.message, event.where)
+        elif isinstance(event, protocol.Probe):
+            self.probes.append({"pid": event.pid, "worker_id": event.worker_id,
+                                "probe": event.probe})
+        elif isinstance(event, protocol.Labels):
+            self.label_counts, self.label_source = event.counts, event.source
+        elif isinstance(event, protocol.Error):
+            self.error = EngineError.from_dict(event.error)
+        elif isinstance(event, protocol.Finished):
+            self.finished_reason = event.reason
+            self.elapsed_s = max(self.elapsed_s, event.t)
 
     def worker_pids(self) -> set[int]:
         pids = {r["pid"] for r in self.resources if r["role"] == "worker"}

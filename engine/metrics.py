@@ -224,15 +224,6 @@ def consumer_idle_fraction(batches: Sequence[BatchRecord], steady: SteadyState) 
     return min(waited / steady.seconds, 1.0)
 
 
-def idle_gaps(batches: Sequence[BatchRecord], min_gap_s: float = 0.0) -> list[dict]:
-    """The consumer's waits as a timeline: {t, gap_ms} for each wait above ``min_gap_s``."""
-    return [
-        {"t": b.t_request, "gap_ms": b.wait_s * 1000.0, "seq": b.seq}
-        for b in batches
-        if b.wait_s > min_gap_s
-    ]
-
-
 def input_bound_verdict(idle_frac: float | None) -> str | None:
     """TensorBoard's input-pipeline-analyzer thresholds: <5% not, 5-20% moderately, >20% highly."""
     if idle_frac is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 import threading
 
+from .diagnostic import Diagnostic
+
 MAX_DISTINCT = 30  # distinct lines kept; the rest are only counted
 MAX_LINE = 300
 _WARNING = re.compile(r"^(?P<where>.+?):(?P<line>\d+): (?P<category>\w*Warning): (?P<text>.*)$")
@@ -60,7 +62,7 @@ class OutputLog:
             if where:
                 self.where.setdefault(key, where)
 
-    def diagnostics(self) -> list[dict]:
+    def diagnostics(self) -> list[Diagnostic]:
         found = []
         with self._lock:
             seen = list(self.counts.items())
@@ -69,15 +71,12 @@ class OutputLog:
                 if count > 1 else ""
             is_warning = code != "printed_output"
             kind = "A warning" if is_warning else "Output"
-            found.append({
-                "code": code, "severity": "warning" if is_warning else "info",
-                "message": f"{kind} from your code or a library it uses{times}: {text}",
-                "evidence": {"count": count, "where": self.where.get((code, text))},
-                "fix": None,
-            })
+            found.append(Diagnostic(
+                code, "warning" if is_warning else "info",
+                f"{kind} from your code or a library it uses{times}: {text}",
+                {"count": count, "where": self.where.get((code, text))}))
         if self.dropped:
-            found.append({"code": "printed_output", "severity": "info",
-                          "message": f"{self.dropped} more lines of output were not kept "
-                                     f"(only the first {MAX_DISTINCT} distinct lines are).",
-                          "evidence": {"count": self.dropped}, "fix": None})
+            found.append(Diagnostic(
+                "printed_output", "info", f"{self.dropped} more lines of output were not kept "
+                f"(only the first {MAX_DISTINCT} distinct lines are).", {"count": self.dropped}))
         return found

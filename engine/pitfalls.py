@@ -11,7 +11,9 @@ import math
 import statistics
 from typing import Sequence
 
+from .diagnostic import Diagnostic
 from .metrics import BatchRecord
+from .system import SystemSnapshot
 
 MIN_STEADY_BATCHES = 10
 # Worker memory growth is judged on each worker's private dirty memory (USS where that is not
@@ -54,12 +56,11 @@ def worker_init_fn(worker_id):
 
 
 def diagnostic(code: str, severity: str, message: str, evidence: dict | None = None,
-               fix: str | None = None) -> dict:
-    return {"code": code, "severity": severity, "message": message,
-            "evidence": evidence or {}, "fix": fix}
+               fix: str | None = None) -> Diagnostic:
+    return Diagnostic(code, severity, message, evidence or {}, fix)
 
 
-def short_run(steady_batches: int, warmup: int) -> list[dict]:
+def short_run(steady_batches: int, warmup: int) -> list[Diagnostic]:
     if steady_batches >= MIN_STEADY_BATCHES:
         return []
     return [diagnostic(
@@ -74,7 +75,7 @@ def short_run(steady_batches: int, warmup: int) -> list[dict]:
 FAST_BATCH_S = 100e-6
 
 
-def measuring_cost(batches_per_s: float | None, samples_per_s: float | None) -> list[dict]:
+def measuring_cost(batches_per_s: float | None, samples_per_s: float | None) -> list[Diagnostic]:
     """Batches so fast that measuring them shows in the rate: say so, and what it means."""
     if not batches_per_s or 1.0 / batches_per_s >= FAST_BATCH_S:
         return []
@@ -88,7 +89,7 @@ def measuring_cost(batches_per_s: float | None, samples_per_s: float | None) -> 
         {"batch_us": round(batch_us, 1), "threshold_us": FAST_BATCH_S * 1e6})]
 
 
-def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[dict]:
+def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[Diagnostic]:
     if not config.get("pin_memory") or gpu_available:
         return []
     return [diagnostic(
@@ -97,7 +98,7 @@ def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[dict]:
         {"pin_memory": True, "gpu": False}, "DataLoader(dataset, ..., pin_memory=False)")]
 
 
-def duplicated_rng(probes: Sequence[dict]) -> list[dict]:
+def duplicated_rng(probes: Sequence[dict]) -> list[Diagnostic]:
     """Workers whose first fetch drew from a generator in the same state draw identical
     random numbers: the same 'random' augmentation in every worker."""
     found = []
@@ -176,7 +177,7 @@ def skew_lower_bound(most: int, least: int, classes: int) -> float:
 
 
 def skewed_labels(counts: dict, order_independent: bool | None = True,
-                  dataset_len: int | None = None, source: str = "batches") -> list[dict]:
+                  dataset_len: int | None = None, source: str = "batches") -> list[Diagnostic]:
     """Flag class imbalance only when the counts prove it: the rarest and the most common
     class differ at least SKEW_RATIO-fold at SKEW_CONFIDENCE.
 
@@ -290,7 +291,7 @@ def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def worker_memory_growth(resources: Sequence[dict]) -> list[dict]:
+def worker_memory_growth(resources: Sequence[dict]) -> list[Diagnostic]:
     """Workers whose private memory keeps rising after warm-up, without levelling off."""
     by_pid: dict[int, list[dict]] = {}
     for row in resources:
@@ -323,7 +324,7 @@ def worker_memory_growth(resources: Sequence[dict]) -> list[dict]:
 
 
 def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
-                 shm: dict | None) -> list[dict]:
+                 shm: dict | None) -> list[Diagnostic]:
     if not num_workers or not batch_bytes or not shm or not shm.get("free_mb"):
         return []
     in_flight_mb = num_workers * prefetch * batch_bytes / 2**20
@@ -338,18 +339,18 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
         "docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / prefetch_factor")]
 
 
-def cpu_oversubscription(num_workers: int, system: dict, cpu_share: float | None,
-                         tuned_workers: int | None = None) -> list[dict]:
+def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: float | None,
+                         tuned_workers: int | None = None) -> list[Diagnostic]:
     """More CPU-bound workers than usable CPUs. Not raised for a count the tuner measured to
     pay (``tuned_workers``): one worker beyond the cores often does, covering the hand-offs."""
     found = []
-    usable = system.get("cpus_usable") or 1
-    other = system.get("other_load_cpus") or 0.0
+    usable = system.cores  # affinity capped by a cgroup quota, as the tuner counts
+    other = system.other_load_cpus
     measured_to_pay = tuned_workers is not None and num_workers <= tuned_workers
     if num_workers > usable and (cpu_share or 0) >= 0.5 and not measured_to_pay:
         found.append(diagnostic(
             "more_workers_than_cpus", "warning",
-            f"{num_workers} workers on {usable} usable CPU(s), and the dataset is CPU-bound "
+            f"{num_workers} workers on {usable:g} usable CPU(s), and the dataset is CPU-bound "
             f"({cpu_share:.0%} of each fetch is CPU): extra workers may only take turns on the "
             "same cores and add memory. Tune to measure whether they pay.",
             {"num_workers": num_workers, "cpus_usable": usable, "cpu_share": round(cpu_share, 2)},
@@ -357,14 +358,14 @@ def cpu_oversubscription(num_workers: int, system: dict, cpu_share: float | None
     if other >= max(0.5, 0.25 * usable):
         found.append(diagnostic(
             "cpus_busy_elsewhere", "info",
-            f"Other processes were using {other:.1f} of the {usable} usable CPU(s) when the run "
+            f"Other processes were using {other:.1f} of the {usable:g} usable CPU(s) when the run "
             "started: figures here are lower than on an idle machine, and the best num_workers "
             "is lower too.", {"other_load_cpus": other, "cpus_usable": usable}))
     return found
 
 
 def thread_oversubscription(resources: Sequence[dict], num_workers: int,
-                            cpus_usable: int) -> list[dict]:
+                            cpus_usable: int) -> list[Diagnostic]:
     threads = [r["threads"] for r in resources if r["role"] == "worker" and r.get("threads")]
     if not threads or not num_workers:
         return []
@@ -380,7 +381,7 @@ def thread_oversubscription(resources: Sequence[dict], num_workers: int,
         THREADS_FIX)]
 
 
-def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) -> list[dict]:
+def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) -> list[Diagnostic]:
     workers = config.get("num_workers") or 0
     if not workers or config.get("persistent_workers") or len(epochs) < 2 or seconds <= 0:
         return []

@@ -30,7 +30,7 @@ clock = time.monotonic
 cpu_clock = time.process_time
 
 
-# Exceptions from the user's code get a note starting with this; diagnose.py reads it back
+# Exceptions from the user's code get a note starting with this; failures.py reads it back
 # from the exception (0 workers) or from the worker's traceback text (torch re-raises those).
 NOTE_PREFIX = "[dataloader-tuner]"
 

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from .costmodel import CostProfile
+from .diagnostic import Diagnostic
+from .system import SystemSnapshot
 from .trials import TrialResult
 
 FEWER_WORKERS_TOLERANCE = 0.02  # take fewer workers when within 2% of the fastest
@@ -36,15 +38,11 @@ class Limits:
     dataset_length: int | None
 
     @classmethod
-    def from_system(cls, system: dict, local_world_size: int, max_workers: int,
+    def from_system(cls, system: SystemSnapshot, local_world_size: int, max_workers: int,
                     dataset_length: int | None) -> Limits:
-        usable = system.get("cpus_usable") or 1
-        quota = system.get("cpu_quota")
-        other = system.get("other_load_cpus") or 0.0
-        cores = min(usable, quota) if quota else usable
-        budget = max((cores - other) / max(local_world_size, 1), 0.5)
-        return cls(usable, other, max(local_world_size, 1), budget, max_workers, None,
-                   bool((system.get("gpu") or {}).get("available")), dataset_length)
+        return cls(system.cpus_usable, system.other_load_cpus, max(local_world_size, 1),
+                   system.cpu_budget(local_world_size), max_workers, None,
+                   system.gpu_available, dataset_length)
 
     @property
     def memory_binds(self) -> bool:
@@ -58,7 +56,7 @@ class Recommendation:
     expected_samples_per_s: float
     uncertainty_pct: float | None
     reasons: list[str]
-    warnings: list[dict] = field(default_factory=list)
+    warnings: list[Diagnostic] = field(default_factory=list)
     conclusive: bool = True  # a trial behind the pick was long enough to believe
 
     def to_dict(self) -> dict:
@@ -291,8 +289,9 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
     warnings = []
     spread = spread_pct(chosen)
     if spread is not None and spread > 10:
-        warnings.append({"code": "noisy_machine",
-                         "message": f"Repeated measurements of the pick varied by ±{spread:.0f}%: "
-                                    "other load on this machine makes the numbers uncertain."})
+        warnings.append(Diagnostic(
+            "noisy_machine", "warning", f"Repeated measurements of the pick varied by "
+            f"±{spread:.0f}%: other load on this machine makes the numbers uncertain.",
+            {"spread_pct": round(spread, 1)}))
     return Recommendation(kwargs, rate, uncertainty_pct(chosen), reasons, warnings,
                           conclusive=all(t.conclusive for t in chosen))

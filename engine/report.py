@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import metrics, pitfalls
+from .diagnostic import Diagnostic
+from .errors import RunError
 
 if TYPE_CHECKING:
     from .live import LiveRun
@@ -18,7 +20,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
     has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
     # The child reports the GPU (gpu.describe) in its first event; a run that failed before
     # that has no GPU figures either. (No torch here: the parent side stays light.)
-    gpu_info = (live.system or {}).get("gpu") or {
+    gpu_info = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}
     per_batch = metrics.per_batch_costs(measured)
     doc = {
@@ -47,9 +49,9 @@ def summarize(live: "LiveRun", status: str) -> dict:
         "transfer": _transfer(measured) if gpu_info.get("available") else None,
         "gpu_idle": _gpu_idle(measured) if gpu_info.get("available") else None,
         "not_measured": None if gpu_info.get("available") else gpu_info.get("reason"),
-        "system": live.system,
-        "warnings": (live.output.diagnostics()
-                     + _warnings(live, steady, measured, per_batch, gpu_info)),
+        "system": live.system.to_dict() if live.system is not None else None,
+        "warnings": [d.to_dict() for d in live.output.diagnostics()
+                     + _warnings(live, steady, measured, per_batch, gpu_info)],
     }
     if live.error is not None:
         doc["error"] = live.error.to_dict()
@@ -59,19 +61,20 @@ def summarize(live: "LiveRun", status: str) -> dict:
 def summarize_tune(live: "LiveRun", status: str) -> dict:
     """The tune document: the child's result plus what the parent knows (status, errors)."""
     doc = {"status": status, "target": live.target, "dataset": live.dataset,
-           "system": live.system, "consumer": live.consumer, "torch": live.torch_version}
+           "system": live.system.to_dict() if live.system is not None else None,
+           "consumer": live.consumer, "torch": live.torch_version}
     if live.tune_result is not None:
         doc.update(live.tune_result)
-        doc["warnings"] = (live.output.diagnostics()
+        doc["warnings"] = ([d.to_dict() for d in live.output.diagnostics()]
                            + list(live.tune_result.get("warnings", [])))
     else:
         doc.update({"recommended": None, "expected_samples_per_s": None, "baseline": None,
                     "trials": list(live.trials), "reasons": [],
-                    "warnings": live.output.diagnostics()})
+                    "warnings": [d.to_dict() for d in live.output.diagnostics()]})
         if status == "ok":
             doc["status"] = "error"
-            doc["error"] = {"type": "tune_incomplete", "details": "",
-                            "message": "The tuner stopped before reaching a recommendation."}
+            doc["error"] = RunError("The tuner stopped before reaching a recommendation.",
+                                    type="tune_incomplete").to_dict()
     if live.error is not None:
         doc["error"] = live.error.to_dict()
     return doc
@@ -158,10 +161,10 @@ def _gpu_idle(batches: list) -> dict | None:
 
 
 def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
-              gpu_info: dict) -> list[dict]:
+              gpu_info: dict) -> list[Diagnostic]:
     """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
     config = live.config or {}
-    system = live.system or {}
+    system = live.system
     workers = config.get("num_workers") or 0
     prefetch = config.get("prefetch_factor") or (2 if workers else 0)
     found = []
@@ -179,16 +182,17 @@ def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
                                         pitfalls.label_order(config, live.dataset),
                                         (live.dataset or {}).get("length"))
     found += pitfalls.worker_memory_growth(live.resources)
-    found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.get("shm"))
-    found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured),
-                                           live.tuned_workers)
-    found += pitfalls.thread_oversubscription(live.resources, workers,
-                                              system.get("cpus_usable") or 1)
+    if system is not None:  # the machine as the child saw it (none if it failed first)
+        found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.shm)
+        found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured),
+                                               live.tuned_workers)
+        found += pitfalls.thread_oversubscription(live.resources, workers, system.cores)
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s)
     return found
 
 
-def _fmt(value, spec: str = ".1f", unit: str = "") -> str:
+def fmt(value, spec: str = ".1f", unit: str = "") -> str:
+    """A figure, or "n/a" where it was not measured (the CLI's text and the dashboard's)."""
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
@@ -205,10 +209,10 @@ def render_text(doc: dict) -> str:
         f"{doc.get('snippet') or ''}",
         f"status: {doc['status']}   {doc['batches']} batches in {doc['seconds']:.1f} s "
         f"({doc['epochs']} epoch(s), {doc['warmup_batches']} warm-up)",
-        f"throughput: {_fmt(doc['samples_per_s'])} samples/s, "
-        f"{_fmt(doc['batches_per_s'])} batches/s (steady state)",
-        f"batch wait: p50 {_fmt(lat['p50'], '.2f', ' ms')}, p95 {_fmt(lat['p95'], '.2f', ' ms')}, "
-        f"max {_fmt(lat['max'], '.2f', ' ms')}",
+        f"throughput: {fmt(doc['samples_per_s'])} samples/s, "
+        f"{fmt(doc['batches_per_s'])} batches/s (steady state)",
+        f"batch wait: p50 {fmt(lat['p50'], '.2f', ' ms')}, p95 {fmt(lat['p95'], '.2f', ' ms')}, "
+        f"max {fmt(lat['max'], '.2f', ' ms')}",
     ]
     counting = doc.get("counting") or {}
     if counting:
@@ -219,16 +223,24 @@ def render_text(doc: dict) -> str:
                      f"({doc['input_bound']})")
     for w in doc["workers"]:
         lines.append(
-            f"  worker {w['id']} pid {w['pid']}: busy {_fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
-            f"cpu {_fmt(w['cpu_percent'], '.0f', '%')}, rss {_fmt(w['rss_mb'], '.0f', ' MB')}, "
+            f"  worker {w['id']} pid {w['pid']}: busy {fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
+            f"cpu {fmt(w['cpu_percent'], '.0f', '%')}, rss {fmt(w['rss_mb'], '.0f', ' MB')}, "
             f"{w['batches']} batches"
         )
     if doc["not_measured"]:
         lines.append(f"GPU: not measured: {doc['not_measured']}.")
     elif doc["transfer"]:
-        lines.append(f"host-to-device copy: p50 {_fmt(doc['transfer']['copy_ms']['p50'], '.3f', ' ms')}")
+        lines.append(f"host-to-device copy: p50 {fmt(doc['transfer']['copy_ms']['p50'], '.3f', ' ms')}")
     for w in doc["warnings"]:
         lines.append(f"{w.get('severity', 'warning')} [{w['code']}]: {w['message']}")
         if w.get("fix"):
             lines += ["    fix: " + line for line in w["fix"].splitlines()]
     return "\n".join(lines)
+
+
+def speedup_text(baseline: dict) -> str:
+    """``1.84x ±6%``, or the reason no speedup is claimed."""
+    if baseline.get("speedup") is None:
+        return baseline.get("speedup_note") or "no speedup claimed"
+    pct = baseline.get("speedup_pct")
+    return f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")

@@ -1,6 +1,6 @@
 """The parent side of a background run: start, stop, poll events, state.
 
-The process protocol is described once, in NOTE [ Engine process protocol ] in child.py.
+The process protocol is described once, in NOTE [ Engine process protocol ] in protocol.py.
 A reader thread drains the child's event pipe continuously (so the child never blocks on a full
 pipe, and nothing depends on how often the UI polls), folds events into a ``LiveRun`` and writes
 them to the run store as they arrive, so a killed server loses at most the last flush.
@@ -19,15 +19,15 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Callable
 
 import psutil
 
-from .errors import EngineError, RunError
+from . import protocol
+from .errors import EngineError, RunError, TargetError
 from .live import LiveRun
+from .protocol import RunRequest
 from .store import RunStore
-from .wire import unpack_rows
 
 EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 
@@ -47,42 +47,6 @@ class RunState(enum.Enum):
         return self in (RunState.FINISHED, RunState.STOPPED, RunState.FAILED)
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """Everything the child needs; JSON-safe so it crosses the process boundary as text."""
-
-    target: str
-    # DataLoader settings the caller chose (JSON-safe); the rest are the module's own (see
-    # settings.py). Empty: exactly what the module declares.
-    settings: dict = field(default_factory=dict)
-    step_ms: float | None = None  # None: the module's train_step if any, else no consumer
-    seconds: float = 10.0
-    timeout_s: float = 60.0
-    kind: str = "profile"  # "profile" | "tune" | "verify" | "inspect"
-    label: str | None = None
-    budget_s: float = 45.0  # tune only
-    max_workers: int = 32  # tune only
-    local_world_size: int = 1  # tune only
-    # num_workers a tune measured to pay for this target (a settings file, an Apply): the
-    # diagnostics do not second-guess it.
-    tuned_workers: int | None = None
-
-    def to_json(self) -> dict:
-        return {
-            "target": self.target,
-            "settings": self.settings,
-            "step_ms": self.step_ms,
-            "seconds": self.seconds,
-            "timeout_s": self.timeout_s,
-            "cwd": os.getcwd(),
-            "parent_pid": os.getpid(),
-            "mode": self.kind if self.kind in ("tune", "inspect") else "profile",
-            "budget_s": self.budget_s,
-            "max_workers": self.max_workers,
-            "local_world_size": self.local_world_size,
-        }
-
-
 def _become_subreaper() -> None:
     """Adopt orphaned grandchildren (workers of a killed child) so we can reap them.
 
@@ -97,59 +61,117 @@ def _become_subreaper() -> None:
         pass
 
 
-class RunHandle:
-    """A run of the user's loader in a child process. Thread-safe; never blocks the caller
-    except in ``stop`` (bounded) and ``wait``."""
+class EngineChild:
+    """The engine's child process (``python -m engine.child``), as RunHandle drives it.
 
-    def __init__(self, request: RunRequest, store: RunStore | None = None) -> None:
-        self.request = request
-        self.store = store
-        self.live = LiveRun(request.target, request.tuned_workers)
-        self._lock = threading.Lock()
-        self._events: list[dict] = []
-        self._cursor = 0
-        self._state = RunState.STARTING
-        self._stop_requested = False
-        self._proc: subprocess.Popen | None = None
-        self._reader: threading.Thread | None = None
-        self._done = threading.Event()
-        self._log = tempfile.TemporaryFile()
-        self._log_read = 0  # how much of the log the reader thread has fed to live.output
-        self.run_id: int | None = None
-        self.started_at: float | None = None  # time.monotonic() at start
-        self.listeners: list[Callable[[dict], None]] = []
+    RunHandle only needs this much of a child: its pid, ``poll``/``wait``, a polite stop, a
+    forced kill of everything it started, and reaping the orphans a killed child leaves. Tests
+    that need no real process give RunHandle another starter with the same methods (see
+    ``child_starter``), e.g. one that replays a recorded event stream.
+    """
 
-    # -- lifecycle ------------------------------------------------------------------------
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+        self.pid = popen.pid
 
-    def start(self) -> "RunHandle":
-        if self._proc is not None:
-            raise RuntimeError("run already started")
+    @classmethod
+    def start(cls, request: RunRequest, log) -> tuple["EngineChild", int]:
+        """Start the child with ``request``; (the child, the read end of its event pipe)."""
         _become_subreaper()
-        self.started_at = time.monotonic()
-        if self.store is not None:
-            self.run_id = self.store.create_run(
-                kind=self.request.kind, target=self.request.target,
-                config=self.request.settings, label=self.request.label,
-            )
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         env[EVENT_FD_ENV] = str(write_fd)
         try:
-            self._proc = subprocess.Popen(
+            popen = subprocess.Popen(
                 [sys.executable, "-m", "engine.child"],
                 stdin=subprocess.PIPE,
-                stdout=self._log,
+                stdout=log,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,),
                 env=env,
                 start_new_session=True,  # its own process group: one killpg reaches its workers
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
-        self._proc.stdin.write(json.dumps(self.request.to_json()).encode())
-        self._proc.stdin.close()
+        popen.stdin.write(json.dumps(request.to_json()).encode())
+        popen.stdin.close()
+        return cls(popen), read_fd
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; subprocess.TimeoutExpired if it is still running after ``timeout``."""
+        return self.popen.wait(timeout=timeout)
+
+    def request_stop(self) -> None:
+        """SIGTERM: the child stops its loader, reaps its workers and reports "stopped"."""
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def kill_group(self) -> None:
+        """SIGKILL to the child's process group: the child and every worker it started."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap_orphans(self, worker_pids: set[int]) -> None:
+        """Workers orphaned by a killed child were adopted by us (subreaper): reap them."""
+        for pid in worker_pids:
+            try:
+                if psutil.Process(pid).ppid() == os.getpid():
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except (psutil.Error, ProcessLookupError, ChildProcessError):
+                pass
+
+
+# What RunHandle starts when it is given no starter: the real child. A starter takes the
+# request and the log file the child's output goes to, and returns (child, event pipe fd).
+child_starter = EngineChild.start
+
+
+class RunHandle:
+    """A run of the user's loader in a child process. Thread-safe; never blocks the caller
+    except in ``stop`` (bounded) and ``wait``."""
+
+    def __init__(self, request: RunRequest, store: RunStore | None = None,
+                 starter: Callable | None = None) -> None:
+        self.request = request
+        self.store = store
+        self.starter = starter  # None: child_starter, read when the run starts
+        self.live = LiveRun(request.target, request.tuned_workers)
+        self._state = RunState.STARTING
+        self._stop_requested = False
+        self._proc: EngineChild | None = None
+        self._reader: threading.Thread | None = None
+        self._done = threading.Event()
+        self._log = tempfile.TemporaryFile()
+        self._log_read = 0  # how much of the log the reader thread has fed to live.output
+        self.run_id: int | None = None
+        self.started_at: float | None = None  # time.monotonic() at start
+        self.listeners: list[Callable[[protocol.Event], None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> "RunHandle":
+        if self._proc is not None:
+            raise RuntimeError("run already started")
+        self.started_at = time.monotonic()
+        if self.store is not None:
+            self.run_id = self.store.create_run(
+                kind=self.request.kind, target=self.request.target,
+                config=self.request.settings, label=self.request.label,
+            )
+        self._proc, read_fd = (self.starter or child_starter)(self.request, self._log)
         self._reader = threading.Thread(target=self._read_events, args=(read_fd,), daemon=True)
         self._reader.start()
         return self
@@ -169,10 +191,7 @@ class RunHandle:
         if proc is None or self._done.is_set():
             return self._state
         self._stop_requested = True
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        proc.request_stop()
         try:
             proc.wait(timeout=min(STOP_GRACE_S, max(deadline - time.monotonic(), 0.1)))
         except subprocess.TimeoutExpired:
@@ -196,12 +215,6 @@ class RunHandle:
         self.close()
 
     # -- events ---------------------------------------------------------------------------
-
-    def poll(self) -> list[dict]:
-        """Events received since the last poll (the live state is in ``self.live``)."""
-        with self._lock:
-            events, self._cursor = self._events[self._cursor:], len(self._events)
-        return events
 
     def output_tail(self, max_bytes: int = 4000) -> str:
         """The end of what the child printed (the user's prints, tracebacks, torch's text)."""
@@ -260,23 +273,15 @@ class RunHandle:
         *lines, rest = data.split(b"\n")
         for line in lines:
             if line.strip():
-                event = json.loads(line)
-                if event["e"] == "batches":  # packed by the child (see wire.py)
-                    event = {"e": "batches", "rows": unpack_rows(event)}
-                self._apply(event)
+                self._apply(protocol.decode(line))
         return rest
 
-    def _apply(self, event: dict) -> None:
+    def _apply(self, event: protocol.Event) -> None:
         self.live.apply(event)
-        if event["e"] == "ready":
+        if isinstance(event, protocol.Ready):
             self._state = RunState.RUNNING
         if self.store is not None and self.run_id is not None:
             self.store.record_event(self.run_id, event)
-        with self._lock:
-            if event["e"] != "batches":
-                self._events.append(event)
-            else:
-                self._events.append({"e": "batches", "count": len(event["rows"])})
         for listener in self.listeners:
             listener(event)
 
@@ -287,7 +292,7 @@ class RunHandle:
         except subprocess.TimeoutExpired:
             self._kill_group()
             returncode = proc.wait()
-        self._reap_orphans()
+        proc.reap_orphans(self.live.worker_pids())
         # No error event, yet no clean end: the child died (or its report of a failure was
         # cut short). A stop requested before the child's handler was installed is no error.
         if (self.live.error is None and self.live.finished_reason in (None, "error")
@@ -305,20 +310,7 @@ class RunHandle:
         self._done.set()
 
     def _kill_group(self) -> None:
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _reap_orphans(self) -> None:
-        """Workers orphaned by a killed child were adopted by us (subreaper): reap them."""
-        for pid in self.live.worker_pids():
-            try:
-                if psutil.Process(pid).ppid() == os.getpid():
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-            except (psutil.Error, ProcessLookupError, ChildProcessError):
-                pass
+        self._proc.kill_group()
 
 
 def _read_available(fd: int) -> bytes:
@@ -379,9 +371,10 @@ def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict:
     if live.error is not None:
         return {"status": "error", "error": live.error.to_dict()}
     if live.dataset is None:
-        return {"status": "error", "error": {
-            "type": "inspect_timeout", "details": handle.output_tail(),
-            "message": f"Loading the module took longer than {timeout_s:g} s. "
-                       "Does it download or read a lot at import time?"}}
+        return {"status": "error", "error": TargetError(
+            f"Loading the module took longer than {timeout_s:g} s. "
+            "Does it download or read a lot at import time?",
+            details=handle.output_tail(), type="inspect_timeout").to_dict()}
     return {"status": "ok", "dataset": live.dataset, "config": live.config,
-            "consumer": live.consumer, "system": live.system}
+            "consumer": live.consumer,
+            "system": live.system.to_dict() if live.system is not None else None}

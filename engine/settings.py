@@ -1,4 +1,7 @@
-"""The settings a run starts from: the user's own, so "current settings" means one thing.
+"""DataLoader settings, in one place: the ones a run starts from, the ones a tune recommends,
+and the settings file that carries them to the user's training script.
+
+The settings a run starts from: the user's own, so "current settings" means one thing.
 
 In order, later wins: DataLoader's defaults (with batch_size 32 when the module says nothing),
 the module's own names (``batch_size``, ``collate_fn``, ``sampler``, ``batch_sampler``,
@@ -12,10 +15,14 @@ tune (shuffle, sampler, drop_last, collate_fn, worker_init_fn, generator, ...) a
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
+from typing import TYPE_CHECKING
 
 from .config import WORKER_ONLY, LoaderConfig
 from .errors import ConfigError
-from .target import ResolvedTarget
+if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
+    from .target import ResolvedTarget
 
 DEFAULT_BATCH_SIZE = 32
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(LoaderConfig))
@@ -83,3 +90,73 @@ def snippet_names(resolved: ResolvedTarget, config: LoaderConfig) -> dict:
         if key not in names and getattr(config, key, None) is getattr(resolved, key, None):
             names[key] = expression
     return names
+
+
+# -- what a tune recommends ----------------------------------------------------------------
+
+def recommended_settings(base: dict, recommended: dict) -> dict:
+    """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
+    workers = int(recommended["num_workers"])
+    batch = {"batch_size": recommended["batch_size"]} if "batch_size" in recommended else {}
+    return {
+        **base,
+        **batch,
+        "num_workers": workers,
+        "pin_memory": bool(recommended.get("pin_memory", False)),
+        "prefetch_factor": recommended.get("prefetch_factor") if workers else None,
+        "persistent_workers": bool(recommended.get("persistent_workers", False)) if workers
+        else False,
+    }
+
+
+def recommended_config(config: LoaderConfig, recommended: dict) -> LoaderConfig:
+    """``config`` with the tuner's choices; worker-only settings it left out return to
+    DataLoader's defaults."""
+    base = config.replace(num_workers=0, pin_memory=False)
+    return LoaderConfig.from_settings(recommended, base)
+
+
+# -- the settings file (engine tune --out, the dashboard's download) ---------------------------
+
+def settings_file(doc: dict) -> dict:
+    """What ``--out`` writes: the kwargs for ``DataLoader(ds, **settings)`` and their evidence."""
+    return {
+        "dataloader_kwargs": doc["recommended"],
+        "target": doc["target"],
+        "expected_samples_per_s": doc["expected_samples_per_s"],
+        "baseline": doc["baseline"],
+        "reasons": doc["reasons"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_with": "from engine import load_settings; DataLoader(ds, <your other settings: "
+                     "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
+        "snippet": doc["snippet"],
+    }
+
+
+def load_settings(path: str) -> dict:
+    """Read a settings file written by ``engine tune --out`` for ``DataLoader(ds, **settings)``.
+
+    Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
+    provenance) are ignored.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the settings file {path}: {exc.strerror}.",
+                          type="invalid_settings") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a settings file (not valid JSON: {exc}). Write one "
+                          "with `python -m engine tune TARGET --out FILE`.",
+                          type="invalid_settings") from exc
+    settings = document.get("dataloader_kwargs", document) if isinstance(document, dict) else None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path} holds no DataLoader settings (a JSON object expected).",
+                          type="invalid_settings")
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(LoaderConfig)})
+    if unknown:
+        raise ConfigError(
+            f"{path} has keys that are not DataLoader settings: {', '.join(unknown)}.",
+            type="invalid_settings",
+        )
+    return dict(settings)

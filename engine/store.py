@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 
+from . import protocol
 from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS, BatchRecord
 
 DB_ENV = "DLTUNER_DB"
@@ -105,41 +106,39 @@ class RunStore:
             )
             return cursor.lastrowid
 
-    def record_event(self, run_id: int, event: dict) -> None:
+    def record_event(self, run_id: int, event: protocol.Event) -> None:
         """Persist one event from a run, in its own transaction."""
-        kind = event["e"]
         with self._conn() as conn:
-            if kind == "batches":
+            if isinstance(event, protocol.Batches):
                 marks = ", ".join("?" * (len(BATCH_COLUMNS) + 1))
                 conn.executemany(
                     f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
-                    [(run_id, *row) for row in event["rows"]],
+                    [(run_id, *row) for row in event.rows],
                 )
-            elif kind == "resources":
+                return
+            if isinstance(event, protocol.Resources):
                 conn.executemany(
                     f"INSERT INTO resources (run_id, {', '.join(RESOURCE_COLUMNS)}) "
                     f"VALUES ({', '.join('?' * (len(RESOURCE_COLUMNS) + 1))})",
-                    [(run_id, event["t"], *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
-                     for p in event["procs"]],
+                    [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
+                     for p in event.procs],
                 )
-                if event.get("gpu"):
-                    gpu = event["gpu"]
+                if event.gpu:
                     conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
-                                 (run_id, event["t"], gpu["util_percent"], gpu["memory_used_mb"]))
-            elif kind == "ready":
+                                 (run_id, event.t, event.gpu["util_percent"],
+                                  event.gpu["memory_used_mb"]))
+                return
+            if isinstance(event, protocol.Ready):
                 conn.execute(
                     "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
-                    (json.dumps(event["config"]), json.dumps(event["dataset"]),
-                     json.dumps(event["system"]), run_id),
+                    (json.dumps(event.config), json.dumps(event.dataset),
+                     json.dumps(event.system.to_dict()), run_id),
                 )
-                conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
-                             (run_id, kind, json.dumps(event)))
-            else:
-                conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
-                             (run_id, kind, json.dumps(event)))
-                if kind == "error":
-                    conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
-                                 (json.dumps(event["error"]), run_id))
+            elif isinstance(event, protocol.Error):
+                conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
+                             (json.dumps(event.error), run_id))
+            conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
+                         (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))
 
     def finish_run(self, run_id: int, status: str, summary: dict, error: dict | None) -> None:
         with self._conn() as conn:
@@ -182,12 +181,14 @@ class RunStore:
         ).fetchall()
         return [dict(r) for r in rows]
 
-    def events(self, run_id: int, kind: str | None = None) -> list[dict]:
+    def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
+        """The run's events other than batches and resource samples (which have tables)."""
         query = "SELECT body_json FROM run_events WHERE run_id = ?"
         args: tuple = (run_id,)
         if kind:
             query, args = query + " AND kind = ?", (run_id, kind)
-        return [json.loads(r[0]) for r in self._conn().execute(query, args).fetchall()]
+        return [protocol.from_wire(json.loads(r[0]))
+                for r in self._conn().execute(query, args).fetchall()]
 
     @staticmethod
     def _run_row(row: sqlite3.Row) -> dict:

@@ -1,16 +1,62 @@
-"""A snapshot of the machine the loader runs on: CPUs, RAM, /dev/shm, GPU."""
+"""A snapshot of the machine the loader runs on: CPUs, RAM, /dev/shm, GPU.
+
+``SystemSnapshot`` is the one reading of it: the tuner's CPU budget, the diagnostics' CPU count
+and the dashboard's panel all ask it (``cores``, ``cpu_budget``), so a cgroup quota
+(``docker --cpus=2`` on 16 cores) counts everywhere or nowhere. Importing this module costs no
+torch: the parent side reads snapshots; only ``snapshot()``, in the child, asks torch for GPUs.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
+from dataclasses import dataclass
 
 import psutil
 
-from . import gpu
-
 MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SystemSnapshot:
+    cpus_logical: int
+    cpus_usable: int  # affinity: taskset, a cgroup cpuset
+    cpu_quota: float | None  # cgroup v2 quota in cores; None: unlimited or unknown
+    other_load_cpus: float  # cores' worth of other processes' load when the run started
+    ram_total_mb: float
+    ram_available_mb: float
+    shm: dict | None  # /dev/shm {total_mb, used_mb, free_mb}
+    gpu: dict  # gpu.describe(): {"available": bool, "reason", "name", ...}
+
+    @property
+    def cores(self) -> float:
+        """The CPUs this process can use: its affinity, capped by a cgroup quota."""
+        return min(self.cpus_usable, self.cpu_quota) if self.cpu_quota else self.cpus_usable
+
+    def cpu_budget(self, local_world_size: int = 1) -> float:
+        """Cores left for one loader: ``cores`` less other load, shared by the loaders of
+        ``local_world_size`` ranks on this machine (at least half a core)."""
+        return max((self.cores - self.other_load_cpus) / max(local_world_size, 1), 0.5)
+
+    @property
+    def gpu_available(self) -> bool:
+        return bool(self.gpu.get("available"))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "SystemSnapshot":
+        """Tolerant of runs stored before a field existed (a neutral value instead)."""
+        usable = doc.get("cpus_usable") or 1
+        return cls(cpus_logical=doc.get("cpus_logical") or usable, cpus_usable=usable,
+                   cpu_quota=doc.get("cpu_quota"),
+                   other_load_cpus=doc.get("other_load_cpus") or 0.0,
+                   ram_total_mb=doc.get("ram_total_mb") or 0.0,
+                   ram_available_mb=doc.get("ram_available_mb") or 0.0,
+                   shm=doc.get("shm"), gpu=doc.get("gpu") or {"available": False})
 
 
 def usable_cpus() -> int:
@@ -66,16 +112,18 @@ def shm_usage() -> dict | None:
     return {"total_mb": usage.total / MB, "used_mb": usage.used / MB, "free_mb": usage.free / MB}
 
 
-def snapshot(load_interval_s: float = 0.2) -> dict:
+def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:
     """Everything the tuner and the user need to judge what the machine can give the loader."""
+    from . import gpu  # torch: in the child only
+
     memory = psutil.virtual_memory()
-    return {
-        "cpus_logical": psutil.cpu_count(logical=True),
-        "cpus_usable": usable_cpus(),
-        "cpu_quota": cpu_quota(),
-        "other_load_cpus": round(other_processes_cpu(load_interval_s), 2),
-        "ram_total_mb": memory.total / MB,
-        "ram_available_mb": memory.available / MB,
-        "shm": shm_usage(),
-        "gpu": gpu.describe(),
-    }
+    return SystemSnapshot(
+        cpus_logical=psutil.cpu_count(logical=True),
+        cpus_usable=usable_cpus(),
+        cpu_quota=cpu_quota(),
+        other_load_cpus=round(other_processes_cpu(load_interval_s), 2),
+        ram_total_mb=memory.total / MB,
+        ram_available_mb=memory.available / MB,
+        shm=shm_usage(),
+        gpu=gpu.describe(),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 
 from . import metrics
 from .metrics import BatchRecord
@@ -39,7 +39,6 @@ class TrialResult:
     rate_ci: float | None = None
     conclusive: bool = True
     batches_per_s: float | None = None  # with batch_size=None a batch holds many samples
-    extra: dict = field(default_factory=dict)
 
     @property
     def ms_per_batch(self) -> float:
@@ -54,11 +53,6 @@ class TrialResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TrialResult":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from . import protocol
+from .report import speedup_text
+from .settings import settings_file
 from .runner import RunRequest, run_to_completion
 from .store import RunStore
 
@@ -20,31 +22,16 @@ def add_tune_parser(sub, add_common, positive_int, non_negative_float, batch_siz
     tune.add_argument("--step-ms", type=non_negative_float,
                       help="simulate a training step of this many ms per batch (0: none); "
                            "default: the module's train_step if it has one")
-    tune.add_argument("--budget-s", type=float, default=45.0,
-                      help="stop searching after this many seconds (default 45)")
-    tune.add_argument("--max-workers", type=positive_int, default=32,
-                      help="never try more workers than this (default 32)")
+    tune.add_argument("--budget-s", type=float, default=protocol.DEFAULT_BUDGET_S,
+                      help="stop searching after this many seconds (default %(default)g)")
+    tune.add_argument("--max-workers", type=positive_int, default=protocol.DEFAULT_MAX_WORKERS,
+                      help="never try more workers than this (default %(default)d)")
     tune.add_argument("--local-world-size", type=positive_int, default=1,
                       help="ranks sharing this machine's CPUs (default 1)")
-    tune.add_argument("--timeout-s", type=float, default=60.0,
+    tune.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
                       help="fail if no trial finishes for this long")
     tune.add_argument("--out", help="write the recommended settings to this JSON file")
     add_common(tune)
-
-
-def settings_file(doc: dict) -> dict:
-    """What ``--out`` writes: the kwargs for ``DataLoader(ds, **settings)`` and their evidence."""
-    return {
-        "dataloader_kwargs": doc["recommended"],
-        "target": doc["target"],
-        "expected_samples_per_s": doc["expected_samples_per_s"],
-        "baseline": doc["baseline"],
-        "reasons": doc["reasons"],
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_with": "from engine import load_settings; DataLoader(ds, <your other settings: "
-                     "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
-        "snippet": doc["snippet"],
-    }
 
 
 def render_tune_text(doc: dict) -> str:
@@ -69,22 +56,15 @@ def render_tune_text(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def speedup_text(baseline: dict) -> str:
-    """``1.84x ±6%``, or the reason no speedup is claimed."""
-    if baseline.get("speedup") is None:
-        return baseline.get("speedup_note") or "no speedup claimed"
-    pct = baseline.get("speedup_pct")
-    return f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
-
 
 class _TrialProgress:
     """A line on stderr per finished trial (stdout stays clean for --json)."""
 
-    def on_event(self, event: dict) -> None:
-        if event["e"] == "ready":
+    def on_event(self, event: protocol.Event) -> None:
+        if isinstance(event, protocol.Ready):
             sys.stderr.write("tuning: dataset loaded, measuring...\n")
-        elif event["e"] == "trial":
-            t = event["trial"]
+        elif isinstance(event, protocol.Trial):
+            t = event.trial
             idle = t.get("consumer_idle_frac")
             extra = f", consumer idle {idle:.0%}" if idle is not None else ""
             sys.stderr.write(f"  [{t['phase']}] num_workers={t['num_workers']:<3d} "

@@ -16,8 +16,10 @@ from .config import LoaderConfig
 from .errors import RunError
 from .measure import Consumer, Measurement
 from .metrics import warmup_batches
+from .diagnostic import Diagnostic
+from .protocol import RunRequest
 from .recommend import Limits
-from .settings import snippet_names
+from .settings import recommended_config, snippet_names
 from .target import ResolvedTarget
 from .trials import MIN_STEADY_BATCHES, TrialResult, summarize_trial
 from .tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
@@ -111,14 +113,13 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
 
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer, system: dict,
-             request: dict, on_trial: Callable[[TrialResult], None]) -> dict:
+             request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict:
     """Search, then measure the module's own settings as the baseline; returns the document."""
     try:
         length = len(resolved.dataset)
     except TypeError:
         length = None
-    limits = Limits.from_system(system, int(request.get("local_world_size") or 1),
-                                int(request.get("max_workers") or 32), length)
+    limits = Limits.from_system(system, request.local_world_size, request.max_workers, length)
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
 
@@ -140,7 +141,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     measure_trial(resolved, search_config, consumer, "prewarm", 0, max_trial_s=PREWARM_S)
     tuner = Tuner(measure, limits, system, has_consumer=consumer.kind != "none",
                   step_on_cpu=consumer.kind == "train_step",
-                  budget_s=float(request.get("budget_s") or 45.0),
+                  budget_s=float(request.budget_s),
                   batch_size=config.batch_size, on_trial=on_trial)
     try:
         outcome = tuner.run()
@@ -188,8 +189,8 @@ def no_steady_state_error(attempts: list[str], config: LoaderConfig) -> RunError
         type="no_steady_state")
 
 
-def _baseline_source(resolved: ResolvedTarget, request: dict) -> str:
-    if request.get("settings"):
+def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
+    if request.settings:
         return "your current settings"
     if resolved.dataloader_kwargs:
         return "the module's dataloader_kwargs"
@@ -240,13 +241,6 @@ def speedup_claim(rec, base: TrialResult | None, same_settings: bool = False) ->
             "speedup_pct": (pick_pct ** 2 + base_pct ** 2) ** 0.5, "speedup_note": None}
 
 
-def recommended_config(config: LoaderConfig, recommended: dict) -> LoaderConfig:
-    """``config`` with the tuner's choices; worker-only settings it left out return to
-    DataLoader's defaults."""
-    base = config.replace(num_workers=0, pin_memory=False)
-    return LoaderConfig.from_settings(recommended, base)
-
-
 def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
                   seconds: float, expressions: dict | None = None) -> dict:
     rec = outcome.recommendation
@@ -260,12 +254,13 @@ def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
     warnings = list(rec.warnings)
     base_rate = baseline.get("samples_per_s")
     if base_rate and rec.expected_samples_per_s and base_rate > 1.05 * rec.expected_samples_per_s:
-        warnings.append({
-            "code": "baseline_faster",
-            "message": f"The baseline ({baseline['source']}) measured {base_rate:.0f} samples/s, "
-                       f"more than the pick's {rec.expected_samples_per_s:.0f}. The machine's "
-                       "load may have shifted during tuning: verify before switching.",
-        })
+        warnings.append(Diagnostic(
+            "baseline_faster", "warning",
+            f"The baseline ({baseline['source']}) measured {base_rate:.0f} samples/s, "
+            f"more than the pick's {rec.expected_samples_per_s:.0f}. The machine's "
+            "load may have shifted during tuning: verify before switching.",
+            {"baseline_samples_per_s": base_rate,
+             "pick_samples_per_s": rec.expected_samples_per_s}))
     return {
         "recommended": recommended,
         "snippet": snippet,
@@ -275,7 +270,7 @@ def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
         "baseline": baseline,
         "trials": [t.to_dict() for t in outcome.trials],
         "reasons": rec.reasons,
-        "warnings": warnings,
+        "warnings": [w.to_dict() for w in warnings],
         "profile": outcome.profile.to_dict() if outcome.profile else None,
         "limits": outcome.limits.__dict__,
         "tuning_seconds": seconds,

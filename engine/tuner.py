@@ -27,6 +27,8 @@ from . import costmodel
 from .costmodel import CostProfile
 from .recommend import (Limits, Recommendation, by_workers, median_idle, median_rate, pick_fed,
                         recommend)
+from .diagnostic import Diagnostic
+from .system import SystemSnapshot
 from .trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
@@ -66,14 +68,15 @@ def shrink(n: int) -> int:
     return n - 1 if n <= 4 else math.floor(n / 1.5)
 
 
-def memory_max_workers(one_worker: TrialResult, system: dict, prefetch: int = 2) -> int | None:
+def memory_max_workers(one_worker: TrialResult, system: SystemSnapshot,
+                       prefetch: int = 2) -> int | None:
     """Workers that fit: private memory each plus batches in flight, against free RAM and shm."""
     batch_mb = (one_worker.batch_bytes or 0) / 2**20
     per_worker = (one_worker.worker_private_mb or 0) + prefetch * batch_mb
     caps = []
-    if per_worker > 0 and system.get("ram_available_mb"):
-        caps.append(int(MEMORY_SHARE * system["ram_available_mb"] / per_worker))
-    shm = system.get("shm") or {}
+    if per_worker > 0 and system.ram_available_mb:
+        caps.append(int(MEMORY_SHARE * system.ram_available_mb / per_worker))
+    shm = system.shm or {}
     if batch_mb > 0 and shm.get("free_mb"):
         caps.append(int(MEMORY_SHARE * shm["free_mb"] / (prefetch * batch_mb)))
     return max(min(caps), 1) if caps else None
@@ -157,11 +160,11 @@ class Tuner:
         recommendation = recommend(self.trials, profile, self.limits, self.has_consumer,
                                    self.batch_size)
         if self.out_of_budget:
-            recommendation.warnings.append({
-                "code": "budget_reached",
-                "message": f"The {self.budget_s:g} s budget ran out before the search finished; "
-                           "the pick is the best measured so far. Raise --budget-s to search on.",
-            })
+            recommendation.warnings.append(Diagnostic(
+                "budget_reached", "info",
+                f"The {self.budget_s:g} s budget ran out before the search finished; "
+                "the pick is the best measured so far. Raise --budget-s to search on.",
+                {"budget_s": self.budget_s}))
         return TuneOutcome(self.trials, profile, recommendation, self.limits, self.out_of_budget)
 
     def _probe(self) -> CostProfile | None:

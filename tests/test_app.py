@@ -1,4 +1,9 @@
-"""Each page in Streamlit's AppTest (no browser), with real engine runs behind it.
+"""Each page in Streamlit's AppTest (no browser).
+
+Behind the pages, the engine's runs are replays of real runs recorded in tests/recordings
+(tests/replay.py): the pages, the job board, RunHandle, LiveRun and the store all run as they
+do for real, without a child process or torch, so these tests take seconds. One test also runs
+for real (marked slow), and tests/test_browser.py drives the whole real stack.
 
 AppTest does not fire ``run_every`` fragments on its own; ``settle`` re-runs the page the way
 the browser's timer would until the job board is idle.
@@ -13,15 +18,19 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from dashboard.shared import get_jobs
-from engine import RunRequest, RunStore, run_to_completion
+from engine import RunRequest, RunStore, run_to_completion, runner
 
 from .conftest import ROOT, dataset_path
+from .replay import replayed_starter
 
 HISTORY_SCRIPT = "from dashboard import history_page\nhistory_page.render()\n"
 
 
-@pytest.fixture
-def app_env(tmp_path, monkeypatch):
+@pytest.fixture(params=["replay"])
+def app_env(request, tmp_path, monkeypatch):
+    """A fresh database and job board; runs replayed unless the test asks for "real"."""
+    if request.param == "replay":
+        monkeypatch.setattr(runner, "child_starter", replayed_starter())
     db = str(tmp_path / "runs.sqlite")
     monkeypatch.setenv("DLTUNER_DB", db)
     monkeypatch.setenv("DLTUNER_AUTOSTART", "0")
@@ -126,6 +135,8 @@ def test_a_failing_run_shows_the_worker_error(app_env):
     assert get_jobs().store.list_runs()[0]["status"] == "error"
 
 
+@pytest.mark.parametrize("app_env", ["replay", pytest.param("real", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_tune_recommends_and_apply_verifies(app_env):
     at = press("Tune", dataset_path("small_map.py"), consumer="none", budget_s=5.0,
                max_workers=2, verify_seconds=1.0)

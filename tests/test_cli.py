@@ -138,7 +138,8 @@ def test_the_parent_side_does_not_import_torch():
     import, hundreds of MB) stays in the engine's child process."""
     code = ("import sys\n"
             "import engine.cli, engine.tune_cli, dashboard.jobs, dashboard.live_page, "
-            "dashboard.history_page\n"
+            "dashboard.history_page, engine.protocol, engine.settings, engine.system, "
+            "engine.runner, engine.live, engine.store, engine.report, engine.verify\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from engine.config import LoaderConfig, load_settings
+from engine.config import LoaderConfig
+from engine.settings import load_settings
 from engine.errors import ConfigError
 
 

@@ -6,13 +6,13 @@ from dashboard.jobs import (
     LIVE_WINDOW_BATCHES,
     Jobs,
     controls_from_settings,
-    recommended_settings,
     request_from_controls,
     tune_request,
     verification_requests,
 )
 from dashboard.live_page import CONTROL_DEFAULTS
 from engine import RunStore
+from engine.settings import recommended_settings
 from engine.live import LiveRun
 from engine.verify import Verification
 

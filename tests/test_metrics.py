@@ -79,11 +79,6 @@ def test_consumer_idle_fraction_and_verdicts():
     assert metrics.input_bound_verdict(None) is None
 
 
-def test_idle_gaps_timeline():
-    gaps = metrics.idle_gaps([batch(0, 1.0, 0.02), batch(1, 2.0, 0.0)], min_gap_s=0.001)
-    assert gaps == [{"t": 1.0, "gap_ms": pytest.approx(20.0), "seq": 0}]
-
-
 def test_record_row_roundtrip():
     record = batch(3, 1.0, 0.5)
     assert BatchRecord.from_row(record.to_row()) == record

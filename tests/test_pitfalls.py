@@ -16,6 +16,7 @@ from engine import pitfalls
 from engine.child import ResourceSampler
 from engine.failures import explain_failure, hang_error, may_be_worker_death
 from engine.probes import shape_mismatch
+from engine.system import SystemSnapshot
 
 import torch
 
@@ -58,8 +59,8 @@ def test_shape_mismatch_names_the_field():
 def test_shm_pressure_from_batches_in_flight():
     shm = {"free_mb": 64.0, "total_mb": 64.0}  # Docker's default
     found = pitfalls.shm_pressure(8, 2, 4 * 2**20, shm)  # 8 x 2 x 4 MB = 64 MB
-    assert found[0]["code"] == "shm_too_small" and found[0]["evidence"]["in_flight_mb"] == 64.0
-    assert "--shm-size" in found[0]["fix"]
+    assert found[0].code == "shm_too_small" and found[0].evidence["in_flight_mb"] == 64.0
+    assert "--shm-size" in found[0].fix
     assert pitfalls.shm_pressure(2, 2, 1 * 2**20, shm) == []
     assert pitfalls.shm_pressure(0, 0, 4 * 2**20, shm) == []
 
@@ -67,8 +68,8 @@ def test_shm_pressure_from_batches_in_flight():
 def test_rng_only_flagged_when_workers_share_a_state():
     same = [{"worker_id": w, "probe": {"rng_used": {"self.rng": "abc"}}} for w in (0, 1, 2)]
     found = pitfalls.duplicated_rng(same)
-    assert found[0]["evidence"] == {"generator": "self.rng", "workers": [0, 1, 2]}
-    assert "info.dataset.rng" in found[0]["fix"]
+    assert found[0].evidence == {"generator": "self.rng", "workers": [0, 1, 2]}
+    assert "info.dataset.rng" in found[0].fix
     differ = [{"worker_id": w, "probe": {"rng_used": {"self.rng": f"s{w}"}}} for w in (0, 1)]
     assert pitfalls.duplicated_rng(differ) == []
     main_only = [{"worker_id": -1, "probe": {"rng_used": {"self.rng": "abc"}}}]
@@ -76,23 +77,24 @@ def test_rng_only_flagged_when_workers_share_a_state():
 
 
 def test_oversubscription_rules():
-    system = {"cpus_usable": 2, "other_load_cpus": 0.0}
-    assert pitfalls.cpu_oversubscription(4, system, 0.9)[0]["code"] == "more_workers_than_cpus"
+    system = SystemSnapshot.from_dict({"cpus_usable": 2, "other_load_cpus": 0.0})
+    assert pitfalls.cpu_oversubscription(4, system, 0.9)[0].code == "more_workers_than_cpus"
     assert pitfalls.cpu_oversubscription(4, system, 0.1) == []  # waiting workers may outnumber
     # a count the tuner measured to pay is not second-guessed; more than it still is
     assert pitfalls.cpu_oversubscription(3, system, 0.9, tuned_workers=3) == []
     assert pitfalls.cpu_oversubscription(5, system, 0.9, tuned_workers=3)
-    busy = pitfalls.cpu_oversubscription(1, {"cpus_usable": 8, "other_load_cpus": 4.0}, 0.9)
-    assert busy[0]["code"] == "cpus_busy_elsewhere" and busy[0]["severity"] == "info"
+    busy = pitfalls.cpu_oversubscription(
+        1, SystemSnapshot.from_dict({"cpus_usable": 8, "other_load_cpus": 4.0}), 0.9)
+    assert busy[0].code == "cpus_busy_elsewhere" and busy[0].severity == "info"
     threads = [{"role": "worker", "threads": 9}, {"role": "worker", "threads": 9}]
-    assert pitfalls.thread_oversubscription(threads, 2, 2)[0]["evidence"]["threads_per_worker"] == 9
+    assert pitfalls.thread_oversubscription(threads, 2, 2)[0].evidence["threads_per_worker"] == 9
     assert pitfalls.thread_oversubscription(threads, 2, 16) == []
 
 
 def test_restarts_each_epoch_only_without_persistent_workers():
     epochs = [{"startup_s": 0.5}, {"startup_s": 0.4}, {"startup_s": 0.4}]
     config = {"num_workers": 4, "persistent_workers": False}
-    assert pitfalls.restarts_each_epoch(config, epochs, 3.0)[0]["evidence"]["startup_s"] == 0.4
+    assert pitfalls.restarts_each_epoch(config, epochs, 3.0)[0].evidence["startup_s"] == 0.4
     assert pitfalls.restarts_each_epoch({**config, "persistent_workers": True}, epochs, 3.0) == []
     assert pitfalls.restarts_each_epoch(config, epochs, 300.0) == []
 
@@ -139,15 +141,15 @@ def test_copy_on_read_leak_is_flagged_per_worker_with_the_serialize_fix():
     rows = (worker_rows(60, flat(1476), leak, pid=7, worker_id=0)
             + worker_rows(60, flat(1476), leak, pid=8, worker_id=1))
     found = pitfalls.worker_memory_growth(rows)
-    assert [d["code"] for d in found] == ["worker_memory_growth"]
-    evidence = found[0]["evidence"]
-    assert evidence["copy_on_read"] and "copy-on-read" in found[0]["message"]
+    assert [d.code for d in found] == ["worker_memory_growth"]
+    evidence = found[0].evidence
+    assert evidence["copy_on_read"] and "copy-on-read" in found[0].message
     assert [w["worker_id"] for w in evidence["workers"]] == [0, 1]
     worker = evidence["workers"][0]
     assert worker["mb_per_min"] == pytest.approx(457, rel=0.02)
     assert worker["rss_start_mb"] == worker["rss_end_mb"] == 1476
     assert 20 < worker["uss_start_mb"] < worker["uss_end_mb"] < 480
-    fix = found[0]["fix"]
+    fix = found[0].fix
     assert "np.frombuffer" in fix and "np.int64" in fix and "pickle.loads" in fix
     scope = {}
     exec(fix, scope)  # the fix runs as pasted and keeps the records in numpy, not in a list
@@ -173,7 +175,7 @@ def test_file_pages_in_uss_are_not_a_leak_but_uss_is_judged_without_dirty_readin
     rss, uss = (lambda t: 170 + 10 * t), (lambda t: 19 + 6 * t)  # noqa: E731
     assert pitfalls.worker_memory_growth(worker_rows(24, rss, flat(12), uss=uss)) == []
     without_dirty = [{**r, "dirty_mb": None} for r in worker_rows(24, rss, flat(12), uss=uss)]
-    assert pitfalls.worker_memory_growth(without_dirty)[0]["evidence"]["workers"][0][
+    assert pitfalls.worker_memory_growth(without_dirty)[0].evidence["workers"][0][
         "measure"] == "uss"
 
 
@@ -203,7 +205,7 @@ def test_a_buffer_levelling_off_is_not_flagged_but_copy_on_read_slowing_down_is(
     assert pitfalls.worker_memory_growth(buffer) == []
     # RSS flat: inherited pages turning private, until each worker has a copy of everything
     found = pitfalls.worker_memory_growth(worker_rows(25, flat(1476), levels))
-    assert found[0]["evidence"]["copy_on_read"]
+    assert found[0].evidence["copy_on_read"]
 
 
 @pytest.mark.parametrize("private_every", [4, 1])
@@ -216,8 +218,8 @@ def test_a_run_too_short_to_tell_a_leak_from_a_filling_buffer_is_not_judged(priv
 def test_a_growing_cache_gets_the_cache_fix():
     cache = lambda t: 50 + 8 * t  # noqa: E731  RSS rises with private memory
     found = pitfalls.worker_memory_growth(worker_rows(20, lambda t: 150 + cache(t), cache))
-    assert found and not found[0]["evidence"]["copy_on_read"]
-    assert "lru_cache" in found[0]["fix"] and "numpy" in found[0]["fix"]
+    assert found and not found[0].evidence["copy_on_read"]
+    assert "lru_cache" in found[0].fix and "numpy" in found[0].fix
 
 
 # -- ResourceSampler against a real process ------------------------------------------------------
@@ -244,7 +246,7 @@ def allocator():
 
 
 def _row(event, pid):
-    return next(p for p in event["procs"] if p["pid"] == pid)
+    return next(p for p in event.procs if p["pid"] == pid)
 
 
 def test_resource_sampler_reads_worker_private_memory_every_few_seconds(allocator):
@@ -285,11 +287,11 @@ def test_sampling_noise_across_many_classes_is_not_skew():
 
 def test_real_skew_is_flagged_with_its_ratio_and_bound():
     found = pitfalls.skewed_labels({0: 2200, 1: 100})
-    evidence = found[0]["evidence"]
+    evidence = found[0].evidence
     assert evidence["ratio"] == 22.0 and 5 <= evidence["ratio_lower_bound"] < 22
     assert evidence["labels_counted"] == 2300 and evidence["label_counts"] == {0: 2200, 1: 100}
-    assert "22.0x" in found[0]["message"] and "shuffled order" in found[0]["message"]
-    assert "WeightedRandomSampler" in found[0]["fix"]
+    assert "22.0x" in found[0].message and "shuffled order" in found[0].message
+    assert "WeightedRandomSampler" in found[0].fix
 
 
 def test_a_ratio_from_a_handful_of_labels_is_not_skew():
@@ -302,8 +304,8 @@ def test_sequential_counts_are_judged_only_when_they_cover_the_dataset():
     assert pitfalls.skewed_labels(counts, order_independent=False, dataset_len=100_000) == []
     assert pitfalls.skewed_labels(counts, order_independent=False) == []
     found = pitfalls.skewed_labels(counts, order_independent=False, dataset_len=2300)
-    assert "sequential order" in found[0]["message"]
-    assert found[0]["evidence"]["order"] == "sequential"
+    assert "sequential order" in found[0].message
+    assert found[0].evidence["order"] == "sequential"
 
 
 def test_label_order_from_the_loader_settings():
@@ -363,14 +365,14 @@ def test_the_skew_fix_runs_as_pasted_and_balances_the_classes(dataset):
 
 def test_skew_from_the_datasets_own_labels_says_so():
     found = pitfalls.skewed_labels({0: 880, 1: 40}, True, 920, source="dataset")
-    assert found and "dataset's own label list" in found[0]["message"]
-    assert found[0]["evidence"]["source"] == "dataset"
+    assert found and "dataset's own label list" in found[0].message
+    assert found[0].evidence["source"] == "dataset"
 
 
 def test_measuring_cost_is_said_only_for_batches_faster_than_100_us():
     found = pitfalls.measuring_cost(19_600.0, 627_200.0)  # 51 us batches
-    assert [d["code"] for d in found] == ["measuring_cost"]
-    assert "every 51 us" in found[0]["message"] and "627,200 samples/s" in found[0]["message"]
-    assert found[0]["evidence"]["batch_us"] == 51.0
+    assert [d.code for d in found] == ["measuring_cost"]
+    assert "every 51 us" in found[0].message and "627,200 samples/s" in found[0].message
+    assert found[0].evidence["batch_us"] == 51.0
     assert pitfalls.measuring_cost(7_300.0, 233_600.0) == []  # 137 us: measured at >= 0.97
     assert pitfalls.measuring_cost(None, None) == []

@@ -24,7 +24,7 @@ def test_run_with_workers_streams_and_summarises(db_path):
     seen = []
     request = _request("small_map.py", batch_size=4, num_workers=2, persistent_workers=True)
     handle = run_to_completion(request, store,
-                               on_event=lambda e: seen.append(e["e"]))
+                               on_event=lambda e: seen.append(e.kind))
     assert handle.state is RunState.FINISHED
     doc = handle.live.summary("ok")
     assert doc["samples_per_s"] > 0 and doc["batches"] > doc["warmup_batches"] == 4
@@ -157,7 +157,7 @@ def test_parent_death_stops_the_child(tmp_path):
 
 REENTRANT_FAILURE = r'''
 import json, signal, subprocess, sys, time
-from engine import child
+from engine import child, protocol
 
 def raise_like_torch(signum, frame):  # torch's SIGCHLD handler raises on each worker death
     raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error.")
@@ -175,11 +175,11 @@ def slow_explain(exc, signals):
 events = []
 class Writer:
     def send(self, event):
-        events.append(event)
+        events.append(protocol.to_wire(event))
 
 child.ChildRun._run = failing_run
 child.explain_failure = slow_explain
-code = child.ChildRun({"timeout_s": 0}, Writer()).run()
+code = child.ChildRun(protocol.RunRequest("unused.py", timeout_s=0), Writer()).run()
 print(json.dumps({"code": code, "events": events}))
 '''
 

@@ -2,6 +2,7 @@
 
 import time
 
+from engine import protocol
 from engine.runner import RunHandle, RunRequest, RunState
 from engine.store import DB_ENV, RunStore, default_db_path
 
@@ -46,9 +47,9 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
 
 
 def _sample(t, dirty):
-    return {"e": "resources", "t": t, "procs": [
+    return protocol.Resources(t, [
         {"pid": 11, "role": "worker", "worker_id": 0, "cpu_percent": 50.0, "rss_mb": 100.0,
-         "threads": 2, "uss_mb": None if dirty is None else 20.0 + dirty, "pss_mb": 40.0, "dirty_mb": dirty}]}
+         "threads": 2, "uss_mb": None if dirty is None else 20.0 + dirty, "pss_mb": 40.0, "dirty_mb": dirty}])
 
 
 def test_worker_private_memory_is_stored_with_each_sample(tmp_path):

@@ -7,11 +7,13 @@ import pytest
 
 from engine import costmodel
 from engine.recommend import Limits, pick_fastest, pick_fed, recommend
+from engine.system import SystemSnapshot
 from engine.trials import TrialResult
 from engine.tuner import Tuner, grow, memory_max_workers, shrink
 
-SYSTEM = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
-          "shm": {"free_mb": 10000}, "gpu": {"available": False}}
+SYSTEM_DOC = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
+              "shm": {"free_mb": 10000}, "gpu": {"available": False}}
+SYSTEM = SystemSnapshot.from_dict(SYSTEM_DOC)
 
 
 def trial(n, rate, idle=None, worker_ms=10.0, cpu_ms=9.0, main_cpu_ms=0.2, step_ms=0.0,
@@ -25,7 +27,8 @@ def trial(n, rate, idle=None, worker_ms=10.0, cpu_ms=9.0, main_cpu_ms=0.2, step_
 
 
 def limits(max_workers=32, length=4096, gpu=False):
-    return Limits.from_system({**SYSTEM, "gpu": {"available": gpu}}, 1, max_workers, length)
+    return Limits.from_system(SystemSnapshot.from_dict({**SYSTEM_DOC, "gpu": {"available": gpu}}),
+                              1, max_workers, length)
 
 
 class Simulated:
@@ -101,7 +104,7 @@ def test_budget_stops_the_search_with_a_warning():
                   batch_size=16, clock=lambda: next(clock))
     outcome = tuner.run()
     assert outcome.stopped_by_budget
-    assert any(w["code"] == "budget_reached" for w in outcome.recommendation.warnings)
+    assert any(w.code == "budget_reached" for w in outcome.recommendation.warnings)
 
 
 def test_grow_and_shrink_steps():
@@ -111,7 +114,8 @@ def test_grow_and_shrink_steps():
 
 def test_memory_caps_the_worker_count():
     one = trial(1, 100, private_mb=1000.0, bytes_=100 * 2**20)
-    cap = memory_max_workers(one, {"ram_available_mb": 12000, "shm": {"free_mb": 4000}})
+    cap = memory_max_workers(one, SystemSnapshot.from_dict(
+        {"ram_available_mb": 12000, "shm": {"free_mb": 4000}}))
     assert cap == min(int(0.5 * 12000 / 1200), int(0.5 * 4000 / 200))
 
 
@@ -192,11 +196,12 @@ def test_uncertainty_is_reported_from_repeats():
     trials = [trial(0, 100), trial(2, 1000), trial(2, 1200, phase="confirm")]
     rec = recommend(trials, None, limits(), False, 16)
     assert rec.uncertainty_pct == pytest.approx(50 * 200 / 1100)
-    assert any(w["code"] == "noisy_machine" for w in rec.warnings) is (rec.uncertainty_pct > 10)
+    assert any(w.code == "noisy_machine" for w in rec.warnings) is (rec.uncertainty_pct > 10)
 
 
 def test_limits_divide_cpus_between_ranks():
-    lim = Limits.from_system({**SYSTEM, "cpus_usable": 16, "other_load_cpus": 4.0}, 4, 32, None)
+    lim = Limits.from_system(SystemSnapshot.from_dict(
+        {**SYSTEM_DOC, "cpus_usable": 16, "other_load_cpus": 4.0}), 4, 32, None)
     assert lim.cpu_budget == pytest.approx(3.0)
     assert math.isclose(Limits.from_system(SYSTEM, 1, 32, None).cpu_budget, 2.0)
 
@@ -218,3 +223,14 @@ def test_consumer_floor_and_fed_boundary_are_measured():
     assert 8 in sim.calls  # the floor
     assert sim.calls.count(1) == 2  # the boundary re-measured
     assert outcome.recommendation.kwargs["num_workers"] == 2
+
+
+def test_a_cgroup_quota_counts_for_the_budget_and_the_diagnostics_alike():
+    """docker --cpus=2 on 16 cores: the tuner budgets 2 cores and the warning counts 2."""
+    from engine import pitfalls
+
+    system = SystemSnapshot.from_dict({**SYSTEM_DOC, "cpus_usable": 16, "cpu_quota": 2.0})
+    assert system.cores == 2.0 and system.cpu_budget() == 2.0
+    assert Limits.from_system(system, 1, 32, None).cpu_budget == 2.0
+    found = pitfalls.cpu_oversubscription(4, system, 0.9)
+    assert found[0].code == "more_workers_than_cpus" and "on 2 usable CPU(s)" in found[0].message

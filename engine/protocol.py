@@ -1,0 +1,246 @@
+"""The engine's process protocol as types: the request a run starts from and every event it
+emits. Whoever produces a run (the engine's child process today, an in-process watcher next)
+emits these; whoever consumes one (LiveRun, the run store, the CLI's progress lines) reads them,
+dispatching on the type, never on a string.
+
+NOTE [ Engine process protocol ]
+
+    parent (CLI / dashboard)                    child: python -m engine.child
+    ------------------------                    -----------------------------------------
+    Popen(start_new_session=True) ------------> reads RunRequest.to_json() from stdin
+                                                resolves the target  --(error)--> exit 1
+    <------------ event pipe: JSON lines ------ Ready    dataset, config, system, counting
+    <------------------------------------------ Epoch    each epoch's start (profile runs)
+    <------------------------------------------ Probe    a worker's first fetch, once each
+    <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
+    <------------------------------------------ Resources  CPU/memory per process every 0.5 s
+    <------------------------------------------ Warning  a warning the child itself caught
+    <------------------------------------------ Trial    one measured setting (tune runs)
+    <------------------------------------------ TuneResult  the recommendation (tune runs)
+    <------------------------------------------ Labels   class counts, at the end
+    <------------------------------------------ Error    what failed, typed (errors.py)
+    SIGTERM (stop) ---------------------------> handler raises StopRun in the main thread
+                                                kills + reaps its DataLoader workers
+    <------------------------------------------ Finished reason; exit 0 (1 after Error)
+
+On the wire each event is one JSON object whose "e" names its type (``Event.kind``); what the
+child's workers print goes to a log file instead (output.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar, Union
+
+from .system import SystemSnapshot
+from .wire import pack_rows, unpack_rows
+
+# Defaults a run starts from, named once: the CLI's flags and the dashboard read them here.
+DEFAULT_SECONDS = 10.0
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BUDGET_S = 45.0
+DEFAULT_MAX_WORKERS = 32
+RUN_KINDS = ("profile", "tune", "verify", "inspect")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything the child needs; JSON-safe so it crosses the process boundary as text."""
+
+    target: str
+    # DataLoader settings the caller chose (JSON-safe); the rest are the module's own (see
+    # settings.py). Empty: exactly what the module declares.
+    settings: dict = field(default_factory=dict)
+    step_ms: float | None = None  # None: the module's train_step if any, else no consumer
+    seconds: float = DEFAULT_SECONDS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    kind: str = "profile"  # one of RUN_KINDS; "verify" runs as a profile
+    label: str | None = None
+    budget_s: float = DEFAULT_BUDGET_S  # tune only
+    max_workers: int = DEFAULT_MAX_WORKERS  # tune only
+    local_world_size: int = 1  # tune only
+    # num_workers a tune measured to pay for this target (a settings file, an Apply): the
+    # diagnostics do not second-guess it.
+    tuned_workers: int | None = None
+    # Where and for whom the child runs: filled in by to_json() when the request is sent.
+    cwd: str | None = None
+    parent_pid: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in RUN_KINDS:
+            raise ValueError(f"unknown run kind {self.kind!r}: one of {', '.join(RUN_KINDS)}")
+
+    @property
+    def measures_loader(self) -> bool:
+        """profile and verify runs stream batches; tune runs trials; inspect only loads."""
+        return self.kind in ("profile", "verify")
+
+    def to_json(self) -> dict:
+        doc = dataclasses.asdict(self)
+        doc["cwd"] = self.cwd or os.getcwd()
+        doc["parent_pid"] = self.parent_pid or os.getpid()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "RunRequest":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(doc) - known
+        if unknown:  # a parent and child from different versions of the engine
+            raise ValueError(f"unknown request fields {sorted(unknown)}")
+        return cls(**doc)
+
+
+# -- events ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ready:
+    kind: ClassVar[str] = "ready"
+    mode: str  # the request's kind as the child runs it: "profile" | "tune" | "inspect"
+    pid: int
+    dataset: dict
+    config: dict
+    snippet: str
+    consumer: dict
+    system: SystemSnapshot
+    warmup_batches: int
+    counting: dict | None = None
+    torch: str | None = None
+
+    def to_wire(self) -> dict:
+        return {"e": self.kind, **{f.name: getattr(self, f.name)
+                                   for f in dataclasses.fields(self)},
+                "system": self.system.to_dict()}
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Ready":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in fields and k != "system"},
+                   system=SystemSnapshot.from_dict(doc["system"]))
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Rows of metrics.BatchRecord fields, as plain tuples (packed on the wire)."""
+
+    kind: ClassVar[str] = "batches"
+    rows: list
+
+    def to_wire(self) -> dict:
+        return {"e": self.kind, **pack_rows(self.rows)}
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Batches":
+        return cls(unpack_rows(doc))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """One sample: per process ``{pid, role, worker_id, cpu_percent, rss_mb, threads, uss_mb,
+    pss_mb, dirty_mb}`` (child.ResourceSampler), and NVML's figures on a GPU."""
+
+    kind: ClassVar[str] = "resources"
+    t: float
+    procs: list
+    gpu: dict | None = None
+
+
+@dataclass(frozen=True)
+class Epoch:
+    kind: ClassVar[str] = "epoch"
+    epoch: int
+    t: float
+    startup_s: float
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a worker's first fetch revealed (random generators it drew from)."""
+
+    kind: ClassVar[str] = "probe"
+    pid: int
+    worker_id: int
+    probe: dict
+
+
+@dataclass(frozen=True)
+class Labels:
+    kind: ClassVar[str] = "labels"
+    counts: dict
+    source: str = "batches"  # or "dataset": its own targets/labels list, all of it
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> "Labels":
+        # JSON object keys are strings; the labels are ints.
+        return cls({int(k): v for k, v in doc["counts"].items()}, doc.get("source", "batches"))
+
+
+@dataclass(frozen=True)
+class WarningCaught:
+    kind: ClassVar[str] = "warning"
+    code: str
+    message: str
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class Trial:
+    kind: ClassVar[str] = "trial"
+    trial: dict  # tuner.TrialResult.to_dict()
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    kind: ClassVar[str] = "tune_result"
+    result: dict
+
+
+@dataclass(frozen=True)
+class Error:
+    kind: ClassVar[str] = "error"
+    error: dict  # errors.EngineError.to_dict(), with its class's name
+
+
+@dataclass(frozen=True)
+class Finished:
+    kind: ClassVar[str] = "finished"
+    reason: str  # "deadline" | "stopped" | "error" | "done"
+    t: float
+
+
+Event = Union[Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, TuneResult,
+              Error, Finished]
+EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
+    Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, TuneResult, Error,
+    Finished)}
+
+
+def to_wire(event: Event) -> dict:
+    """The JSON object for ``event``: its fields and its kind under "e"."""
+    custom = getattr(event, "to_wire", None)
+    if custom is not None:
+        return custom()
+    return {"e": event.kind, **{f.name: getattr(event, f.name)
+                                for f in dataclasses.fields(event)}}
+
+
+def from_wire(doc: dict) -> Event:
+    """The event a JSON object stands for; ValueError for a kind this engine does not know."""
+    cls = EVENT_TYPES.get(doc.get("e"))
+    if cls is None:
+        raise ValueError(f"unknown event kind {doc.get('e')!r}")
+    if "from_wire" in cls.__dict__:  # the types JSON does not carry as they are
+        return cls.from_wire(doc)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def encode(event: Event) -> bytes:
+    """One line for the event pipe."""
+    return (json.dumps(to_wire(event), default=str) + "\n").encode()
+
+
+def decode(line: bytes | str) -> Event:
+    return from_wire(json.loads(line))

@@ -1,0 +1,145 @@
+"""The process protocol's types: the request and every event survive the wire as themselves,
+and every error code the engine raises is in the catalogue."""
+
+import ast
+import dataclasses
+import json
+import os
+
+import pytest
+
+from engine import protocol
+from engine.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
+from engine.metrics import BatchRecord
+from engine.system import SystemSnapshot
+
+ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
+
+ROW = tuple(BatchRecord(3, 0, 0.5, 1e-4, 2e-6, 64, None, -1, 4242, 0.25, 3e-5, 1e-5, None,
+                        None, None, None))
+
+EXAMPLES = [
+    protocol.Ready(mode="profile", pid=7, dataset={"length": 10}, config={"batch_size": 2},
+                   snippet="DataLoader(dataset)", consumer={"kind": "none"}, system=SystemSnapshot.from_dict({"cpus_usable": 2}),
+                   warmup_batches=1, counting={"samples": "indices"}, torch="2.13.0"),
+    protocol.Batches([ROW, ROW]),
+    protocol.Resources(t=0.5, procs=[{"pid": 7, "role": "main", "rss_mb": 90.0}]),
+    protocol.Epoch(epoch=1, t=2.0, startup_s=0.1),
+    protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),
+    protocol.Labels({0: 880, 9: 40}, "dataset"),
+    protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
+    protocol.Trial({"num_workers": 2, "samples_per_s": 10.0}),
+    protocol.TuneResult({"recommended": {"num_workers": 2}}),
+    protocol.Error(RunError("boom", type="getitem_error").to_dict()),
+    protocol.Finished(reason="deadline", t=3.0),
+]
+
+
+def test_every_event_kind_has_an_example_here():
+    assert {type(e).kind for e in EXAMPLES} == set(protocol.EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: type(e).kind)
+def test_events_survive_the_wire_as_themselves(event):
+    line = protocol.encode(event)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert protocol.decode(line) == event
+
+
+def test_the_protocol_note_lists_every_event():
+    note = protocol.__doc__
+    for cls in protocol.EVENT_TYPES.values():
+        name = "Warning" if cls is protocol.WarningCaught else cls.__name__
+        assert f" {name} " in note, name
+
+
+def test_an_unknown_event_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="'gossip'"):
+        protocol.decode(json.dumps({"e": "gossip"}))
+
+
+def test_the_request_round_trips_with_where_and_for_whom_it_runs():
+    request = protocol.RunRequest("data.py:make", settings={"num_workers": 2}, kind="tune",
+                                  budget_s=30.0, tuned_workers=4)
+    doc = json.loads(json.dumps(request.to_json()))
+    back = protocol.RunRequest.from_json(doc)
+    assert back.cwd == os.getcwd() and back.parent_pid == os.getpid()
+    assert dataclasses.replace(back, cwd=None, parent_pid=None) == request
+    assert doc["kind"] == "tune"  # the same name on the wire as in the code
+
+
+def test_requests_from_other_engine_code_or_with_unknown_kinds_are_refused():
+    with pytest.raises(ValueError, match="unknown request fields"):
+        protocol.RunRequest.from_json({"target": "t.py", "consumer": "none"})
+    with pytest.raises(ValueError, match="unknown run kind 'bench'"):
+        protocol.RunRequest("t.py", kind="bench")
+
+
+@pytest.mark.parametrize("cls", [EngineError, TargetError, ConfigError, RunError])
+def test_errors_keep_their_class_across_the_pipe(cls):
+    error = cls("headline", details="traceback", type="engine_error")
+    back = EngineError.from_dict(json.loads(json.dumps(error.to_dict())))
+    assert type(back) is cls and back.to_dict() == error.to_dict()
+
+
+def _engine_calls():
+    """Every call expression in engine/*.py."""
+    for name in sorted(os.listdir(ENGINE_DIR)):
+        if name.endswith(".py"):
+            with open(os.path.join(ENGINE_DIR, name)) as f:
+                yield from (node for node in ast.walk(ast.parse(f.read()))
+                            if isinstance(node, ast.Call))
+
+
+def _raised_codes() -> set[str]:
+    """Every literal ``type="..."`` given to an error class anywhere in engine/."""
+    return {keyword.value.value for node in _engine_calls()
+            if getattr(node.func, "id", "").endswith("Error")
+            for keyword in node.keywords
+            if keyword.arg == "type" and isinstance(keyword.value, ast.Constant)}
+
+
+def test_every_error_code_the_engine_raises_is_in_the_catalogue():
+    raised = _raised_codes()
+    assert len(raised) > 20  # the scan found the engine's errors
+    assert raised - set(ERROR_CODES) == set()
+    assert set(ERROR_CODES) - raised == {"engine_error"}  # the default: no code is stale
+
+
+def _diagnostic_codes() -> set[str]:
+    """The first argument of every ``diagnostic(...)`` / ``Diagnostic(...)`` in engine/."""
+    return {node.args[0].value for node in _engine_calls()
+            if getattr(node.func, "id", "") in ("diagnostic", "Diagnostic")
+            and node.args and isinstance(node.args[0], ast.Constant)}
+
+
+def test_every_diagnostic_code_is_in_the_catalogue_and_none_is_stale():
+    from engine.diagnostic import CODES
+
+    found = _diagnostic_codes()
+    # the output log's two warning codes are chosen at run time (output.py)
+    assert found | {"python_warning", "torch_warning"} == set(CODES)
+
+
+def test_a_diagnostic_with_an_unknown_code_is_refused():
+    from engine.diagnostic import Diagnostic
+
+    with pytest.raises(ValueError, match="'made_up'"):
+        Diagnostic("made_up", "warning", "text")
+    back = Diagnostic.from_dict(json.loads(json.dumps(
+        Diagnostic("short_run", "info", "Only 3 batches", {"steady_batches": 3}).to_dict())))
+    assert back == Diagnostic("short_run", "info", "Only 3 batches", {"steady_batches": 3})
+
+
+def test_every_recording_the_page_tests_replay_speaks_todays_protocol():
+    """tests/recordings are real runs replayed by the page tests: a protocol change that they
+    no longer match fails here (record them again: python -m tests.replay record-all)."""
+    from .replay import MANIFEST, load
+
+    for name, _, kind, _ in MANIFEST:
+        events, meta = load(name)
+        assert protocol.RunRequest.from_json(meta["request"]).kind == kind
+        decoded = [protocol.from_wire(doc) for doc in events]
+        assert isinstance(decoded[-1], protocol.Finished), name
+        if kind != "inspect" or not any(isinstance(e, protocol.Error) for e in decoded):
+            assert isinstance(decoded[0], protocol.Ready), name
