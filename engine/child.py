@@ -33,11 +33,10 @@ import psutil
 from . import gpu, system
 from .config import LoaderConfig
 from .settings import snippet_names, starting_config
-from .describe import describe
+from .dataset_card import dataset_card
 from .errors import EngineError, RunError
 from .failures import explain_failure, hang_error, may_be_worker_death
 from .measure import Consumer, Measurement, labels_of_dataset
-from .metrics import warmup_batches
 from .probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
 from .target import resolve
 from . import protocol
@@ -344,7 +343,7 @@ class ChildRun:
         config = starting_config(resolved, request.settings)
         consumer = Consumer.choose(request.step_ms, resolved.train_step is not None)
         try:  # an iterable's first item only when inspecting: a run must not consume it
-            dataset_info = describe(resolved, with_sample=not resolved.is_iterable
+            dataset_info = dataset_card(resolved, with_sample=not resolved.is_iterable
                                     or request.kind == "inspect")
         except Exception as exc:  # noqa: BLE001
             raise RunError(
@@ -359,7 +358,7 @@ class ChildRun:
             dataset=dataset_info,
             config=config.to_json_dict(),
             snippet=config.snippet(expressions=snippet_names(resolved, config)),
-            warmup_batches=warmup_for(config),
+            warmup_batches=config.warmup_batches,
             counting=counting_rules(config),
             consumer=consumer.to_dict(),
             system=system.snapshot(),
@@ -424,10 +423,6 @@ def counting_rules(config: LoaderConfig) -> dict:
                   f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
                   f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
     }
-
-
-def warmup_for(config: LoaderConfig) -> int:
-    return warmup_batches(config.num_workers, config.effective_prefetch_factor)
 
 
 def calm_signals() -> None:

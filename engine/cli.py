@@ -105,9 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def print_json(doc: dict) -> None:
+    """One JSON document on one line of stdout: what every ``--json`` prints."""
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
+
+
 def _print_doc(doc: dict, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        print_json(doc)
     else:
         print(render_text(doc))
 
@@ -165,8 +170,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     store = RunStore(args.db)
     runs = store.list_runs(args.limit)
     if args.json:
-        sys.stdout.write(json.dumps({"status": "ok", "db": store.path, "runs": runs},
-                                    default=str) + "\n")
+        print_json({"status": "ok", "db": store.path, "runs": runs})
         return EXIT_OK
     if not runs:
         print(f"no runs saved yet in {store.path}")
@@ -182,7 +186,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     doc = inspect_target(args.target)
     if args.json:
-        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        print_json(doc)
     elif doc["status"] == "error":
         print(f"ERROR: {doc['error']['message']}")
     else:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .metrics import warmup_batches
 
 # Settings the tuner searches and that a settings file carries (JSON-serialisable values).
 TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
@@ -118,6 +119,11 @@ class LoaderConfig:
     def tuned_key(self) -> tuple:
         """The settings the tuner varies, in ``TrialResult.key``'s order."""
         return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+    @property
+    def warmup_batches(self) -> int:
+        """Batches to skip before the steady-state clock starts (metrics.warmup_batches)."""
+        return warmup_batches(self.num_workers, self.effective_prefetch_factor)
 
     @property
     def effective_prefetch_factor(self) -> int:

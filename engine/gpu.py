@@ -1,7 +1,7 @@
 """GPU measurements: host-to-device copy time, GPU idle gaps, NVML samples.
 
 Everything here degrades to "not measured, and why" without a CUDA GPU: callers get ``None``
-timers and ``describe()`` says what is missing. Nothing initialises CUDA before the caller asks,
+timers and ``gpu_info()`` says what is missing. Nothing initialises CUDA before the caller asks,
 so forked DataLoader workers stay safe.
 """
 
@@ -28,14 +28,14 @@ def cuda_available() -> bool:
         return False
 
 
-def describe() -> dict:
+def gpu_info() -> dict:
     """GPU name and memory if there is one, else ``available: False`` with the reason."""
     if not cuda_available():
         return {"available": False, "reason": NO_GPU_REASON}
     info = {"available": True, "reason": None, "count": torch.cuda.device_count()}
     nvml = NvmlSampler.open()
     if nvml is not None:
-        info.update(nvml.describe())
+        info.update(nvml.device_info())
         nvml.close()
     return info
 
@@ -139,7 +139,7 @@ class NvmlSampler:
         except Exception:  # noqa: BLE001 - no driver / no GPU: NVML samples are simply absent
             return None
 
-    def describe(self) -> dict:
+    def device_info(self) -> dict:
         name = self.pynvml.nvmlDeviceGetName(self.handle)
         memory = self.pynvml.nvmlDeviceGetMemoryInfo(self.handle)
         return {

@@ -18,7 +18,7 @@ def summarize(live: "LiveRun", status: str) -> dict:
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
     idle = metrics.consumer_idle_fraction(batches, steady)
     has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
-    # The child reports the GPU (gpu.describe) in its first event; a run that failed before
+    # The child reports the GPU (gpu.gpu_info) in its first event; a run that failed before
     # that has no GPU figures either. (No torch here: the parent side stays light.)
     gpu_info = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}

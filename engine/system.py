@@ -28,7 +28,7 @@ class SystemSnapshot:
     ram_total_mb: float
     ram_available_mb: float
     shm: dict | None  # /dev/shm {total_mb, used_mb, free_mb}
-    gpu: dict  # gpu.describe(): {"available": bool, "reason", "name", ...}
+    gpu: dict  # gpu.gpu_info(): {"available": bool, "reason", "name", ...}
 
     @property
     def cores(self) -> float:
@@ -125,5 +125,5 @@ def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:
         ram_total_mb=memory.total / MB,
         ram_available_mb=memory.available / MB,
         shm=shm_usage(),
-        gpu=gpu.describe(),
+        gpu=gpu.gpu_info(),
     )

@@ -89,7 +89,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             json.dump(settings_file(doc), handle_out, indent=2)
         doc["settings_file"] = args.out
     if args.json:
-        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        from .cli import print_json  # cli imports this module to add its parser
+
+        print_json(doc)
     else:
         print(render_tune_text(doc))
         if args.out and doc.get("recommended"):

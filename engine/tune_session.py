@@ -15,7 +15,6 @@ from . import metrics
 from .config import LoaderConfig
 from .errors import RunError
 from .measure import Consumer, Measurement
-from .metrics import warmup_batches
 from .diagnostic import Diagnostic
 from .protocol import RunRequest
 from .recommend import Limits
@@ -84,7 +83,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                   attempts: list | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it."""
-    warmup = warmup_batches(config.num_workers, config.effective_prefetch_factor)
+    warmup = config.warmup_batches
     records: list = []
     clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
     cpu_before = time.process_time()

@@ -17,7 +17,7 @@ import pytest
 from .browser import CHROMIUM_ARGS, CHROMIUM_PATH, free_port, start_server, stop_server
 from .conftest import ROOT
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a minute: not in the quick loop
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
 LONG = 150_000  # ms: a tune plus a verification on a busy 2-core machine
 

@@ -91,9 +91,13 @@ def test_invalid_settings_are_rejected_before_starting(db_path):
     assert elapsed < 10
 
 
+# Each rule is unit-tested on recorded figures in test_pitfalls.py; here the engine finds them in
+# real runs, one in the quick loop and the rest (3-13 s each) marked slow.
+SLOW = pytest.mark.slow
 PITFALLS = [
     (broken("shared_rng.py"), ["--num-workers", "2"], "duplicated_random_streams",
      "worker_init_fn"),
+] + [pytest.param(*case, marks=SLOW) for case in [
     (broken("skewed_labels.py"), [], "skewed_labels", "WeightedRandomSampler"),
     # growth is judged over at least 8 s after a worker's first 2 s (pitfalls.py)
     (broken("leaky_cache.py"), ["--num-workers", "2", "--seconds", "13"], "worker_memory_growth",
@@ -106,11 +110,13 @@ PITFALLS = [
      "persistent_workers=True"),
     (dataset_path("small_map.py"), ["--pin-memory"], "pin_memory_without_gpu",
      "pin_memory=False"),
-]
+]]
 
 
 @pytest.mark.parametrize("target,args,code,fix_phrase", PITFALLS,
-                         ids=[c for _, _, c, _ in PITFALLS[:-2]] + ["restarts-4", "pin"])
+                         ids=["duplicated_random_streams", "skewed_labels", "worker_memory_growth",
+                              "thread_oversubscription", "workers_restarted_each_epoch",
+                              "restarts-4", "pin"])
 def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_phrase, db_path):
     if code == "pin_memory_without_gpu" and _has_gpu():
         pytest.skip("this machine has a GPU: pinning is not a mistake here")

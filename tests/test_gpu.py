@@ -9,7 +9,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no
 
 
 def test_describe_says_why_nothing_was_measured():
-    info = gpu.describe()
+    info = gpu.gpu_info()
     assert info["available"] is False
     assert "no CUDA GPU" in info["reason"] and "not measured" in info["reason"]
 

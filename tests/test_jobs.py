@@ -11,13 +11,14 @@ from dashboard.jobs import (
     verification_requests,
 )
 from dashboard.live_page import CONTROL_DEFAULTS
-from engine import RunStore
+from engine import RunStore, runner
 from engine.settings import recommended_settings
 from engine.live import LiveRun
 from engine.verify import Verification
 
 from .conftest import dataset_path
 from .records import make_batches
+from .replay import replayed_starter
 
 
 def controls(**changes):
@@ -103,7 +104,10 @@ def test_one_job_at_a_time(db_path):
     assert not jobs.busy() and second.state.value == "stopped"
 
 
-def test_verification_measures_both_settings_interleaved(db_path):
+def test_verification_measures_both_settings_interleaved(db_path, monkeypatch):
+    """Four runs, before and after taking turns (replays of a recorded real run: the
+    interleaving and the arithmetic are what is tested here)."""
+    monkeypatch.setattr(runner, "child_starter", replayed_starter())
     store = RunStore(db_path)
     base = request_from_controls(dataset_path("small_map.py"), controls(seconds=1.0,
                                                                         consumer="none"))

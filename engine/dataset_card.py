@@ -1,4 +1,5 @@
-"""Describe a dataset for the user: class, length, and a sample's structure and size."""
+"""The dataset card: what the user sees of their dataset (class, length, a sample's structure
+and size), in the `ready` event and on the page."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def structure(value: Any, depth: int = 0) -> Any:
     return type(value).__qualname__
 
 
-def describe(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
+def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
     dataset = resolved.dataset
     try:
         length = len(dataset)
