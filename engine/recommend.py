@@ -12,9 +12,13 @@ from dataclasses import asdict, dataclass, field
 from .costmodel import CostProfile
 from .diagnostic import Diagnostic
 from .system import SystemSnapshot
-from .trials import TrialResult
+from .trials import TARGET_CI, TrialResult
 
-FEWER_WORKERS_TOLERANCE = 0.02  # take fewer workers when within 2% of the fastest
+# Take fewer workers when within this of the fastest: a trial's rate is known to +-4%
+# (trials.TARGET_CI), so a count that close cannot be told from the fastest. At 2% the pick
+# followed noise on a flat plateau: cpu_bound picked 4 workers in 2 of 3 tunes where 2 measured
+# fastest head to head (0.94 and 0.96 of it, bench/tune_quality.py).
+FEWER_WORKERS_TOLERANCE = TARGET_CI
 STILL_RISING_GAIN = 0.03  # the top count beat the one below by this much: the peak lies beyond
 FED_TOLERANCE = 0.02  # consumer idle within 2 points of the best counts as fed
 FED_RATE_TOLERANCE = 0.10  # ...among settings within 10% of the best throughput (trials of

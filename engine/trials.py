@@ -56,6 +56,7 @@ class TrialResult:
 
 
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
+TARGET_CI = 0.04  # a trial runs until its samples/s is known to +-4% (95% confidence)
 
 
 def summarize_trial(

@@ -20,11 +20,10 @@ from .protocol import RunRequest
 from .recommend import Limits
 from .settings import recommended_config, snippet_names
 from .target import ResolvedTarget
-from .trials import MIN_STEADY_BATCHES, TrialResult, summarize_trial
+from .trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
 from .tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
 MIN_WINDOW_S = 0.6
-TARGET_CI = 0.04  # stop once samples/s is known to +-4% (95% confidence)
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
 HARD_CAP_S = 30.0  # ...which grows with the batch time up to this

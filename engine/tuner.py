@@ -3,7 +3,8 @@
 1. Probe: measure ``num_workers=0`` and ``1``; learn the cost profile (costmodel.py).
 2. Predict: the fewest workers that reach the peak (or, with a consumer, that keep it fed).
 3. Climb: measure the prediction, then step up while more workers still pay (>= 3% more
-   samples/s, or 2 points less consumer idle) and down while fewer lose nothing (within 2%).
+   samples/s, or 2 points less consumer idle) and down while fewer lose nothing (within the
+   4% a trial's rate is known to).
    Like tf.data's AUTOTUNE hill-climb, but starting where the model says the peak is, so a
    latency-bound dataset jumps straight to many workers and a tiny one stays at zero.
 4. With a consumer, measure one high worker count too (the floor): "fed" means idle within
@@ -25,15 +26,15 @@ from typing import Callable
 
 from . import costmodel
 from .costmodel import CostProfile
-from .recommend import (Limits, Recommendation, by_workers, median_idle, median_rate, pick_fed,
-                        recommend)
 from .diagnostic import Diagnostic
+from .recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
+                        median_idle, median_rate, pick_fed, recommend)
 from .system import SystemSnapshot
 from .trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
 LESS_IDLE_GAIN = 0.02
-KEEP_FEWER_SHARE = 0.98
+KEEP_FEWER_SHARE = 1 - FEWER_WORKERS_TOLERANCE  # the climb steps down on the pick's own rule
 CONFIRM_WITHIN = 0.10  # candidates within 10% of the best are re-measured
 FLOOR_MIN_WORKERS = 8  # with a consumer, the idle floor is checked at least this high
 MEMORY_SHARE = 0.5  # workers may use at most half the free RAM and half of /dev/shm
