@@ -14,7 +14,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Probe    a worker's first fetch, once each
     <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
-    <------------------------------------------ Warning  a warning the child itself caught
+    <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Trial    one measured setting (tune runs)
     <------------------------------------------ TuneResult  the recommendation (tune runs)
     <------------------------------------------ Labels   class counts, at the end

@@ -7,7 +7,7 @@ on recorded trials. Every reason quotes the numbers it rests on.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from .costmodel import CostProfile
 from .diagnostic import Diagnostic
@@ -54,17 +54,14 @@ class Limits:
         return self.memory_max_workers is not None and self.memory_max_workers < self.max_workers
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recommendation:
     kwargs: dict
     expected_samples_per_s: float
     uncertainty_pct: float | None
-    reasons: list[str]
-    warnings: list[Diagnostic] = field(default_factory=list)
+    reasons: tuple[str, ...]
+    warnings: tuple[Diagnostic, ...] = ()
     conclusive: bool = True  # a trial behind the pick was long enough to believe
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def by_workers(trials: list[TrialResult]) -> dict[int, list[TrialResult]]:
@@ -297,5 +294,5 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
             "noisy_machine", "warning", f"Repeated measurements of the pick varied by "
             f"±{spread:.0f}%: other load on this machine makes the numbers uncertain.",
             {"spread_pct": round(spread, 1)}))
-    return Recommendation(kwargs, rate, uncertainty_pct(chosen), reasons, warnings,
+    return Recommendation(kwargs, rate, uncertainty_pct(chosen), tuple(reasons), tuple(warnings),
                           conclusive=all(t.conclusive for t in chosen))

@@ -7,6 +7,7 @@ workers are shut down before the next trial starts.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import psutil
@@ -145,7 +146,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         outcome = tuner.run()
     except NoSteadyState as exc:
         raise no_steady_state_error(attempts, config) from exc
-    _measure_final(resolved, config, consumer, outcome, on_trial)
+    outcome = _measure_final(resolved, config, consumer, outcome, on_trial)
     baseline = _baseline(resolved, config, consumer, outcome, on_trial,
                          source=_baseline_source(resolved, request))
     return tune_document(outcome, baseline, config, time.monotonic() - started,
@@ -153,24 +154,26 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
 
 
 def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                   outcome: TuneOutcome, on_trial: Callable[[TrialResult], None]) -> None:
+                   outcome: TuneOutcome, on_trial: Callable[[TrialResult], None]) -> TuneOutcome:
     """Measure the recommendation with all its settings when the search did not (a deeper
-    prefetch, workers restarted each epoch), and expect what that measured."""
+    prefetch, workers restarted each epoch): the outcome, expecting what that measured."""
     rec = outcome.recommendation
     final = recommended_config(config, rec.kwargs)
     if not final.num_workers or any(t.key == final.tuned_key and t.phase != "baseline"
                                     for t in outcome.trials):
-        return  # the search measured exactly these settings
+        return outcome  # the search measured exactly these settings
     trial = measure_trial(resolved, final, consumer, "final", 0)
     if trial is None:
-        return
-    outcome.trials.append(trial)
+        return outcome
     on_trial(trial)
-    rec.expected_samples_per_s = trial.samples_per_s
-    rec.uncertainty_pct = 100.0 * trial.rate_ci if trial.rate_ci is not None else None
-    rec.conclusive = trial.conclusive
-    rec.reasons.append(f"Measured again with all the recommended settings: "
-                       f"{trial.samples_per_s:.0f} samples/s; that is the figure expected.")
+    remeasured = replace(
+        rec, expected_samples_per_s=trial.samples_per_s,
+        uncertainty_pct=100.0 * trial.rate_ci if trial.rate_ci is not None else None,
+        conclusive=trial.conclusive,
+        reasons=rec.reasons + (f"Measured again with all the recommended settings: "
+                               f"{trial.samples_per_s:.0f} samples/s; that is the figure "
+                               "expected.",))
+    return replace(outcome, trials=[*outcome.trials, trial], recommendation=remeasured)
 
 
 def no_steady_state_error(attempts: list[str], config: LoaderConfig) -> RunError:
@@ -267,7 +270,7 @@ def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
         "uncertainty_pct": rec.uncertainty_pct,
         "baseline": baseline,
         "trials": [t.to_dict() for t in outcome.trials],
-        "reasons": rec.reasons,
+        "reasons": list(rec.reasons),
         "warnings": [w.to_dict() for w in warnings],
         "profile": outcome.profile.to_dict() if outcome.profile else None,
         "limits": outcome.limits.__dict__,

@@ -161,11 +161,11 @@ class Tuner:
         recommendation = recommend(self.trials, profile, self.limits, self.has_consumer,
                                    self.batch_size)
         if self.out_of_budget:
-            recommendation.warnings.append(Diagnostic(
-                "budget_reached", "info",
-                f"The {self.budget_s:g} s budget ran out before the search finished; "
-                "the pick is the best measured so far. Raise --budget-s to search on.",
-                {"budget_s": self.budget_s}))
+            recommendation = replace(recommendation, warnings=recommendation.warnings + (
+                Diagnostic("budget_reached", "info",
+                           f"The {self.budget_s:g} s budget ran out before the search "
+                           "finished; the pick is the best measured so far. Raise --budget-s "
+                           "to search on.", {"budget_s": self.budget_s}),))
         return TuneOutcome(self.trials, profile, recommendation, self.limits, self.out_of_budget)
 
     def _probe(self) -> CostProfile | None:

@@ -42,8 +42,8 @@ class ReplayChild:
     pid = 0  # no process: nothing to signal or reap
 
     def __init__(self, events: list[dict], exit_code: int, output: str, log,
-                 pace: float = 0.0, hold: bool = False) -> None:
-        self.events, self.exit_code, self.pace, self.hold = events, exit_code, pace, hold
+                 pace: float = 0.0) -> None:
+        self.events, self.exit_code, self.pace = events, exit_code, pace
         self.returncode: int | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -51,17 +51,6 @@ class ReplayChild:
         log.flush()
         self.read_fd, self._write_fd = os.pipe()
         threading.Thread(target=self._play, daemon=True).start()
-
-    @classmethod
-    def starter(cls, name: str, pace: float = 0.0, hold: bool = False):
-        """A ``runner.child_starter`` that replays recording ``name`` whatever it is asked."""
-        events, meta = load(name)
-
-        def start(request: RunRequest, log) -> tuple["ReplayChild", int]:
-            child = cls(events, meta["exit_code"], meta.get("output", ""), log, pace, hold)
-            return child, child.read_fd
-
-        return start
 
     def _play(self) -> None:
         last_t = None
@@ -74,9 +63,6 @@ class ReplayChild:
                         break
                 last_t = t if t is not None else last_t
                 if self._stop.is_set():
-                    break
-                if doc["e"] == "finished" and self.hold:
-                    self._stop.wait()  # a run that goes on until it is stopped
                     break
                 os.write(self._write_fd, protocol.encode(protocol.from_wire(doc)))
             if self._stop.is_set():  # stopped, as the child answers SIGTERM
