@@ -264,7 +264,7 @@ def labels_of_dataset(dataset: Any) -> dict[int, int] | None:
             values = labels.tolist() if hasattr(labels, "tolist") else list(labels)
         except TypeError:
             continue
-        if len(values) == length and values and all(type(v) is int for v in values[:1000]):
+        if len(values) == length and values and all(type(v) is int for v in values):
             counts: dict[int, int] = {}
             for label in values:
                 counts[label] = counts.get(label, 0) + 1

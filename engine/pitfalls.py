@@ -353,7 +353,8 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
             f"{num_workers} workers on {usable:g} usable CPU(s), and the dataset is CPU-bound "
             f"({cpu_share:.0%} of each fetch is CPU): extra workers may only take turns on the "
             "same cores and add memory. Tune to measure whether they pay.",
-            {"num_workers": num_workers, "cpus_usable": usable, "cpu_share": round(cpu_share, 2)},
+            {"num_workers": num_workers, "cpus_usable": usable, "cpu_share": round(cpu_share, 2),
+             "cpu_quota": system.cpu_quota},
             "python -m engine tune TARGET"))
     if other >= max(0.5, 0.25 * usable):
         found.append(diagnostic(
@@ -365,7 +366,7 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
 
 
 def thread_oversubscription(resources: Sequence[dict], num_workers: int,
-                            cpus_usable: int) -> list[Diagnostic]:
+                            cpus_usable: float) -> list[Diagnostic]:
     threads = [r["threads"] for r in resources if r["role"] == "worker" and r.get("threads")]
     if not threads or not num_workers:
         return []
@@ -375,7 +376,7 @@ def thread_oversubscription(resources: Sequence[dict], num_workers: int,
     return [diagnostic(
         "thread_oversubscription", "warning",
         f"Each worker runs {typical} threads ({num_workers} workers: {num_workers * typical} "
-        f"threads on {cpus_usable} CPU(s)). Libraries inside the dataset (OpenMP, BLAS, OpenCV, "
+        f"threads on {cpus_usable:g} CPU(s)). Libraries inside the dataset (OpenMP, BLAS, OpenCV, "
         "thread pools) start one thread per core in every worker; they fight over the cores.",
         {"threads_per_worker": typical, "num_workers": num_workers, "cpus_usable": cpus_usable},
         THREADS_FIX)]

@@ -173,8 +173,8 @@ class Labels:
 
     @classmethod
     def from_wire(cls, doc: dict) -> "Labels":
-        # JSON object keys are strings; the labels are ints.
-        return cls({int(k): v for k, v in doc["counts"].items()}, doc.get("source", "batches"))
+        # JSON object keys are strings; the labels were ints (measure.py counts int labels only).
+        return cls({_label(k): v for k, v in doc["counts"].items()}, doc.get("source", "batches"))
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,13 @@ class Finished:
     kind: ClassVar[str] = "finished"
     reason: str  # "deadline" | "stopped" | "error" | "done"
     t: float
+
+
+def _label(key: str):
+    try:
+        return int(key)
+    except ValueError:  # not an int label after all: keep it as it came, never fail a run
+        return key
 
 
 Event = Union[Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, TuneResult,

@@ -338,7 +338,7 @@ def _crash_error(returncode: int, output: str) -> EngineError:
 
 
 def run_to_completion(request: RunRequest, store: RunStore | None = None,
-                      on_event: Callable[[dict], None] | None = None) -> RunHandle:
+                      on_event: Callable[[protocol.Event], None] | None = None) -> RunHandle:
     """Start a run and wait for it; Ctrl-C stops it cleanly (workers reaped) and re-raises."""
     handle = RunHandle(request, store)
     if on_event is not None:

@@ -56,7 +56,8 @@ class SystemSnapshot:
                    other_load_cpus=doc.get("other_load_cpus") or 0.0,
                    ram_total_mb=doc.get("ram_total_mb") or 0.0,
                    ram_available_mb=doc.get("ram_available_mb") or 0.0,
-                   shm=doc.get("shm"), gpu=doc.get("gpu") or {"available": False})
+                   shm=doc.get("shm"), gpu=doc.get("gpu") or {
+                       "available": False, "reason": "not recorded with this run"})
 
 
 def usable_cpus() -> int:

@@ -18,6 +18,7 @@ from .errors import RunError
 from .measure import Consumer, Measurement
 from .diagnostic import Diagnostic
 from .protocol import RunRequest
+from .system import SystemSnapshot
 from .recommend import Limits
 from .settings import recommended_config, snippet_names
 from .target import ResolvedTarget
@@ -111,7 +112,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     return trial
 
 
-def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer, system: dict,
+def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
+             system: SystemSnapshot,
              request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict:
     """Search, then measure the module's own settings as the baseline; returns the document."""
     try:

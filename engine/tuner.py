@@ -162,7 +162,7 @@ class Tuner:
                                    self.batch_size)
         if self.out_of_budget:
             recommendation = replace(recommendation, warnings=recommendation.warnings + (
-                Diagnostic("budget_reached", "info",
+                Diagnostic("budget_reached", "warning",
                            f"The {self.budget_s:g} s budget ran out before the search "
                            "finished; the pick is the best measured so far. Raise --budget-s "
                            "to search on.", {"budget_s": self.budget_s}),))

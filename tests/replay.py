@@ -55,17 +55,18 @@ class ReplayChild:
     def _play(self) -> None:
         last_t = None
         code = self.exit_code
+        cut_short = False
         try:
             for doc in self.events:
                 t = doc.get("_at")  # when it arrived in the recording (ignored by from_wire)
                 if self.pace and t is not None and last_t is not None:
-                    if self._stop.wait(max(t - last_t, 0.0) * self.pace):
-                        break
+                    self._stop.wait(max(t - last_t, 0.0) * self.pace)
                 last_t = t if t is not None else last_t
                 if self._stop.is_set():
+                    cut_short = True
                     break
                 os.write(self._write_fd, protocol.encode(protocol.from_wire(doc)))
-            if self._stop.is_set():  # stopped, as the child answers SIGTERM
+            if cut_short:  # stopped mid-run, as the child answers SIGTERM (not once it ended)
                 os.write(self._write_fd, protocol.encode(protocol.Finished("stopped", 0.0)))
                 code = 0
         except OSError:  # the reader went away

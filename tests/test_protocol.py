@@ -142,3 +142,8 @@ def test_every_recording_the_page_tests_replay_speaks_todays_protocol():
         assert isinstance(decoded[-1], protocol.Finished), name
         if kind != "inspect" or not any(isinstance(e, protocol.Error) for e in decoded):
             assert isinstance(decoded[0], protocol.Ready), name
+
+
+def test_label_counts_come_back_as_ints_and_odd_labels_never_fail_the_run():
+    event = protocol.decode(json.dumps({"e": "labels", "counts": {"3": 5, "cat": 2}}))
+    assert event == protocol.Labels({3: 5, "cat": 2}, "batches")
