@@ -55,15 +55,10 @@ def worker_init_fn(worker_id):
     # cv2.setNumThreads(0); threadpoolctl.threadpool_limits(1) for numpy's BLAS"""
 
 
-def diagnostic(code: str, severity: str, message: str, evidence: dict | None = None,
-               fix: str | None = None) -> Diagnostic:
-    return Diagnostic(code, severity, message, evidence or {}, fix)
-
-
 def short_run(steady_batches: int, warmup: int) -> list[Diagnostic]:
     if steady_batches >= MIN_STEADY_BATCHES:
         return []
-    return [diagnostic(
+    return [Diagnostic(
         "short_run", "info",
         f"Only {steady_batches} batches after the {warmup}-batch warm-up: throughput figures "
         "are rough. Run longer (--seconds).", {"steady_batches": steady_batches})]
@@ -72,27 +67,27 @@ def short_run(steady_batches: int, warmup: int) -> list[Diagnostic]:
 # Below this time per batch the measuring's own few microseconds per batch are a visible share
 # (bench/real_like.py, 2-core machine: 51 us batches reported at 0.82-0.87 of a plain loop,
 # 87 us at ~0.87, 136 us at 0.97-0.99).
-FAST_BATCH_S = 100e-6
+MEASURING_COST_BATCH_S = 100e-6
 
 
 def measuring_cost(batches_per_s: float | None, samples_per_s: float | None) -> list[Diagnostic]:
     """Batches so fast that measuring them shows in the rate: say so, and what it means."""
-    if not batches_per_s or 1.0 / batches_per_s >= FAST_BATCH_S:
+    if not batches_per_s or 1.0 / batches_per_s >= MEASURING_COST_BATCH_S:
         return []
     batch_us = 1e6 / batches_per_s
-    return [diagnostic(
+    return [Diagnostic(
         "measuring_cost", "info",
         f"Batches arrive every {batch_us:.0f} us: at this speed the few microseconds the tool "
         "adds to each batch (timing, counting, streaming) are a visible share, so the rates "
         "shown may be up to ~15% below the same loop unmeasured. At "
         f"{samples_per_s or 0:,.0f} samples/s the loader is rarely what limits training.",
-        {"batch_us": round(batch_us, 1), "threshold_us": FAST_BATCH_S * 1e6})]
+        {"batch_us": round(batch_us, 1), "threshold_us": MEASURING_COST_BATCH_S * 1e6})]
 
 
 def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[Diagnostic]:
     if not config.get("pin_memory") or gpu_available:
         return []
-    return [diagnostic(
+    return [Diagnostic(
         "pin_memory_without_gpu", "warning",
         "pin_memory=True but no GPU is present: pinning only costs time and locked RAM here.",
         {"pin_memory": True, "gpu": False}, "DataLoader(dataset, ..., pin_memory=False)")]
@@ -114,7 +109,7 @@ def duplicated_rng(probes: Sequence[dict]) -> list[Diagnostic]:
             continue
         workers = sorted(set(shared))
         attr = name.split(".", 1)[1] if name.startswith("self.") else "rng"
-        found.append(diagnostic(
+        found.append(Diagnostic(
             "duplicated_random_streams", "warning",
             f"Workers {', '.join(map(str, workers))} started drawing from {name} in the same "
             "state, so they produce identical random numbers (the same augmentations, the same "
@@ -203,7 +198,7 @@ def skewed_labels(counts: dict, order_independent: bool | None = True,
            }[order_independent]
     if source == "dataset":
         how = "in the dataset's own label list (targets), every sample"
-    return [diagnostic(
+    return [Diagnostic(
         "skewed_labels", "warning",
         f"Labels are skewed: class {most_label} has {most / least:.1f}x the samples of class "
         f"{least_label} ({most} vs {least}; at least {low:.1f}x at {SKEW_CONFIDENCE:.0%} "
@@ -318,7 +313,7 @@ def worker_memory_growth(resources: Sequence[dict]) -> list[Diagnostic]:
         message = head + (
             "RSS grows with it: the dataset keeps what it loads in each worker (a cache of "
             "samples, a list appended to), and long runs end in the out-of-memory killer.")
-    return [diagnostic("worker_memory_growth", "warning", message,
+    return [Diagnostic("worker_memory_growth", "warning", message,
                        {"workers": grew, "copy_on_read": copy_on_read},
                        SERIALIZE_FIX if copy_on_read else CACHE_FIX)]
 
@@ -330,7 +325,7 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
     in_flight_mb = num_workers * prefetch * batch_bytes / 2**20
     if in_flight_mb < SHM_SHARE * shm["free_mb"]:
         return []
-    return [diagnostic(
+    return [Diagnostic(
         "shm_too_small", "warning",
         f"Batches in flight ({num_workers} workers x prefetch {prefetch} x "
         f"{batch_bytes / 2**20:.1f} MB = {in_flight_mb:.0f} MB) need more than half of the "
@@ -348,7 +343,7 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
     other = system.other_load_cpus
     measured_to_pay = tuned_workers is not None and num_workers <= tuned_workers
     if num_workers > usable and (cpu_share or 0) >= 0.5 and not measured_to_pay:
-        found.append(diagnostic(
+        found.append(Diagnostic(
             "more_workers_than_cpus", "warning",
             f"{num_workers} workers on {usable:g} usable CPU(s), and the dataset is CPU-bound "
             f"({cpu_share:.0%} of each fetch is CPU): extra workers may only take turns on the "
@@ -357,7 +352,7 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
              "cpu_quota": system.cpu_quota},
             "python -m engine tune TARGET"))
     if other >= max(0.5, 0.25 * usable):
-        found.append(diagnostic(
+        found.append(Diagnostic(
             "cpus_busy_elsewhere", "info",
             f"Other processes were using {other:.1f} of the {usable:g} usable CPU(s) when the run "
             "started: figures here are lower than on an idle machine, and the best num_workers "
@@ -373,7 +368,7 @@ def thread_oversubscription(resources: Sequence[dict], num_workers: int,
     typical = int(statistics.median(threads))
     if typical < THREADS_PER_WORKER or num_workers * typical <= 2 * cpus_usable:
         return []
-    return [diagnostic(
+    return [Diagnostic(
         "thread_oversubscription", "warning",
         f"Each worker runs {typical} threads ({num_workers} workers: {num_workers * typical} "
         f"threads on {cpus_usable:g} CPU(s)). Libraries inside the dataset (OpenMP, BLAS, OpenCV, "
@@ -390,7 +385,7 @@ def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) ->
     epoch_s = seconds / len(epochs)
     if startup < RESTART_SHARE * epoch_s:
         return []
-    return [diagnostic(
+    return [Diagnostic(
         "workers_restarted_each_epoch", "warning",
         f"Each epoch starts {workers} new worker(s): the first batch of an epoch took "
         f"{startup:.2f} s, {startup / epoch_s:.0%} of a {epoch_s:.2f} s epoch, paid "

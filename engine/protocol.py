@@ -109,11 +109,6 @@ class Ready:
     counting: dict | None = None
     torch: str | None = None
 
-    def to_wire(self) -> dict:
-        return {"e": self.kind, **{f.name: getattr(self, f.name)
-                                   for f in dataclasses.fields(self)},
-                "system": self.system.to_dict()}
-
     @classmethod
     def from_wire(cls, doc: dict) -> "Ready":
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -225,12 +220,14 @@ EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
 
 
 def to_wire(event: Event) -> dict:
-    """The JSON object for ``event``: its fields and its kind under "e"."""
+    """The JSON object for ``event``: its fields (a typed one, such as the system snapshot, as
+    its ``to_dict()``) and its kind under "e"."""
     custom = getattr(event, "to_wire", None)
     if custom is not None:
         return custom()
-    return {"e": event.kind, **{f.name: getattr(event, f.name)
-                                for f in dataclasses.fields(event)}}
+    values = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    return {"e": event.kind, **{name: value.to_dict() if hasattr(value, "to_dict") else value
+                                for name, value in values.items()}}
 
 
 def from_wire(doc: dict) -> Event:

@@ -13,6 +13,7 @@ with no process and no torch. What the recorded child printed goes to the run's 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -29,8 +30,10 @@ def recording_path(name: str) -> str:
     return os.path.join(RECORDINGS, f"{name}.jsonl")
 
 
+@functools.lru_cache(maxsize=None)  # every page test replays them: read each file once
 def load(name: str) -> tuple[list[dict], dict]:
-    """(events as wire dicts, meta: {"request", "output", "exit_code"}) of a recording."""
+    """(events as wire dicts, meta: {"request", "output", "exit_code"}) of a recording; shared,
+    so read-only."""
     with open(recording_path(name), encoding="utf-8") as f:
         lines = [json.loads(line) for line in f if line.strip()]
     return lines[1:], lines[0]
