@@ -446,7 +446,12 @@ def reap_workers(timeout_s: float = 1.0) -> None:
 
 
 def main() -> None:
-    # stdout belongs to the user's prints; events travel on their own descriptor.
+    # stdout belongs to the user's prints; events travel on their own descriptor. Line-buffered,
+    # not unbuffered: unbuffered, print() writes its text and its newline separately, and two
+    # forked workers printing at once interleave into one garbled line of the log (output.py
+    # then counts it as a line of its own). A whole line is one write; workers inherit this.
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
     request = RunRequest.from_json(json.loads(sys.stdin.read()))
     if request.cwd:
         os.chdir(request.cwd)

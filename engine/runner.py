@@ -81,7 +81,7 @@ class EngineChild:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTHONUNBUFFERED", None)  # the child line-buffers instead (child.main)
         env[EVENT_FD_ENV] = str(write_fd)
         try:
             popen = subprocess.Popen(
