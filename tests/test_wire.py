@@ -35,3 +35,13 @@ def test_rows_from_other_engine_code_are_refused():
 
 def test_no_rows():
     assert unpack_rows(pack_rows([])) == []
+
+
+def test_batch_records_pack_as_plain_rows_and_their_line_is_json():
+    from engine import protocol
+
+    records = [BatchRecord(*_row(0)), BatchRecord(*_row(1, h2d=0.5))]
+    line = protocol.encode(protocol.Batches(records))  # written without json.dumps
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line)["n"] == 2
+    assert protocol.decode(line).rows == [tuple(r) for r in records]
