@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from engine.report import samples_per_s_of
+from engine.store import StoredRun
 from engine.trace import chrome_trace
 
 from . import charts, views
@@ -16,39 +16,37 @@ from .shared import get_jobs
 MEASURED_KINDS = ("profile", "verify")
 
 
-def _label(run: dict) -> str:
-    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run["started_at"]))
-    extra = f" {run['label']}" if run["label"] else ""
-    return f"#{run['id']} {run['kind']}{extra} {when}: {run['target']}"
+def _label(run: StoredRun) -> str:
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run.started_at))
+    extra = f" {run.label}" if run.label else ""
+    return f"#{run.id} {run.kind}{extra} {when}: {run.target}"
 
 
-def _table(runs: list[dict]) -> None:
+def _table(runs: list[StoredRun]) -> None:
     rows = []
     for run in runs:
-        summary = run["summary"] or {}
         rows.append({
-            "id": run["id"], "kind": run["kind"], "label": run["label"], "status": run["status"],
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"])),
-            "target": run["target"],
-            "samples/s": None if (rate := samples_per_s_of(run["summary"])) is None
-            else round(rate, 1),
-            "settings": summary.get("snippet"),
-            "error": (run["error"] or {}).get("message"),
+            "id": run.id, "kind": run.kind, "label": run.label, "status": run.status,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
+            "target": run.target,
+            "samples/s": None if run.samples_per_s is None else round(run.samples_per_s, 1),
+            "settings": run.result.snippet if run.result is not None else None,
+            "error": (run.error or {}).get("message"),
         })
     st.dataframe(rows, hide_index=True)
 
 
-def _side(run: dict) -> None:
-    summary = run["summary"] or {}
+def _side(run: StoredRun) -> None:
+    result = run.result
     st.markdown(f"**{_label(run)}**")
-    if summary.get("snippet"):
-        st.code(summary["snippet"], language="python")
-    if run["error"]:
-        views.error_card(run["error"])
-    lat = summary.get("batch_latency_ms") or {}
-    idle = summary.get("consumer_idle_frac")
+    if result is not None and result.snippet:
+        st.code(result.snippet, language="python")
+    if run.error:
+        views.error_card(run.error)
+    lat = (result.batch_latency_ms if result is not None else None) or {}
+    idle = result.consumer_idle_frac if result is not None else None
     cols = st.columns(4)
-    cols[0].metric("samples/s", views.fmt(summary.get("samples_per_s")))
+    cols[0].metric("samples/s", views.fmt(run.samples_per_s))
     cols[1].metric("p50 wait", views.fmt(lat.get("p50"), ".2f", " ms"))
     cols[2].metric("p95 wait", views.fmt(lat.get("p95"), ".2f", " ms"))
     cols[3].metric("consumer idle", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
@@ -64,7 +62,7 @@ def render() -> None:
                 "`python -m engine profile TARGET`.")
         return
     _table(runs)
-    measured = {r["id"]: r for r in runs if r["kind"] in MEASURED_KINDS}
+    measured = {r.id: r for r in runs if r.kind in MEASURED_KINDS}
     if not measured:
         return
     ids = list(measured)
@@ -80,8 +78,9 @@ def render() -> None:
     batches = {run_id: store.batches(run_id) for run_id in {first, second}}
     series = []
     for run_id in (first, second):
-        summary = measured[run_id]["summary"] or {}
-        series.append((f"run {run_id}", batches[run_id], summary.get("warmup_batches") or 0))
+        result = measured[run_id].result
+        series.append((f"run {run_id}", batches[run_id],
+                       result.warmup_batches if result is not None else 0))
     st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series]),
                     key="compare-throughput")
     st.plotly_chart(charts.compare_latency_figure(series), key="compare-latency")
@@ -91,7 +90,7 @@ def render() -> None:
                "https://ui.perfetto.dev or chrome://tracing.")
     chosen = st.selectbox("Run to export", ids, format_func=lambda i: _label(measured[i]))
     trace = chrome_trace(batches[chosen] if chosen in batches else store.batches(chosen), store.resources(chosen),
-                         label=f"run {chosen}: {measured[chosen]['target']}")
+                         label=f"run {chosen}: {measured[chosen].target}")
     st.download_button("Download Perfetto trace", json.dumps(trace),
                        file_name=f"dataloader-tuner-run-{chosen}.trace.json",
                        mime="application/json")

@@ -20,6 +20,7 @@ from engine import LoaderConfig, RunHandle, RunRequest, RunStore
 from engine.runner import inspect_target
 from engine.settings import recommended_settings
 from engine.live import LiveRun
+from engine.results import Result
 from engine.verify import Verification
 
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
@@ -46,11 +47,11 @@ class Jobs:
         self.last_request: RunRequest | None = None  # what a new tab opens on
         self._lock = threading.Lock()
         self._inspections: dict[tuple, tuple[float, dict]] = {}
-        self._summaries: dict[RunHandle, dict] = {}
+        self._summaries: dict[RunHandle, Result] = {}
         atexit.register(self.stop_all)
 
-    def summary(self, handle: RunHandle) -> dict:
-        """The run's result document; computed once when the run is over (it is then final).
+    def summary(self, handle: RunHandle) -> Result:
+        """The run's result; computed once when the run is over (it is then final).
         While it runs, over its last ``LIVE_WINDOW_BATCHES`` batches only (see live_view)."""
         if not handle.state.done:
             return live_view(handle).summary(handle.state.value)
@@ -103,7 +104,7 @@ class Jobs:
         tune = self.tune
         if tune is None or not tune.state.done or tune.request.target != request.target:
             return request
-        recommended = (self.summary(tune).get("recommended") or {}).get("num_workers")
+        recommended = (self.summary(tune).recommended or {}).get("num_workers")
         if recommended is None or request.settings.get("num_workers") != recommended:
             return request
         return dataclasses.replace(request, tuned_workers=recommended)

@@ -195,8 +195,8 @@ def _applied_block(jobs: Jobs) -> None:
                f"settings vs {views.fmt(before['samples_per_s'])} before: "
                f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result['rounds']} runs each, "
                f"interleaved).{idle}", icon="✅")
-    tune_doc = jobs.summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done else {}
-    verdict = check_claim(tune_doc.get("baseline"), speedup)
+    tuned = jobs.summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done else None
+    verdict = check_claim(tuned.baseline if tuned is not None else None, speedup)
     if verdict:
         st.caption(verdict)
     cols = st.columns(2)
@@ -216,21 +216,22 @@ def _recommendation_block(jobs: Jobs) -> None:
     tune = jobs.tune
     if tune is None or not tune.state.done:
         return
-    doc = jobs.summary(tune)
+    tuned = jobs.summary(tune)
     st.subheader("Recommendation")
-    if doc["status"] == "error":
-        views.error_card(doc["error"], tune.output_tail())
+    if tuned.failed:
+        views.error_card(tuned.error, tune.output_tail())
         return
-    if not doc.get("recommended"):
+    if not tuned.recommended:
         st.warning("Tuning was stopped before it reached a recommendation.")
         return
-    rec = doc["recommended"]
-    st.plotly_chart(charts.tune_figure(doc["trials"], rec.get("num_workers")), key="tune-final")
-    base = doc.get("baseline") or {}
-    noise = doc.get("uncertainty_pct")
+    rec = tuned.recommended
+    st.plotly_chart(charts.tune_figure(list(tuned.trials), rec.get("num_workers")),
+                    key="tune-final")
+    base = tuned.baseline or {}
+    noise = tuned.uncertainty_pct
     with st.container(border=True):
         st.markdown(
-            f"**Expected {views.fmt(doc['expected_samples_per_s'])} samples/s**"
+            f"**Expected {views.fmt(tuned.expected_samples_per_s)} samples/s**"
             + (f" (±{noise:.0f} %)" if noise is not None else "")
             + (f": **{speedup_text(base)}** over {base.get('source')} "
                f"({views.fmt(base.get('samples_per_s'))} samples/s measured)"
@@ -239,17 +240,17 @@ def _recommendation_block(jobs: Jobs) -> None:
             st.caption(f"Baseline ({base.get('source')}): "
                        f"{views.fmt(base.get('samples_per_s'))} samples/s; "
                        f"{base['speedup_note']}.")
-        st.code(doc["snippet"], language="python")
-        for reason in doc["reasons"]:
+        st.code(tuned.snippet, language="python")
+        for reason in tuned.reasons:
             st.markdown(f"- {reason}")
-        views.warnings_list(doc.get("warnings") or [])
+        views.warnings_list(tuned.warnings)
         left, right = st.columns(2)
         left.button("Apply recommended settings", type="primary", on_click=_apply,
                     args=(jobs, rec), disabled=jobs.busy())
         right.download_button("Download settings file",
-                              json.dumps(settings_file(doc), indent=2),
+                              json.dumps(settings_file(tuned), indent=2),
                               file_name="dataloader_settings.json", mime="application/json")
-    st.caption(f"Tuned in {doc['tuning_seconds']:.1f} s with {len(doc['trials'])} measured "
+    st.caption(f"Tuned in {tuned.tuning_seconds:.1f} s with {len(tuned.trials)} measured "
                "trials. Load the file with `engine.load_settings(path)`.")
 
 
@@ -268,32 +269,32 @@ def _tune_progress(tune: RunHandle) -> None:
 
 def _run_view(jobs: Jobs, handle: RunHandle) -> None:
     state = handle.state
-    doc = jobs.summary(handle)
+    result = jobs.summary(handle)
     label = f" ({handle.request.label})" if handle.request.label else ""
     title = f"Run {handle.run_id}{label}: `{handle.request.target}`"
     if state.done:
-        st.markdown(f"{title}: **{state.value}** after {doc.get('seconds') or 0:.1f} s")
+        st.markdown(f"{title}: **{state.value}** after {result.seconds or 0:.1f} s")
     else:
         st.markdown(f"{title}: **{state.value}**, {handle.live.elapsed_s:.1f} s of "
                     f"{handle.request.seconds:g} s")
-    if doc.get("snippet"):
-        st.code(doc["snippet"], language="python")
-    if doc["status"] == "error" and doc.get("error"):
-        views.error_card(doc["error"], handle.output_tail())
-    views.warnings_list(doc.get("warnings") or [])
+    if result.snippet:
+        st.code(result.snippet, language="python")
+    if result.failed and result.error:
+        views.error_card(result.error, handle.output_tail())
+    views.warnings_list(result.warnings)
     live = live_view(handle)
     if not live.batches:
         return
-    views.headline(doc)
+    views.headline(result)
     if live is not handle.live:
         st.caption(f"While the run goes, figures and charts cover its last "
                    f"{len(live.batches)} of {len(handle.live.batches)} batches; the saved "
                    "result covers all of them.")
-    views.run_charts(doc, list(live.batches), key="live")
+    views.run_charts(result, list(live.batches), key="live")
     with st.expander("Workers and the main process", expanded=False):
-        views.workers_table(doc)
+        views.workers_table(result)
     st.markdown("**System**")
-    views.system_panel(doc.get("system"), handle.live.gpu_samples, live=not state.done)
+    views.system_panel(result.system, handle.live.gpu_samples, live=not state.done)
 
 
 def _live_view(jobs: Jobs) -> None:

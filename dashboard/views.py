@@ -1,6 +1,6 @@
 """Streamlit pieces shared by the pages: headline figures, the charts of one run, the system
-panel, warnings and error cards. Each takes plain data (a run's summary document, its batch
-records) so the live page and the history page show a run the same way."""
+panel, warnings and error cards. Each takes the engine's types (a run's ProfileResult, its batch
+records, diagnostics) so the live page and the history page show a run the same way."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import psutil
 import streamlit as st
 
 from engine import metrics
+from engine.diagnostic import Diagnostic
 from engine.metrics import BatchRecord
 from engine.report import fmt
+from engine.results import ProfileResult
 from engine.system import SystemSnapshot
 
 from . import charts
@@ -44,39 +46,39 @@ def error_card(error: dict, output_tail: str | None = None) -> None:
                 st.code(output_tail, language="text")
 
 
-def headline(doc: dict) -> None:
+def headline(result: ProfileResult) -> None:
     """samples/s, batches/s, p50/p95 wait, consumer idle and the input-bound verdict."""
-    lat = doc.get("batch_latency_ms") or {}
+    lat = result.batch_latency_ms or {}
     cols = st.columns(6)
-    cols[0].metric("samples/s", compact(doc.get("samples_per_s")),
-                   help=f"{fmt(doc.get('samples_per_s'), ',.1f')} samples/s, steady state")
-    cols[1].metric("batches/s", compact(doc.get("batches_per_s")))
+    cols[0].metric("samples/s", compact(result.samples_per_s),
+                   help=f"{fmt(result.samples_per_s, ',.1f')} samples/s, steady state")
+    cols[1].metric("batches/s", compact(result.batches_per_s))
     cols[2].metric("p50 batch wait", compact(lat.get("p50"), " ms"))
     cols[3].metric("p95 batch wait", compact(lat.get("p95"), " ms"))
-    idle = doc.get("consumer_idle_frac")
+    idle = result.consumer_idle_frac
     cols[4].metric("consumer idle", fmt(idle * 100 if idle is not None else None, ".1f", " %"))
-    verdict = doc.get("input_bound")
+    verdict = result.input_bound
     cols[5].metric("input-bound?", verdict.split()[0] if verdict else "n/a",
                    help="TensorBoard's input-pipeline-analyzer thresholds: idle under 5 % is not "
                         "input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
                         "(the module's train_step or a simulated step); n/a without one.")
-    if doc.get("steady_batches") is not None:
-        counting = doc.get("counting") or {}
+    if result.steady_batches is not None:
+        counting = result.counting or {}
         how = (f" Samples counted: {counting['samples']}; CPU time and bytes read on "
                f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}."
                if counting else "")
-        st.caption(f"{doc['batches']} batches in {doc['seconds']:.1f} s; figures are steady "
-                   f"state, after the first {doc['warmup_batches']} (prefetched) batches.{how}")
+        st.caption(f"{result.batches} batches in {result.seconds:.1f} s; figures are steady "
+                   f"state, after the first {result.warmup_batches} (prefetched) batches.{how}")
 
 
-def run_charts(doc: dict, batches: Sequence[BatchRecord], key: str) -> None:
+def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:
     """The four charts of one run."""
-    warmup = doc.get("warmup_batches") or 0
+    warmup = result.warmup_batches or 0
     end = max((b.worker_end for b in batches), default=0.0)
     start = batches[0].t_request if batches else 0.0
     if start < 1.0:  # a whole run: from its start
         start = 0.0
-        end = max(end, doc.get("seconds") or 0.0)
+        end = max(end, result.seconds or 0.0)
     left, right = st.columns(2)
     with left:
         st.plotly_chart(charts.batch_latency_figure(batches, warmup), key=f"{key}-latency")
@@ -88,27 +90,28 @@ def run_charts(doc: dict, batches: Sequence[BatchRecord], key: str) -> None:
     with left:
         st.plotly_chart(charts.worker_timeline_figure(batches), key=f"{key}-timeline")
     with right:
-        gpu = bool(doc.get("gpu_idle"))
+        gpu = bool(result.gpu_idle)
         st.plotly_chart(charts.idle_gaps_figure(batches, gpu_measured=gpu), key=f"{key}-gaps")
         if not gpu:
             st.caption("GPU idle gaps not measured: "
-                       f"{doc.get('not_measured') or 'no GPU timings in this run'}. Shown instead: "
+                       f"{result.not_measured or 'no GPU timings in this run'}. Shown instead: "
                        "the consumer's waits in next() between steps.")
-    transfer = charts.transfer_figure(batches, bool((doc.get("config") or {}).get("pin_memory")))
+    transfer = charts.transfer_figure(batches, bool((result.config or {}).get("pin_memory")))
     if transfer is not None:
         st.plotly_chart(transfer, key=f"{key}-transfer")
     else:
         st.info("**Pinned-memory transfer**: not measured: "
-                f"{doc.get('not_measured') or 'no host-to-device copies were timed in this run'}.",
+                f"{result.not_measured or 'no host-to-device copies were timed in this run'}.",
                 icon="ℹ️")
 
 
-def workers_table(doc: dict) -> None:
-    rows = [{"worker": w["id"], "pid": w["pid"], "busy %": round((w["busy_frac"] or 0) * 100, 1),
+def workers_table(result: ProfileResult) -> None:
+    rows = [{"worker": str(w["id"]), "pid": w["pid"],
+             "busy %": round((w["busy_frac"] or 0) * 100, 1),
              "CPU %": None if w["cpu_percent"] is None else round(w["cpu_percent"], 1),
              "RSS MB": None if w["rss_mb"] is None else round(w["rss_mb"]),
-             "batches": w["batches"]} for w in doc.get("workers") or []]
-    main = doc.get("main_process")
+             "batches": w["batches"]} for w in result.workers]
+    main = result.main_process
     if main:
         rows.append({"worker": "main", "pid": main["pid"], "busy %": None,
                      "CPU %": None if main["cpu_percent"] is None else round(main["cpu_percent"], 1),
@@ -118,11 +121,11 @@ def workers_table(doc: dict) -> None:
         st.dataframe(rows, hide_index=True)
 
 
-def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bool = True) -> None:
+def system_panel(snap: SystemSnapshot | None, gpu_samples: Sequence[dict] = (),
+                 live: bool = True) -> None:
     """Usable CPUs and their load, RAM, /dev/shm, and the GPU (or why there is none)."""
-    if not system:
+    if snap is None:
         return
-    snap = SystemSnapshot.from_dict(system)  # the tuner's reading of the same figures
     cols = st.columns(4)
     cols[0].metric("usable CPUs", f"{snap.cores:g}",
                    help=f"{snap.cpus_logical} logical CPUs; usable = affinity "
@@ -133,14 +136,14 @@ def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bo
     if live:
         load += f"; machine now {psutil.cpu_percent(None):.0f} %"
     cols[0].caption(load)
-    cols[1].metric("RAM available", f"{system['ram_available_mb'] / 1024:.1f} GiB",
-                   help=f"of {system['ram_total_mb'] / 1024:.1f} GiB")
-    shm = system.get("shm")
+    cols[1].metric("RAM available", f"{snap.ram_available_mb / 1024:.1f} GiB",
+                   help=f"of {snap.ram_total_mb / 1024:.1f} GiB")
+    shm = snap.shm
     if shm:
         cols[2].metric("/dev/shm free", f"{shm['free_mb']:.0f} MB",
                        help=f"of {shm['total_mb']:.0f} MB; worker batches travel through it")
-    gpu = system.get("gpu") or {}
-    if gpu.get("available"):
+    gpu = snap.gpu
+    if snap.gpu_available:
         name = gpu.get("name", "GPU")
         cols[3].metric("GPU", name)
         if gpu_samples:
@@ -152,11 +155,11 @@ def system_panel(system: dict | None, gpu_samples: Sequence[dict] = (), live: bo
         cols[3].caption(f"Not measured: {gpu.get('reason', 'no GPU')}")
 
 
-def warnings_list(warnings: Sequence[dict]) -> None:
+def warnings_list(warnings: Sequence[Diagnostic]) -> None:
     """Diagnostics: the message, and the fix as code where there is one."""
     for warning in warnings:
-        show = st.info if warning.get("severity") == "info" else st.warning
-        show(f"**{warning['code']}**: {warning['message']}",
-             icon="ℹ️" if warning.get("severity") == "info" else "⚠️")
-        if warning.get("fix"):
-            st.code(warning["fix"], language="python")
+        show = st.info if warning.severity == "info" else st.warning
+        show(f"**{warning.code}**: {warning.message}",
+             icon="ℹ️" if warning.severity == "info" else "⚠️")
+        if warning.fix:
+            st.code(warning.fix, language="python")

@@ -405,7 +405,7 @@ class ChildRun:
             self.events.send(protocol.Trial(trial.to_dict()))
 
         document = run_tune(resolved, config, consumer, system, self.request, on_trial)
-        self.events.send(protocol.TuneResult(document))
+        self.events.send(protocol.Tuned(document))
 
     def _on_worker(self, pid: int, worker_id: int, probe: dict | None) -> None:
         self.worker_ids[pid] = worker_id

@@ -8,6 +8,7 @@ With ``--json``, stdout holds exactly one JSON document; progress goes to stderr
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import sys
 import time
@@ -16,7 +17,7 @@ from . import protocol
 from .config import LoaderConfig
 from .settings import load_settings
 from .errors import ConfigError
-from .report import render_text, samples_per_s_of
+from .report import render_text
 from .runner import RunRequest, inspect_target, run_to_completion
 from .store import RunStore, default_db_path
 
@@ -110,13 +111,6 @@ def print_json(doc: dict) -> None:
     sys.stdout.write(json.dumps(doc, default=str) + "\n")
 
 
-def _print_doc(doc: dict, as_json: bool) -> None:
-    if as_json:
-        print_json(doc)
-    else:
-        print(render_text(doc))
-
-
 def _error_doc(error: dict) -> dict:
     return {"status": "error", "error": error, "warnings": []}
 
@@ -144,7 +138,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             LoaderConfig.from_settings(settings)
     except ConfigError as exc:
         if args.json:
-            _print_doc(_error_doc(exc.to_dict()), as_json=True)
+            print_json(_error_doc(exc.to_dict()))
         else:
             print(f"ERROR: {exc}")
         return EXIT_RUN_FAILED
@@ -158,28 +152,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
     progress = _Progress(enabled=sys.stderr.isatty())
     handle = run_to_completion(request, store, on_event=progress.on_event)
     progress.done()
-    doc = handle.live.summary(handle.state.value)
-    doc["run_id"] = handle.run_id
-    _print_doc(doc, args.json)
-    if doc["status"] == "error" and not args.json and doc["error"].get("details"):
-        print("\ndetails:\n" + doc["error"]["details"].rstrip(), file=sys.stderr)
-    return EXIT_RUN_FAILED if doc["status"] == "error" else EXIT_OK
+    result = replace(handle.live.summary(handle.state.value), run_id=handle.run_id)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(render_text(result))
+    if result.failed and not args.json and result.error.get("details"):
+        print("\ndetails:\n" + result.error["details"].rstrip(), file=sys.stderr)
+    return EXIT_RUN_FAILED if result.failed else EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     store = RunStore(args.db)
     runs = store.list_runs(args.limit)
     if args.json:
-        print_json({"status": "ok", "db": store.path, "runs": runs})
+        print_json({"status": "ok", "db": store.path, "runs": [run.to_dict() for run in runs]})
         return EXIT_OK
     if not runs:
         print(f"no runs saved yet in {store.path}")
     for run in runs:
-        rate = samples_per_s_of(run["summary"])
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started_at"]))
+        rate = run.samples_per_s
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at))
         rate_text = f"{rate:10.1f} samples/s" if rate else " " * 20
-        print(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:8s} {rate_text}  "
-              f"{run['target']}")
+        print(f"{run.id:5d}  {when}  {run.kind:8s} {run.status:8s} {rate_text}  {run.target}")
     return EXIT_OK
 
 
@@ -205,7 +200,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
               "`python -m engine runs`", file=sys.stderr)
         return EXIT_USAGE
     doc = chrome_trace(store.batches(args.run_id), store.resources(args.run_id),
-                       label=f"run {args.run_id}: {run['target']}")
+                       label=f"run {args.run_id}: {run.target}")
     text = json.dumps(doc)
     if args.out:
         with open(args.out, "w") as f:

@@ -9,7 +9,7 @@ them. In JSON a diagnostic is ``{code, severity, message, evidence, fix}``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 SEVERITIES = ("warning", "info")
 
@@ -57,6 +57,17 @@ class Diagnostic:
                 "evidence": self.evidence, "fix": self.fix}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "Diagnostic":
-        return cls(doc["code"], doc.get("severity", "warning"), doc["message"],
-                   doc.get("evidence") or {}, doc.get("fix"))
+    def from_dict(cls, doc: dict, strict: bool = True) -> "Diagnostic":
+        """``strict=False`` reads a saved one as it was saved, even if its code has since left
+        the catalogue (a run saved by an older version)."""
+        values = (doc["code"], doc.get("severity", "warning"), doc["message"],
+                  doc.get("evidence") or {}, doc.get("fix"))
+        try:
+            return cls(*values)
+        except ValueError:
+            if strict:
+                raise
+        made = object.__new__(cls)
+        for f, value in zip(fields(cls), values):
+            object.__setattr__(made, f.name, value)
+        return made

@@ -1,8 +1,8 @@
 """LiveRun: everything received from a run so far, folded from its events.
 
 Only the runner's reader thread writes to it (append-only lists), so readers can take
-snapshots without locks. The finished, serialisable result is the summary dict from
-``report.summarize``; the live object and the result are different things.
+snapshots without locks. The finished result is a results.ProfileResult or TuneResult, built
+by ``report``; the live object and the result are different things.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from .metrics import BatchRecord
 from .output import OutputLog
 from .system import SystemSnapshot
 from .report import summarize, summarize_tune
+from .results import Result
 
 
 class LiveRun:
@@ -65,7 +66,7 @@ class LiveRun:
             self.mode = event.mode
         elif isinstance(event, protocol.Trial):
             self.trials.append(event.trial)
-        elif isinstance(event, protocol.TuneResult):
+        elif isinstance(event, protocol.Tuned):
             self.tune_result = event.result
         elif isinstance(event, protocol.Epoch):
             self.epochs.append({"epoch": event.epoch, "t": event.t, "startup_s": event.startup_s})
@@ -99,7 +100,7 @@ class LiveRun:
         view.resources = [r for r in self.resources if r["t"] >= since]
         return view
 
-    def summary(self, status: str) -> dict:
+    def summary(self, status: str) -> "Result":
         if self.mode == "tune":
             return summarize_tune(self, status)
         return summarize(self, status)

@@ -16,7 +16,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Trial    one measured setting (tune runs)
-    <------------------------------------------ TuneResult  the recommendation (tune runs)
+    <------------------------------------------ Tuned    the recommendation (tune runs)
     <------------------------------------------ Labels   class counts, at the end
     <------------------------------------------ Error    what failed, typed (errors.py)
     SIGTERM (stop) ---------------------------> handler raises StopRun in the main thread
@@ -187,7 +187,10 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class TuneResult:
+class Tuned:
+    """The tuner's recommendation (tune_session.tune_document); the parent completes it into a
+    results.TuneResult."""
+
     kind: ClassVar[str] = "tune_result"
     result: dict
 
@@ -212,10 +215,10 @@ def _label(key: str):
         return key
 
 
-Event = Union[Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, TuneResult,
+Event = Union[Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned,
               Error, Finished]
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, TuneResult, Error,
+    Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned, Error,
     Finished)}
 
 

@@ -1,17 +1,19 @@
-"""The result document of a run (what ``--json`` prints and the store keeps) and its text form."""
+"""A run's result, built from its events (results.py has the types), and its text form."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from . import metrics, pitfalls
 from .diagnostic import Diagnostic
 from .errors import RunError
+from .results import ProfileResult, TuneResult
 
 if TYPE_CHECKING:
     from .live import LiveRun
 
-def summarize(live: "LiveRun", status: str) -> dict:
+def summarize(live: "LiveRun", status: str) -> ProfileResult:
     batches = list(live.batches)
     steady = metrics.steady_state(batches, live.warmup_batches)
     measured = batches[live.warmup_batches:] if steady else batches
@@ -23,67 +25,54 @@ def summarize(live: "LiveRun", status: str) -> dict:
     gpu_info = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}
     per_batch = metrics.per_batch_costs(measured)
-    doc = {
-        "status": status,
-        "target": live.target,
-        "dataset": live.dataset,
-        "config": live.config,
-        "snippet": live.snippet,
-        "torch": live.torch_version,
-        "consumer": live.consumer,
-        "seconds": round(live.elapsed_s, 3),
-        "epochs": len(live.epochs),
-        "batches": len(batches),
-        "warmup_batches": live.warmup_batches,
-        "steady_batches": steady.batches if steady else 0,
-        "samples_per_s": steady.samples_per_s if steady else None,
-        "batches_per_s": steady.batches_per_s if steady else None,
-        "batch_latency_ms": metrics.latency_ms([b.wait_s for b in measured]),
-        "startup_s": live.epochs[0]["startup_s"] if live.epochs else None,
-        "per_batch": per_batch,
-        "counting": _counting(live.counting, measured),
-        "workers": _workers(live, batches, window),
-        "main_process": _main_process(live),
-        "consumer_idle_frac": idle if has_consumer else None,
-        "input_bound": metrics.input_bound_verdict(idle) if has_consumer else None,
-        "transfer": _transfer(measured) if gpu_info.get("available") else None,
-        "gpu_idle": _gpu_idle(measured) if gpu_info.get("available") else None,
-        "not_measured": None if gpu_info.get("available") else gpu_info.get("reason"),
-        "system": live.system.to_dict() if live.system is not None else None,
-        "warnings": [d.to_dict() for d in live.output.diagnostics()
-                     + _warnings(live, steady, measured, per_batch, gpu_info)],
-    }
-    if live.error is not None:
-        doc["error"] = live.error.to_dict()
-    return doc
+    return ProfileResult(
+        status=status,
+        target=live.target,
+        dataset=live.dataset,
+        config=live.config,
+        snippet=live.snippet,
+        torch=live.torch_version,
+        consumer=live.consumer,
+        seconds=round(live.elapsed_s, 3),
+        epochs=len(live.epochs),
+        batches=len(batches),
+        warmup_batches=live.warmup_batches,
+        steady_batches=steady.batches if steady else 0,
+        samples_per_s=steady.samples_per_s if steady else None,
+        batches_per_s=steady.batches_per_s if steady else None,
+        batch_latency_ms=metrics.latency_ms([b.wait_s for b in measured]),
+        startup_s=live.epochs[0]["startup_s"] if live.epochs else None,
+        per_batch=per_batch,
+        counting=_counting(live.counting, measured),
+        workers=tuple(_workers(live, batches, window)),
+        main_process=_main_process(live),
+        consumer_idle_frac=idle if has_consumer else None,
+        input_bound=metrics.input_bound_verdict(idle) if has_consumer else None,
+        transfer=_transfer(measured) if gpu_info.get("available") else None,
+        gpu_idle=_gpu_idle(measured) if gpu_info.get("available") else None,
+        not_measured=None if gpu_info.get("available") else gpu_info.get("reason"),
+        system=live.system,
+        warnings=tuple(live.output.diagnostics()
+                       + _warnings(live, steady, measured, per_batch, gpu_info)),
+        error=live.error.to_dict() if live.error is not None else None,
+    )
 
 
-def summarize_tune(live: "LiveRun", status: str) -> dict:
-    """The tune document: the child's result plus what the parent knows (status, errors)."""
-    doc = {"status": status, "target": live.target, "dataset": live.dataset,
-           "system": live.system.to_dict() if live.system is not None else None,
-           "consumer": live.consumer, "torch": live.torch_version}
+def summarize_tune(live: "LiveRun", status: str) -> TuneResult:
+    """The tune's result: the child's recommendation plus what the parent knows (status,
+    errors, what the user's code printed)."""
+    printed = tuple(live.output.diagnostics())
+    common = dict(status=status, target=live.target, dataset=live.dataset, system=live.system,
+                  consumer=live.consumer, torch=live.torch_version,
+                  error=live.error.to_dict() if live.error is not None else None)
     if live.tune_result is not None:
-        doc.update(live.tune_result)
-        doc["warnings"] = ([d.to_dict() for d in live.output.diagnostics()]
-                           + list(live.tune_result.get("warnings", [])))
-    else:
-        doc.update({"recommended": None, "expected_samples_per_s": None, "baseline": None,
-                    "trials": list(live.trials), "reasons": [],
-                    "warnings": [d.to_dict() for d in live.output.diagnostics()]})
-        if status == "ok":
-            doc["status"] = "error"
-            doc["error"] = RunError("The tuner stopped before reaching a recommendation.",
-                                    type="tune_incomplete").to_dict()
-    if live.error is not None:
-        doc["error"] = live.error.to_dict()
-    return doc
-
-
-def samples_per_s_of(summary: dict | None) -> float | None:
-    """A saved run's samples/s: measured for a profile, expected for a tune."""
-    summary = summary or {}
-    return summary.get("samples_per_s") or summary.get("expected_samples_per_s")
+        tuned = TuneResult.from_dict({**live.tune_result, "status": status})
+        return dataclasses.replace(tuned, **common, warnings=printed + tuned.warnings)
+    if status == "ok":
+        common.update(status="error", error=common["error"] or RunError(
+            "The tuner stopped before reaching a recommendation.",
+            type="tune_incomplete").to_dict())
+    return TuneResult(**common, trials=tuple(live.trials), warnings=printed)
 
 
 def _counting(rules: dict | None, measured: list) -> dict | None:
@@ -196,45 +185,45 @@ def fmt(value, spec: str = ".1f", unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
-def render_text(doc: dict) -> str:
-    """A short human-readable summary of a run document."""
-    lines = []
-    if doc["status"] == "error":
-        lines.append(f"ERROR: {doc['error']['message']}")
-        if doc.get("batches"):
-            lines.append(f"(after {doc['batches']} batches)")
+def render_text(result: ProfileResult) -> str:
+    """A short human-readable summary of a profile run."""
+    if result.failed:
+        lines = [f"ERROR: {result.error_message}"]
+        if result.batches:
+            lines.append(f"(after {result.batches} batches)")
         return "\n".join(lines)
-    lat = doc["batch_latency_ms"]
-    lines += [
-        f"{doc.get('snippet') or ''}",
-        f"status: {doc['status']}   {doc['batches']} batches in {doc['seconds']:.1f} s "
-        f"({doc['epochs']} epoch(s), {doc['warmup_batches']} warm-up)",
-        f"throughput: {fmt(doc['samples_per_s'])} samples/s, "
-        f"{fmt(doc['batches_per_s'])} batches/s (steady state)",
-        f"batch wait: p50 {fmt(lat['p50'], '.2f', ' ms')}, p95 {fmt(lat['p95'], '.2f', ' ms')}, "
-        f"max {fmt(lat['max'], '.2f', ' ms')}",
+    lat = result.batch_latency_ms or {}
+    lines = [
+        f"{result.snippet or ''}",
+        f"status: {result.status}   {result.batches} batches in {result.seconds:.1f} s "
+        f"({result.epochs} epoch(s), {result.warmup_batches} warm-up)",
+        f"throughput: {fmt(result.samples_per_s)} samples/s, "
+        f"{fmt(result.batches_per_s)} batches/s (steady state)",
+        f"batch wait: p50 {fmt(lat.get('p50'), '.2f', ' ms')}, "
+        f"p95 {fmt(lat.get('p95'), '.2f', ' ms')}, max {fmt(lat.get('max'), '.2f', ' ms')}",
     ]
-    counting = doc.get("counting") or {}
+    counting = result.counting or {}
     if counting:
         lines.append(f"samples counted: {counting['samples']}; CPU time and bytes read on "
                      f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
-    if doc["consumer_idle_frac"] is not None:
-        lines.append(f"consumer idle: {doc['consumer_idle_frac'] * 100:.1f}% "
-                     f"({doc['input_bound']})")
-    for w in doc["workers"]:
+    if result.consumer_idle_frac is not None:
+        lines.append(f"consumer idle: {result.consumer_idle_frac * 100:.1f}% "
+                     f"({result.input_bound})")
+    for w in result.workers:
         lines.append(
             f"  worker {w['id']} pid {w['pid']}: busy {fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
             f"cpu {fmt(w['cpu_percent'], '.0f', '%')}, rss {fmt(w['rss_mb'], '.0f', ' MB')}, "
             f"{w['batches']} batches"
         )
-    if doc["not_measured"]:
-        lines.append(f"GPU: not measured: {doc['not_measured']}.")
-    elif doc["transfer"]:
-        lines.append(f"host-to-device copy: p50 {fmt(doc['transfer']['copy_ms']['p50'], '.3f', ' ms')}")
-    for w in doc["warnings"]:
-        lines.append(f"{w.get('severity', 'warning')} [{w['code']}]: {w['message']}")
-        if w.get("fix"):
-            lines += ["    fix: " + line for line in w["fix"].splitlines()]
+    if result.not_measured:
+        lines.append(f"GPU: not measured: {result.not_measured}.")
+    elif result.transfer:
+        lines.append(f"host-to-device copy: p50 "
+                     f"{fmt(result.transfer['copy_ms']['p50'], '.3f', ' ms')}")
+    for w in result.warnings:
+        lines.append(f"{w.severity} [{w.code}]: {w.message}")
+        if w.fix:
+            lines += ["    fix: " + line for line in w.fix.splitlines()]
     return "\n".join(lines)
 
 

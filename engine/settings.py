@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from .config import WORKER_ONLY, LoaderConfig
 from .errors import ConfigError
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
+    from .results import TuneResult
     from .target import ResolvedTarget
 
 DEFAULT_BATCH_SIZE = 32
@@ -94,42 +95,47 @@ def snippet_names(resolved: ResolvedTarget, config: LoaderConfig) -> dict:
 
 # -- what a tune recommends ----------------------------------------------------------------
 
-def recommended_settings(base: dict, recommended: dict) -> dict:
-    """``base`` with the tuner's choices; settings it left out go back to DataLoader defaults."""
+def tuned_values(recommended: dict) -> dict:
+    """The settings a recommendation stands for: those it leaves out are DataLoader's defaults
+    (worker-only ones unset without workers); ``batch_size`` only where it chose one."""
     workers = int(recommended["num_workers"])
-    batch = {"batch_size": recommended["batch_size"]} if "batch_size" in recommended else {}
-    return {
-        **base,
-        **batch,
+    values = {
         "num_workers": workers,
         "pin_memory": bool(recommended.get("pin_memory", False)),
         "prefetch_factor": recommended.get("prefetch_factor") if workers else None,
         "persistent_workers": bool(recommended.get("persistent_workers", False)) if workers
         else False,
     }
+    if "batch_size" in recommended:
+        values["batch_size"] = recommended["batch_size"]
+    return values
 
 
 def recommended_config(config: LoaderConfig, recommended: dict) -> LoaderConfig:
-    """``config`` with the tuner's choices; worker-only settings it left out return to
-    DataLoader's defaults."""
-    base = config.replace(num_workers=0, pin_memory=False)
-    return LoaderConfig.from_settings(recommended, base)
+    """``config`` with the tuner's choices (tuned_values); the user's other settings kept."""
+    return config.replace(**tuned_values(recommended))
+
+
+def recommended_settings(base: dict, recommended: dict) -> dict:
+    """The same for a settings dict (the dashboard's controls): ``base`` with the choices."""
+    config = recommended_config(LoaderConfig.from_settings(base), recommended)
+    return {**base, **{key: getattr(config, key) for key in {*base, *tuned_values(recommended)}}}
 
 
 # -- the settings file (engine tune --out, the dashboard's download) ---------------------------
 
-def settings_file(doc: dict) -> dict:
+def settings_file(result: "TuneResult") -> dict:
     """What ``--out`` writes: the kwargs for ``DataLoader(ds, **settings)`` and their evidence."""
     return {
-        "dataloader_kwargs": doc["recommended"],
-        "target": doc["target"],
-        "expected_samples_per_s": doc["expected_samples_per_s"],
-        "baseline": doc["baseline"],
-        "reasons": doc["reasons"],
+        "dataloader_kwargs": result.recommended,
+        "target": result.target,
+        "expected_samples_per_s": result.expected_samples_per_s,
+        "baseline": result.baseline,
+        "reasons": list(result.reasons),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_with": "from engine import load_settings; DataLoader(ds, <your other settings: "
                      "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
-        "snippet": doc["snippet"],
+        "snippet": result.snippet,
     }
 
 

@@ -15,11 +15,48 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 
 from . import protocol
 from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS, BatchRecord
+from .results import Result, result_from_dict
+from .system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as the history keeps it. ``result`` is None while it runs (and for a run whose
+    process died before it ended); ``config``, ``dataset`` and ``system`` are read by
+    ``get_run`` only (lists of runs leave them out)."""
+
+    id: int
+    kind: str  # "profile" | "tune" | "verify"
+    label: str | None
+    target: str
+    status: str  # "running" | "ok" | "stopped" | "error"
+    started_at: float
+    ended_at: float | None
+    parent_id: int | None
+    result: Result | None
+    error: dict | None
+    config: dict | None = None
+    dataset: dict | None = None
+    system: SystemSnapshot | None = None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Measured for a profile, expected for a tune."""
+        return self.result.headline_samples_per_s if self.result is not None else None
+
+    def to_dict(self) -> dict:
+        """As ``runs --json`` lists it (the finished result under "summary")."""
+        return {"id": self.id, "kind": self.kind, "label": self.label, "target": self.target,
+                "status": self.status, "started_at": self.started_at,
+                "ended_at": self.ended_at, "parent_id": self.parent_id,
+                "summary": self.result.to_dict() if self.result is not None else None,
+                "error": self.error}
 
 # One row per process per resource sample (child.ResourceSampler): the private-memory columns
 # are what worker_memory_growth judges, so a stored run can be judged again as it was live.
@@ -140,32 +177,33 @@ class RunStore:
             conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
                          (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))
 
-    def finish_run(self, run_id: int, status: str, summary: dict, error: dict | None) -> None:
+    def finish_run(self, run_id: int, status: str, result: Result, error: dict | None) -> None:
         with self._conn() as conn:
             conn.execute(
                 "UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, error_json = ? "
                 "WHERE id = ?",
-                (status, time.time(), json.dumps(summary, default=str),
+                (status, time.time(), json.dumps(result.to_dict(), default=str),
                  json.dumps(error) if error else None, run_id),
             )
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list_runs(self, limit: int = 100) -> list[dict]:
+    def list_runs(self, limit: int = 100) -> list[StoredRun]:
         rows = self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
             "error_json, parent_id FROM runs ORDER BY id DESC LIMIT ?", (limit,)
         ).fetchall()
-        return [self._run_row(row) for row in rows]
+        return [self._stored_run(row) for row in rows]
 
-    def get_run(self, run_id: int) -> dict | None:
+    def get_run(self, run_id: int) -> StoredRun | None:
         row = self._conn().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             return None
-        run = self._run_row(row)
-        for key in ("config", "dataset", "system"):
-            run[key] = json.loads(row[f"{key}_json"]) if row[f"{key}_json"] else None
-        return run
+        system = json.loads(row["system_json"]) if row["system_json"] else None
+        return self._stored_run(
+            row, config=json.loads(row["config_json"]) if row["config_json"] else None,
+            dataset=json.loads(row["dataset_json"]) if row["dataset_json"] else None,
+            system=SystemSnapshot.from_dict(system) if system else None)
 
     def batches(self, run_id: int) -> list[BatchRecord]:
         rows = self._conn().execute(
@@ -191,12 +229,14 @@ class RunStore:
                 for r in self._conn().execute(query, args).fetchall()]
 
     @staticmethod
-    def _run_row(row: sqlite3.Row) -> dict:
-        run = {k: row[k] for k in ("id", "kind", "label", "target", "status", "started_at",
-                                   "ended_at", "parent_id")}
-        run["summary"] = json.loads(row["summary_json"]) if row["summary_json"] else None
-        run["error"] = json.loads(row["error_json"]) if row["error_json"] else None
-        return run
+    def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
+        summary = json.loads(row["summary_json"]) if row["summary_json"] else None
+        return StoredRun(
+            id=row["id"], kind=row["kind"], label=row["label"], target=row["target"],
+            status=row["status"], started_at=row["started_at"], ended_at=row["ended_at"],
+            parent_id=row["parent_id"],
+            result=result_from_dict(row["kind"], summary) if summary is not None else None,
+            error=json.loads(row["error_json"]) if row["error_json"] else None, **details)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from . import protocol
 from .report import speedup_text
+from .results import TuneResult
 from .settings import settings_file
 from .runner import RunRequest, run_to_completion
 from .store import RunStore
@@ -34,27 +36,25 @@ def add_tune_parser(sub, add_common, positive_int, non_negative_float, batch_siz
     add_common(tune)
 
 
-def render_tune_text(doc: dict) -> str:
-    if doc["status"] == "error":
-        return f"ERROR: {doc['error']['message']}"
-    if doc["status"] == "stopped" or not doc.get("recommended"):
+def render_tune_text(result: TuneResult) -> str:
+    if result.failed:
+        return f"ERROR: {result.error_message}"
+    if result.status == "stopped" or not result.recommended:
         return "Tuning stopped before a recommendation."
-    lines = [doc["snippet"], ""]
-    base = doc["baseline"] or {}
-    rate = doc["expected_samples_per_s"]
-    uncertainty = doc.get("uncertainty_pct")
+    lines = [result.snippet, ""]
+    base = result.baseline or {}
+    uncertainty = result.uncertainty_pct
     noise = f" (±{uncertainty:.0f}%)" if uncertainty is not None else ""
-    lines.append(f"expected: {rate:.0f} samples/s{noise}")
+    lines.append(f"expected: {result.expected_samples_per_s:.0f} samples/s{noise}")
     if base.get("samples_per_s"):
         lines.append(f"baseline ({base['source']}): {base['samples_per_s']:.0f} samples/s -> "
                      + speedup_text(base))
-    lines.append(f"tuned in {doc['tuning_seconds']:.1f} s over {len(doc['trials'])} trials")
+    lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials")
     lines.append("")
-    lines += [f"- {reason}" for reason in doc["reasons"]]
-    for warning in doc["warnings"]:
-        lines.append(f"warning [{warning['code']}]: {warning['message']}")
+    lines += [f"- {reason}" for reason in result.reasons]
+    for warning in result.warnings:
+        lines.append(f"warning [{warning.code}]: {warning.message}")
     return "\n".join(lines)
-
 
 
 class _TrialProgress:
@@ -82,18 +82,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     store = RunStore(args.db)
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
-    doc = handle.live.summary(handle.state.value)
-    doc["run_id"] = handle.run_id
-    if args.out and doc.get("recommended"):
+    result = replace(handle.live.summary(handle.state.value), run_id=handle.run_id)
+    if args.out and result.recommended:
         with open(args.out, "w", encoding="utf-8") as handle_out:
-            json.dump(settings_file(doc), handle_out, indent=2)
-        doc["settings_file"] = args.out
+            json.dump(settings_file(result), handle_out, indent=2)
+        result = replace(result, settings_file=args.out)
     if args.json:
         from .cli import print_json  # cli imports this module to add its parser
 
-        print_json(doc)
+        print_json(result.to_dict())
     else:
-        print(render_tune_text(doc))
-        if args.out and doc.get("recommended"):
+        print(render_tune_text(result))
+        if args.out and result.recommended:
             print(f"\nsettings written to {args.out}")
-    return 1 if doc["status"] == "error" else 0
+    return 1 if result.failed else 0

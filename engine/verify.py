@@ -87,13 +87,13 @@ class Verification:
         final = not self._thread.is_alive() and self.state != "running"
         arms = {}
         for arm in ARMS:
-            docs = [h.live.summary(h.state.value) for a, h in self.runs
-                    if a == arm and h.state is RunState.FINISHED]
-            rates = [d["samples_per_s"] for d in docs if d["samples_per_s"]]
-            idles = [d["consumer_idle_frac"] for d in docs if d["consumer_idle_frac"] is not None]
+            results = [h.live.summary(h.state.value) for a, h in self.runs
+                       if a == arm and h.state is RunState.FINISHED]
+            rates = [r.samples_per_s for r in results if r.samples_per_s]
+            idles = [r.consumer_idle_frac for r in results if r.consumer_idle_frac is not None]
             arms[arm] = {
-                "config": docs[-1]["config"] if docs else dict(self.requests[arm].settings),
-                "snippet": docs[-1]["snippet"] if docs else None,
+                "config": results[-1].config if results else dict(self.requests[arm].settings),
+                "snippet": results[-1].snippet if results else None,
                 "samples_per_s_rounds": rates,
                 "samples_per_s": statistics.median(rates) if rates else None,
                 "consumer_idle_frac": statistics.median(idles) if idles else None,

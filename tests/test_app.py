@@ -116,7 +116,7 @@ def test_start_streams_a_run_and_shows_every_chart(app_env):
     page = texts(at)
     assert "Pinned-memory transfer" in page and "not measured" in page
     assert "ok" in page and "num_workers=2" in at.code[0].value
-    assert get_jobs().store.list_runs()[0]["status"] == "ok"
+    assert get_jobs().store.list_runs()[0].status == "ok"
 
 
 def test_a_bad_target_shows_an_error_card_and_the_page_stays_usable(app_env):
@@ -132,7 +132,7 @@ def test_a_failing_run_shows_the_worker_error(app_env):
     at = press("Start", dataset_path("getitem_raises.py"), num_workers=2)
     assert not at.exception
     assert at.error and "worker" in at.error[0].value.lower()
-    assert get_jobs().store.list_runs()[0]["status"] == "error"
+    assert get_jobs().store.list_runs()[0].status == "error"
 
 
 @pytest.mark.parametrize("app_env", ["replay", pytest.param("real", marks=pytest.mark.slow)],
@@ -144,7 +144,7 @@ def test_tune_recommends_and_apply_verifies(app_env):
     assert any(s.value == "Recommendation" for s in at.subheader)
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
     assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
-    recommended = get_jobs().summary(get_jobs().tune)["recommended"]
+    recommended = get_jobs().summary(get_jobs().tune).recommended
     button(at, "Apply recommended settings").click()
     at = at.run()
     assert at.number_input(key="ctl_num_workers").value == recommended["num_workers"]

@@ -121,7 +121,7 @@ def test_verification_measures_both_settings_interleaved(db_path, monkeypatch):
     assert len(result["before"]["samples_per_s_rounds"]) == 2
     assert result["speedup"] == pytest.approx(result["after"]["samples_per_s"]
                                               / result["before"]["samples_per_s"])
-    labels = sorted(run["label"] for run in store.list_runs())
+    labels = sorted(run.label for run in store.list_runs())
     assert labels == ["after", "after", "before", "before"]
 
 

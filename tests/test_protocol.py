@@ -29,7 +29,7 @@ EXAMPLES = [
     protocol.Labels({0: 880, 9: 40}, "dataset"),
     protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
     protocol.Trial({"num_workers": 2, "samples_per_s": 10.0}),
-    protocol.TuneResult({"recommended": {"num_workers": 2}}),
+    protocol.Tuned({"recommended": {"num_workers": 2}}),
     protocol.Error(RunError("boom", type="getitem_error").to_dict()),
     protocol.Finished(reason="deadline", t=3.0),
 ]

@@ -26,7 +26,7 @@ def test_run_with_workers_streams_and_summarises(db_path):
     handle = run_to_completion(request, store,
                                on_event=lambda e: seen.append(e.kind))
     assert handle.state is RunState.FINISHED
-    doc = handle.live.summary("ok")
+    doc = handle.live.summary("ok").to_dict()  # the JSON contract
     assert doc["samples_per_s"] > 0 and doc["batches"] > doc["warmup_batches"] == 4
     assert [w["id"] for w in doc["workers"]] == [0, 1]
     assert all(w["rss_mb"] > 0 and w["batches"] > 0 for w in doc["workers"]), doc["workers"]
@@ -37,7 +37,7 @@ def test_run_with_workers_streams_and_summarises(db_path):
     assert doc["system"]["cpus_usable"] >= 1 and doc["system"]["shm"] is not None
     assert seen[0] == "ready" and seen[-1] == "finished" and "resources" in seen
     saved = store.get_run(handle.run_id)
-    assert saved["status"] == "ok" and saved["summary"]["batches"] == doc["batches"]
+    assert saved.status == "ok" and saved.result.batches == doc["batches"]
     assert len(store.batches(handle.run_id)) == doc["batches"]
 
 
@@ -125,9 +125,9 @@ def test_hang_times_out_with_a_clear_message():
 
 def test_iterable_and_train_step_runs():
     stream = run_to_completion(_request("stream.py", seconds=1.0, num_workers=2, batch_size=5))
-    assert stream.state is RunState.FINISHED and stream.live.summary("ok")["batches"] > 0
+    assert stream.state is RunState.FINISHED and stream.live.summary("ok").batches > 0
     stepped = run_to_completion(_request("with_step.py", seconds=1.5))
-    doc = stepped.live.summary("ok")
+    doc = stepped.live.summary("ok").to_dict()
     assert doc["consumer"]["kind"] == "train_step"
     assert 0.0 <= doc["consumer_idle_frac"] <= 1.0 and doc["input_bound"]
 

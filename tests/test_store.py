@@ -20,13 +20,13 @@ def test_batches_are_in_the_database_while_the_run_is_going(db_path):
         while not reader.batches(handle.run_id) and time.monotonic() < deadline:
             time.sleep(0.1)
         in_flight = reader.get_run(handle.run_id)
-        assert in_flight["status"] == "running"
-        assert reader.batches(handle.run_id) and in_flight["dataset"]["class"].endswith("SmallMap")
+        assert in_flight.status == "running"
+        assert reader.batches(handle.run_id) and in_flight.dataset["class"].endswith("SmallMap")
         assert reader.resources(handle.run_id) is not None
     finally:
         assert handle.stop() is RunState.STOPPED
     final = reader.get_run(handle.run_id)
-    assert final["status"] == "stopped" and final["summary"]["batches"] > 0
+    assert final.status == "stopped" and final.result.batches > 0
     assert reader.events(handle.run_id, "finished")
 
 
@@ -35,7 +35,7 @@ def test_failed_runs_keep_their_error(db_path):
     handle = RunHandle(RunRequest(target=dataset_path("nothing_here.py")), store).start()
     handle.wait(30)
     saved = store.get_run(handle.run_id)
-    assert saved["status"] == "error" and saved["error"]["type"] == "target_no_dataset"
+    assert saved.status == "error" and saved.error["type"] == "target_no_dataset"
 
 
 def test_default_path_follows_the_environment(monkeypatch, tmp_path):

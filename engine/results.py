@@ -1,0 +1,177 @@
+"""The finished result of a run, typed: what ``--json`` prints, the store keeps and the history
+page shows.
+
+A profile (or verification) run ends as a ``ProfileResult``, a tune as a ``TuneResult``; both are
+built once, from the run's events (report.py), and never changed after. ``to_dict`` writes the
+JSON document the CLI has always printed (the contract programs read); ``from_dict`` reads one
+back, also one saved by an older version (missing figures become None, a diagnostic code no
+longer in the catalogue is kept as it was saved).
+
+The figures inside (per-worker rows, latency percentiles, trials) stay plain JSON objects: they
+are data to show, not seams between parts of the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+from .diagnostic import Diagnostic
+from .system import SystemSnapshot
+
+
+def _diagnostics(docs: list | None) -> tuple[Diagnostic, ...]:
+    return tuple(Diagnostic.from_dict(d, strict=False) for d in docs or [])
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What every result has: how the run ended and what it ran on."""
+
+    status: str  # "ok" | "stopped" | "error"
+    target: str
+    dataset: dict | None = None
+    system: SystemSnapshot | None = None
+    consumer: dict | None = None
+    torch: str | None = None
+    warnings: tuple[Diagnostic, ...] = ()
+    error: dict | None = None  # errors.EngineError.to_dict()
+    run_id: int | None = None  # where the store keeps it, once saved
+
+    # Written only when set, as the documents always were.
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("error", "run_id")
+
+    def to_dict(self) -> dict:
+        doc = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.OPTIONAL and value is None:
+                continue
+            if f.name == "warnings":
+                value = [d.to_dict() for d in value]
+            elif isinstance(value, SystemSnapshot):
+                value = value.to_dict()
+            doc[f.name] = value
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "_Result":
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in doc.items() if k in names}
+        values["warnings"] = _diagnostics(doc.get("warnings"))
+        if doc.get("system") is not None:
+            values["system"] = SystemSnapshot.from_dict(doc["system"])
+        values.setdefault("target", "")
+        return cls(**values)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "error"
+
+    @property
+    def error_message(self) -> str:
+        return (self.error or {}).get("message", "")
+
+
+@dataclass(frozen=True)
+class ProfileResult(_Result):
+    """A profile or verification run: the steady-state figures of the loader as it was set."""
+
+    kind: ClassVar[str] = "profile"
+    config: dict | None = None  # LoaderConfig.to_json_dict()
+    snippet: str | None = None  # the DataLoader(...) line of these settings
+    seconds: float = 0.0
+    epochs: int = 0
+    batches: int = 0
+    warmup_batches: int = 0
+    steady_batches: int = 0
+    samples_per_s: float | None = None  # steady state; None when there was none
+    batches_per_s: float | None = None
+    batch_latency_ms: dict | None = None  # p50/p95/max/mean of next() waits
+    startup_s: float | None = None
+    per_batch: dict | None = None
+    counting: dict | None = None  # how samples and bytes were counted
+    workers: tuple = ()  # one dict per DataLoader worker id
+    main_process: dict | None = None
+    consumer_idle_frac: float | None = None
+    input_bound: str | None = None
+    transfer: dict | None = None
+    gpu_idle: dict | None = None
+    not_measured: str | None = None  # why the GPU figures are missing
+
+    def to_dict(self) -> dict:
+        doc = super().to_dict()
+        doc["workers"] = list(self.workers)
+        return _ordered(doc, PROFILE_KEYS)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "ProfileResult":
+        result = super().from_dict(doc)
+        return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()))
+
+    @property
+    def headline_samples_per_s(self) -> float | None:
+        return self.samples_per_s
+
+
+@dataclass(frozen=True)
+class TuneResult(_Result):
+    """A tune: the recommendation, what it was compared with, and every trial behind it."""
+
+    kind: ClassVar[str] = "tune"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("error", "run_id", "settings_file")
+    recommended: dict | None = None  # DataLoader keyword arguments
+    snippet: str | None = None
+    expected_samples_per_s: float | None = None
+    expected_consumer_idle_frac: float | None = None
+    uncertainty_pct: float | None = None
+    baseline: dict | None = None  # the starting settings' rate and the claimed speedup
+    trials: tuple = ()
+    reasons: tuple[str, ...] = ()
+    profile: dict | None = None  # the cost profile the search started from
+    limits: dict | None = None
+    tuning_seconds: float | None = None
+    trial_seconds: float | None = None
+    settings_file: str | None = None  # where `tune --out` wrote the settings
+
+    def to_dict(self) -> dict:
+        doc = super().to_dict()
+        doc["trials"], doc["reasons"] = list(self.trials), list(self.reasons)
+        return _ordered(doc, TUNE_KEYS)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "TuneResult":
+        result = super().from_dict(doc)
+        return dataclasses.replace(result, trials=tuple(doc.get("trials") or ()),
+                                   reasons=tuple(doc.get("reasons") or ()))
+
+    @property
+    def headline_samples_per_s(self) -> float | None:
+        return self.expected_samples_per_s
+
+
+Result = Union[ProfileResult, TuneResult]
+
+# The documents' key order as the CLI has always printed them (readers do not depend on it;
+# people reading --json do).
+PROFILE_KEYS = (
+    "status", "target", "dataset", "config", "snippet", "torch", "consumer", "seconds", "epochs",
+    "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
+    "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
+    "consumer_idle_frac", "input_bound", "transfer", "gpu_idle", "not_measured", "system",
+    "warnings", "error", "run_id")
+TUNE_KEYS = (
+    "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
+    "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
+    "trials", "reasons", "warnings", "profile", "limits", "tuning_seconds", "trial_seconds",
+    "error", "run_id", "settings_file")
+
+
+def _ordered(doc: dict, keys: tuple[str, ...]) -> dict:
+    return {k: doc[k] for k in keys if k in doc}
+
+
+def result_from_dict(kind: str, doc: dict) -> Result:
+    """A saved document as its type: tunes by their kind, every other run as a profile."""
+    return TuneResult.from_dict(doc) if kind == "tune" else ProfileResult.from_dict(doc)
