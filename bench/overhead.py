@@ -32,12 +32,12 @@ sys.path.insert(0, ROOT)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from engine.config import LoaderConfig  # noqa: E402
-from engine.measure import Consumer, Measurement  # noqa: E402
+from engine.child.measure import Consumer, Measurement  # noqa: E402
 from engine.settings import starting_config  # noqa: E402
-from engine.metrics import warmup_batches  # noqa: E402
-from engine.probes import samples_in  # noqa: E402
-from engine.runner import RunRequest, run_to_completion  # noqa: E402
-from engine.target import resolve  # noqa: E402
+from engine.analyse.metrics import warmup_batches  # noqa: E402
+from engine.child.probes import samples_in  # noqa: E402
+from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
+from engine.child.target import resolve  # noqa: E402
 
 CASES = [
     ("examples/cpu_bound.py", 2),

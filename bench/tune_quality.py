@@ -35,11 +35,11 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from engine.config import LoaderConfig  # noqa: E402
 from engine.settings import starting_config  # noqa: E402
-from engine.metrics import warmup_batches  # noqa: E402
-from engine.probes import samples_in  # noqa: E402
-from engine.runner import RunRequest, run_to_completion  # noqa: E402
+from engine.analyse.metrics import warmup_batches  # noqa: E402
+from engine.child.probes import samples_in  # noqa: E402
+from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
 from engine.system import usable_cpus  # noqa: E402
-from engine.target import resolve  # noqa: E402
+from engine.child.target import resolve  # noqa: E402
 
 WORKLOADS = [
     "examples/cpu_bound.py",

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.metrics import BatchRecord
+from engine import BatchRecord
 
 MAX_POINTS = 600  # per series, before binning
 TIMELINE_BATCHES = 240  # the worker timeline shows the most recent batches...

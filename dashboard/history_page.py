@@ -7,8 +7,7 @@ import time
 
 import streamlit as st
 
-from engine.store import StoredRun
-from engine.trace import chrome_trace
+from engine import StoredRun, chrome_trace
 
 from . import charts, views
 from .shared import get_jobs

@@ -16,12 +16,8 @@ import os
 import threading
 import time
 
-from engine import LoaderConfig, RunHandle, RunRequest, RunStore
-from engine.runner import inspect_target
-from engine.settings import recommended_settings
-from engine.live import LiveRun
-from engine.results import Result
-from engine.verify import Verification
+from engine import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore, Verification,
+                    inspect_target, recommended_settings)
 
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
 # While a run streams, the live view recomputes its figures every second. Over a whole
@@ -86,7 +82,7 @@ class Jobs:
             return self.tune
 
     def apply(self, before: RunRequest, after: RunRequest, rounds: int = 2) -> Verification:
-        """Start measuring the old settings against the new ones (see engine.verify)."""
+        """Start measuring the old settings against the new ones (see engine.run.verify)."""
         with self._lock:
             self._stop_jobs()
             self.applied = {"before": dict(before.settings), "after": dict(after.settings),

@@ -14,10 +14,7 @@ import time
 
 import streamlit as st
 
-from engine import RunHandle
-from engine.verify import check_claim
-from engine.report import speedup_text
-from engine.settings import settings_file
+from engine import RunHandle, check_claim, settings_file, speedup_text
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,

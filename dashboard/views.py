@@ -9,12 +9,7 @@ from typing import Sequence
 import psutil
 import streamlit as st
 
-from engine import metrics
-from engine.diagnostic import Diagnostic
-from engine.metrics import BatchRecord
-from engine.report import fmt
-from engine.results import ProfileResult
-from engine.system import SystemSnapshot
+from engine import BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline, fmt
 
 from . import charts
 
@@ -85,7 +80,7 @@ def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) 
     with right:
         window = 1.0 if end - start > 5 else 0.5
         st.plotly_chart(charts.worker_utilization_figure(
-            metrics.busy_timeline(batches, end, window, start)), key=f"{key}-busy")
+            busy_timeline(batches, end, window, start)), key=f"{key}-busy")
     left, right = st.columns(2)
     with left:
         st.plotly_chart(charts.worker_timeline_figure(batches), key=f"{key}-timeline")

@@ -1,25 +1,45 @@
 """DataLoader Tuner's engine: run a user's Dataset in a real DataLoader and measure it.
 
-No Streamlit here: the dashboard, the CLI and tests all drive the engine through this API.
+This is the public API: the dashboard, scripts and tests drive the engine through these names
+only (tests/test_api.py keeps ``__all__`` complete and the dashboard to it). No torch is
+imported here: the parent side (starting runs, reading them, showing them) stays light, and
+torch lives in the engine's child process.
+
+The packages behind it:
+    engine/run/      the parent side of a run: start the child, fold its events, store them
+    engine/child/    the engine's child process: the target, measuring loop, probes, GPU, tune
+    engine/tune/     the search for settings (pure: measurements come in through a function)
+    engine/analyse/  pure reading of measurements: metrics, diagnostics, results, traces
+    engine/cli/      python -m engine
+and, shared by all: protocol (request and events), wire, errors, system, config, settings.
 """
 
-from .config import LoaderConfig
-from .settings import load_settings
-from .errors import ConfigError, EngineError, RunError, TargetError
-from .runner import RunHandle, RunRequest, RunState, run_to_completion
-from .store import RunStore, default_db_path
+from engine.analyse.diagnostic import Diagnostic
+from engine.analyse.metrics import BatchRecord, busy_timeline
+from engine.analyse.report import fmt, speedup_text
+from engine.analyse.results import ProfileResult, Result, TuneResult
+from engine.analyse.trace import chrome_trace
+from engine.config import LoaderConfig
+from engine.errors import ConfigError, EngineError, RunError, TargetError
+from engine.protocol import RunRequest
+from engine.run.live import LiveRun
+from engine.run.runner import RunHandle, RunState, inspect_target, run_to_completion
+from engine.run.store import RunStore, StoredRun, default_db_path
+from engine.run.verify import Verification, check_claim
+from engine.settings import load_settings, recommended_settings, settings_file
+from engine.system import SystemSnapshot
 
 __all__ = [
-    "ConfigError",
-    "EngineError",
-    "LoaderConfig",
-    "RunError",
-    "RunHandle",
-    "RunRequest",
-    "RunState",
-    "RunStore",
-    "TargetError",
-    "default_db_path",
-    "load_settings",
-    "run_to_completion",
+    # start and follow runs
+    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
+    "Verification", "check_claim",
+    # the run history
+    "RunStore", "StoredRun", "default_db_path",
+    # settings
+    "LoaderConfig", "load_settings", "recommended_settings", "settings_file",
+    # what runs produce
+    "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord",
+    "busy_timeline", "chrome_trace", "fmt", "speedup_text",
+    # errors
+    "EngineError", "ConfigError", "RunError", "TargetError",
 ]

@@ -35,8 +35,8 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
-from .system import SystemSnapshot
-from .wire import pack_rows, unpack_rows
+from engine.system import SystemSnapshot
+from engine.wire import pack_rows, unpack_rows
 
 # Defaults a run starts from, named once: the CLI's flags and the dashboard read them here.
 DEFAULT_SECONDS = 10.0

@@ -19,11 +19,11 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from .config import WORKER_ONLY, LoaderConfig
-from .errors import ConfigError
+from engine.config import WORKER_ONLY, LoaderConfig
+from engine.errors import ConfigError
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
-    from .results import TuneResult
-    from .target import ResolvedTarget
+    from engine.analyse.results import TuneResult
+    from engine.child.target import ResolvedTarget
 
 DEFAULT_BATCH_SIZE = 32
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(LoaderConfig))

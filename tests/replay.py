@@ -101,7 +101,7 @@ def library_starter(recordings: dict[tuple[str, str], str], pace: float = 0.0):
     """A ``runner.child_starter`` choosing a recording by (the target's file name, the request's
     kind), e.g. ``{("small_map.py", "inspect"): "small_map-inspect"}``; a verify run replays
     the profile recording. Anything else starts the real child."""
-    from engine import runner
+    from engine.run import runner
 
     real = runner.EngineChild.start
     loaded = {key: load(name) for key, name in recordings.items()}
@@ -121,7 +121,7 @@ def library_starter(recordings: dict[tuple[str, str], str], pace: float = 0.0):
 def record(name: str, request: RunRequest) -> str:
     """Run ``request`` for real and save what its child sent: the events with the time each
     arrived (``_at``), what it printed and how it exited."""
-    from engine.runner import RunHandle
+    from engine.run.runner import RunHandle
 
     handle = RunHandle(request)
     started = time.monotonic()

@@ -18,7 +18,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from dashboard.shared import get_jobs
-from engine import RunRequest, RunStore, run_to_completion, runner
+from engine import RunRequest, RunStore, run_to_completion
+from engine.run import runner
 
 from .conftest import ROOT, dataset_path
 from .replay import replayed_starter

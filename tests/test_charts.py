@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dashboard import charts
-from engine import metrics
+from engine.analyse import metrics
 
 from .records import make_batches
 

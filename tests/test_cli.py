@@ -137,9 +137,10 @@ def test_the_parent_side_does_not_import_torch():
     """The CLI parent and the dashboard server only start and read runs: torch (seconds to
     import, hundreds of MB) stays in the engine's child process."""
     code = ("import sys\n"
-            "import engine.cli, engine.tune_cli, dashboard.jobs, dashboard.live_page, "
-            "dashboard.history_page, engine.protocol, engine.settings, engine.system, "
-            "engine.runner, engine.live, engine.store, engine.report, engine.verify\n"
+            "import engine, engine.cli.main, engine.cli.tune, dashboard.jobs, "
+            "dashboard.live_page, dashboard.history_page, engine.protocol, engine.settings, "
+            "engine.system, engine.run.runner, engine.run.live, engine.run.store, "
+            "engine.analyse.report, engine.run.verify\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)

@@ -138,6 +138,6 @@ def test_fixed_rng_is_not_flagged(db_path):
 
 
 def _has_gpu() -> bool:
-    from engine import gpu
+    from engine.child import gpu
 
     return gpu.cuda_available()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import gpu
+from engine.child import gpu
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 

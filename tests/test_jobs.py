@@ -11,10 +11,11 @@ from dashboard.jobs import (
     verification_requests,
 )
 from dashboard.live_page import CONTROL_DEFAULTS
-from engine import RunStore, runner
+from engine import RunStore
+from engine.run import runner
 from engine.settings import recommended_settings
-from engine.live import LiveRun
-from engine.verify import Verification
+from engine.run.live import LiveRun
+from engine.run.verify import Verification
 
 from .conftest import dataset_path
 from .records import make_batches
@@ -126,7 +127,7 @@ def test_verification_measures_both_settings_interleaved(db_path, monkeypatch):
 
 
 def test_verification_checks_the_claimed_speedup():
-    from engine.verify import check_claim
+    from engine.run.verify import check_claim
 
     claim = {"speedup": 2.0, "speedup_pct": 6.0}
     assert "within the ±15% allowed" in check_claim(claim, 1.9)

@@ -3,9 +3,9 @@
 import pytest
 
 from engine.errors import RunError
-from engine.measure import Consumer, Measurement
+from engine.child.measure import Consumer, Measurement
 from engine.settings import starting_config
-from engine.target import resolve
+from engine.child.target import resolve
 
 from .conftest import dataset_path
 
@@ -31,8 +31,8 @@ def test_zero_workers_crosses_epochs_until_max_batches():
 
 def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     """Batches under 1 ms: the costly reads happen on every 16th batch only."""
-    from engine import probes
-    from engine.probes import MAX_EVERY
+    from engine.child import probes
+    from engine.child.probes import MAX_EVERY
 
     probes._after_fork()  # a fresh per-process timer, as a new worker has: no earlier test's state
     records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
@@ -89,7 +89,7 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
     """An ImageFolder-style targets list gives exact counts whatever order batches come in."""
     import numpy as np
 
-    from engine.measure import labels_of_dataset
+    from engine.child.measure import labels_of_dataset
 
     class Folder:
         def __init__(self, targets):

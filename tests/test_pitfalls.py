@@ -12,10 +12,10 @@ import psutil
 import pytest
 from torch.utils.data import Dataset
 
-from engine import pitfalls
-from engine.child import ResourceSampler
-from engine.failures import explain_failure, hang_error, may_be_worker_death
-from engine.probes import shape_mismatch
+from engine.analyse import pitfalls
+from engine.child.process import ResourceSampler
+from engine.child.failures import explain_failure, hang_error, may_be_worker_death
+from engine.child.probes import shape_mismatch
 from engine.system import SystemSnapshot
 
 import torch

@@ -10,7 +10,7 @@ import pytest
 
 from engine import protocol
 from engine.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
-from engine.metrics import BatchRecord
+from engine.analyse.metrics import BatchRecord
 from engine.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
@@ -82,10 +82,10 @@ def test_errors_keep_their_class_across_the_pipe(cls):
 
 
 def _engine_calls():
-    """Every call expression in engine/*.py."""
-    for name in sorted(os.listdir(ENGINE_DIR)):
-        if name.endswith(".py"):
-            with open(os.path.join(ENGINE_DIR, name)) as f:
+    """Every call expression in engine/ and its packages."""
+    for folder, _, names in sorted(os.walk(ENGINE_DIR)):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            with open(os.path.join(folder, name)) as f:
                 yield from (node for node in ast.walk(ast.parse(f.read()))
                             if isinstance(node, ast.Call))
 
@@ -113,7 +113,7 @@ def _diagnostic_codes() -> set[str]:
 
 
 def test_every_diagnostic_code_is_in_the_catalogue_and_none_is_stale():
-    from engine.diagnostic import CODES
+    from engine.analyse.diagnostic import CODES
 
     found = _diagnostic_codes()
     # the output log's two warning codes are chosen at run time (output.py)
@@ -121,7 +121,7 @@ def test_every_diagnostic_code_is_in_the_catalogue_and_none_is_stale():
 
 
 def test_a_diagnostic_with_an_unknown_code_is_refused():
-    from engine.diagnostic import Diagnostic
+    from engine.analyse.diagnostic import Diagnostic
 
     with pytest.raises(ValueError, match="'made_up'"):
         Diagnostic("made_up", "warning", "text")

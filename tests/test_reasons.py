@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from engine import costmodel
-from engine.recommend import recommend
-from engine.tune_session import no_steady_state_error, speedup_claim
+from engine.tune import costmodel
+from engine.tune.recommend import recommend
+from engine.child.tune_session import no_steady_state_error, speedup_claim
 from engine.config import LoaderConfig
 
 from .test_tuner import limits, trial

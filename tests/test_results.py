@@ -7,12 +7,12 @@ import pytest
 
 from engine import protocol
 from engine.config import LoaderConfig
-from engine.diagnostic import Diagnostic
-from engine.live import LiveRun
-from engine.results import (PROFILE_KEYS, TUNE_KEYS, ProfileResult, TuneResult,
+from engine.analyse.diagnostic import Diagnostic
+from engine.run.live import LiveRun
+from engine.analyse.results import (PROFILE_KEYS, TUNE_KEYS, ProfileResult, TuneResult,
                             result_from_dict)
 from engine.settings import recommended_config, recommended_settings, settings_file
-from engine.store import RunStore
+from engine.run.store import RunStore
 from tests.replay import load
 
 

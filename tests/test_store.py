@@ -3,8 +3,8 @@
 import time
 
 from engine import protocol
-from engine.runner import RunHandle, RunRequest, RunState
-from engine.store import DB_ENV, RunStore, default_db_path
+from engine.run.runner import RunHandle, RunRequest, RunState
+from engine.run.store import DB_ENV, RunStore, default_db_path
 
 from .conftest import dataset_path
 

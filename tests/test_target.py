@@ -4,7 +4,7 @@ import pytest
 from torch.utils.data import Dataset
 
 from engine.errors import TargetError
-from engine.target import resolve, split_target
+from engine.child.target import resolve, split_target
 
 from .conftest import EXAMPLES, dataset_path
 

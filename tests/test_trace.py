@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from engine.trace import chrome_trace
+from engine.analyse.trace import chrome_trace
 
 from .conftest import ROOT, dataset_path
 from .records import make_batches

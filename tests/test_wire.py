@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.metrics import BatchRecord
+from engine.analyse.metrics import BatchRecord
 from engine.wire import pack_rows, unpack_rows
 
 

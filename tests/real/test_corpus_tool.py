@@ -14,7 +14,7 @@ import importlib
 
 import pytest
 
-from engine.runner import RunRequest, run_to_completion
+from engine.run.runner import RunRequest, run_to_completion
 from tests.conftest import ROOT
 from tests.real import plain_loop
 

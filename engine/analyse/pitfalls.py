@@ -11,9 +11,9 @@ import math
 import statistics
 from typing import Sequence
 
-from .diagnostic import Diagnostic
-from .metrics import BatchRecord
-from .system import SystemSnapshot
+from engine.analyse.diagnostic import Diagnostic
+from engine.analyse.metrics import BatchRecord
+from engine.system import SystemSnapshot
 
 MIN_STEADY_BATCHES = 10
 # Worker memory growth is judged on each worker's private dirty memory (USS where that is not

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 
-from . import protocol
-from .errors import EngineError
-from .metrics import BatchRecord
-from .output import OutputLog
-from .system import SystemSnapshot
-from .report import summarize, summarize_tune
-from .results import Result
+from engine import protocol
+from engine.errors import EngineError
+from engine.analyse.metrics import BatchRecord
+from engine.run.output import OutputLog
+from engine.system import SystemSnapshot
+from engine.analyse.report import summarize, summarize_tune
+from engine.analyse.results import Result
 
 
 class LiveRun:

@@ -23,11 +23,11 @@ from typing import Callable
 
 import psutil
 
-from . import protocol
-from .errors import EngineError, RunError, TargetError
-from .live import LiveRun
-from .protocol import RunRequest
-from .store import RunStore
+from engine import protocol
+from engine.errors import EngineError, RunError, TargetError
+from engine.run.live import LiveRun
+from engine.protocol import RunRequest
+from engine.run.store import RunStore
 
 EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 
-from .diagnostic import Diagnostic
+from engine.analyse.diagnostic import Diagnostic
 
 MAX_DISTINCT = 30  # distinct lines kept; the rest are only counted
 MAX_LINE = 300

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .metrics import BatchRecord
+from engine.analyse.metrics import BatchRecord
 
 US = 1e6
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import itertools
 
-from .probes import payload_bytes
-from .target import ResolvedTarget, type_name
+from engine.child.probes import payload_bytes
+from engine.child.target import ResolvedTarget, type_name
 
 
 def structure(value: Any, depth: int = 0) -> Any:

@@ -30,17 +30,19 @@ import warnings
 
 import psutil
 
-from . import gpu, system
-from .config import LoaderConfig
-from .settings import snippet_names, starting_config
-from .dataset_card import dataset_card
-from .errors import EngineError, RunError
-from .failures import explain_failure, hang_error, may_be_worker_death
-from .measure import Consumer, Measurement, labels_of_dataset
-from .probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
-from .target import resolve
-from . import protocol
-from .protocol import RunRequest
+from engine.child import gpu
+
+from engine import system
+from engine.config import LoaderConfig
+from engine.settings import snippet_names, starting_config
+from engine.child.dataset_card import dataset_card
+from engine.errors import EngineError, RunError
+from engine.child.failures import explain_failure, hang_error, may_be_worker_death
+from engine.child.measure import Consumer, Measurement, labels_of_dataset
+from engine.child.probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
+from engine.child.target import resolve
+from engine import protocol
+from engine.protocol import RunRequest
 
 TICK_S = 0.25  # batches reach the parent at least this often
 SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
@@ -279,7 +281,7 @@ class ChildRun:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGUSR1, self._on_sigusr1)
-        # Workers print their warnings to stderr (the log the parent reads, engine/output.py):
+        # Workers print their warnings to stderr (the log the parent reads, engine/run/output.py):
         # the hook writes to the event pipe under a lock a fork could copy while held.
         plain_showwarning = warnings.showwarning
         os.register_at_fork(after_in_child=lambda: setattr(warnings, "showwarning",
@@ -398,7 +400,7 @@ class ChildRun:
         measurement.run()
 
     def _tune(self, resolved, config, consumer, system) -> None:
-        from .tune_session import run_tune
+        from engine.child.tune_session import run_tune
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()
@@ -467,6 +469,3 @@ def main() -> None:
     sys.stderr.flush()
     os._exit(code)
 
-
-if __name__ == "__main__":
-    main()

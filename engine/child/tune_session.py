@@ -12,18 +12,18 @@ from typing import Callable
 
 import psutil
 
-from . import metrics
-from .config import LoaderConfig
-from .errors import RunError
-from .measure import Consumer, Measurement
-from .diagnostic import Diagnostic
-from .protocol import RunRequest
-from .system import SystemSnapshot
-from .recommend import Limits
-from .settings import recommended_config, snippet_names
-from .target import ResolvedTarget
-from .trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
-from .tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
+from engine.analyse import metrics
+from engine.config import LoaderConfig
+from engine.errors import RunError
+from engine.child.measure import Consumer, Measurement
+from engine.analyse.diagnostic import Diagnostic
+from engine.protocol import RunRequest
+from engine.system import SystemSnapshot
+from engine.tune.recommend import Limits
+from engine.settings import recommended_config, snippet_names
+from engine.child.target import ResolvedTarget
+from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
+from engine.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
 MIN_WINDOW_S = 0.6
 PREWARM_S = 0.4

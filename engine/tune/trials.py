@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from . import metrics
-from .metrics import BatchRecord
+from engine.analyse import metrics
+from engine.analyse.metrics import BatchRecord
 
 
 @dataclass(frozen=True)

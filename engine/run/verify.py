@@ -12,8 +12,8 @@ import statistics
 import threading
 from typing import Callable
 
-from .runner import RunHandle, RunRequest, RunState
-from .store import RunStore
+from engine.run.runner import RunHandle, RunRequest, RunState
+from engine.run.store import RunStore
 
 ARMS = ("before", "after")
 

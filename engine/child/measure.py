@@ -21,12 +21,12 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from .config import LoaderConfig
-from .errors import RunError
-from .metrics import BatchRecord
-from . import gpu, probes
-from .probes import TimedCollate, clock, wrap_dataset
-from .target import ResolvedTarget
+from engine.config import LoaderConfig
+from engine.errors import RunError
+from engine.analyse.metrics import BatchRecord
+from engine.child import gpu, probes
+from engine.child.probes import TimedCollate, clock, wrap_dataset
+from engine.child.target import ResolvedTarget
 
 @dataclass(frozen=True)
 class Consumer:

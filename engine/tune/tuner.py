@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from . import costmodel
-from .costmodel import CostProfile
-from .diagnostic import Diagnostic
-from .recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
+from engine.tune import costmodel
+from engine.tune.costmodel import CostProfile
+from engine.analyse.diagnostic import Diagnostic
+from engine.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
                         median_idle, median_rate, pick_fed, recommend)
-from .system import SystemSnapshot
-from .trials import TrialResult
+from engine.system import SystemSnapshot
+from engine.tune.trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
 LESS_IDLE_GAIN = 0.02

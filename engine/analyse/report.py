@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from . import metrics, pitfalls
-from .diagnostic import Diagnostic
-from .errors import RunError
-from .results import ProfileResult, TuneResult
+from engine.analyse import metrics, pitfalls
+from engine.analyse.diagnostic import Diagnostic
+from engine.errors import RunError
+from engine.analyse.results import ProfileResult, TuneResult
 
 if TYPE_CHECKING:
-    from .live import LiveRun
+    from engine.run.live import LiveRun
 
 def summarize(live: "LiveRun", status: str) -> ProfileResult:
     batches = list(live.batches)

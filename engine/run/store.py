@@ -17,10 +17,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import protocol
-from .metrics import BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS, BatchRecord
-from .results import Result, result_from_dict
-from .system import SystemSnapshot
+from engine import protocol
+from engine.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
+                                    BatchRecord)
+from engine.analyse.results import Result, result_from_dict
+from engine.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
 

@@ -7,12 +7,12 @@ import json
 import sys
 from dataclasses import replace
 
-from . import protocol
-from .report import speedup_text
-from .results import TuneResult
-from .settings import settings_file
-from .runner import RunRequest, run_to_completion
-from .store import RunStore
+from engine import protocol
+from engine.analyse.report import speedup_text
+from engine.analyse.results import TuneResult
+from engine.settings import settings_file
+from engine.run.runner import RunRequest, run_to_completion
+from engine.run.store import RunStore
 
 
 def add_tune_parser(sub, add_common, positive_int, non_negative_float, batch_size_arg) -> None:
@@ -73,7 +73,7 @@ class _TrialProgress:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .cli import settings_from_args
+    from engine.cli.main import settings_from_args
 
     request = RunRequest(
         target=args.target, settings=settings_from_args(args), step_ms=args.step_ms,
@@ -88,7 +88,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             json.dump(settings_file(result), handle_out, indent=2)
         result = replace(result, settings_file=args.out)
     if args.json:
-        from .cli import print_json  # cli imports this module to add its parser
+        from engine.cli.main import print_json  # cli imports this module to add its parser
 
         print_json(result.to_dict())
     else:

@@ -13,13 +13,13 @@ import json
 import sys
 import time
 
-from . import protocol
-from .config import LoaderConfig
-from .settings import load_settings
-from .errors import ConfigError
-from .report import render_text
-from .runner import RunRequest, inspect_target, run_to_completion
-from .store import RunStore, default_db_path
+from engine import protocol
+from engine.config import LoaderConfig
+from engine.settings import load_settings
+from engine.errors import ConfigError
+from engine.analyse.report import render_text
+from engine.run.runner import RunRequest, inspect_target, run_to_completion
+from engine.run.store import RunStore, default_db_path
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=int, default=50)
     _add_common(runs)
 
-    from .tune_cli import add_tune_parser  # the tuner's flags live with the tuner
+    from engine.cli.tune import add_tune_parser  # the tuner's flags live with the tuner
 
     add_tune_parser(sub, _add_common, _positive_int, _non_negative_float, batch_size_arg)
     return parser
@@ -191,7 +191,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from .trace import chrome_trace
+    from engine.analyse.trace import chrome_trace
 
     store = RunStore(args.db)
     run = store.get_run(args.run_id)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "trace":
             return cmd_trace(args)
-        from .tune_cli import cmd_tune
+        from engine.cli.tune import cmd_tune
 
         return cmd_tune(args)
     except KeyboardInterrupt:

@@ -1,0 +1,1 @@
+"""``python -m engine`` and the ``dataloader-tuner`` command."""
