@@ -83,7 +83,8 @@ def test_live_view_of_a_long_run_is_its_recent_window():
     assert live.recent(10**9) is live
 
 
-def test_inspect_describes_or_explains(db_path):
+def test_inspect_describes_or_explains(db_path, monkeypatch):
+    monkeypatch.setattr(runner, "child_starter", replayed_starter())  # recorded real checks
     jobs = Jobs(RunStore(db_path))
     ok = jobs.inspect(dataset_path("small_map.py"))
     assert ok["status"] == "ok" and ok["dataset"]["class"].endswith("SmallMap")
@@ -93,12 +94,14 @@ def test_inspect_describes_or_explains(db_path):
     assert jobs.store.list_runs() == []  # checking a target is not a run
 
 
-def test_one_job_at_a_time(db_path):
+def test_one_job_at_a_time(db_path, monkeypatch):
+    # A recorded 2 s run, replayed at its own pace: still going when the second starts.
+    monkeypatch.setattr(runner, "child_starter", replayed_starter(pace=1.0))
     jobs = Jobs(RunStore(db_path))
-    slow = request_from_controls(dataset_path("slow_items.py"), controls(seconds=30.0,
-                                                                         num_workers=1))
-    first = jobs.start_run(slow)
-    second = jobs.start_run(slow)
+    run = request_from_controls(dataset_path("small_map.py"), controls(seconds=2.0,
+                                                                       num_workers=2))
+    first = jobs.start_run(run)
+    second = jobs.start_run(run)
     assert first.state.done and not second.state.done
     assert jobs.busy()
     jobs.stop_in_background().join(5)
