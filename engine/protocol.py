@@ -134,7 +134,7 @@ class Batches:
 @dataclass(frozen=True)
 class Resources:
     """One sample: per process ``{pid, role, worker_id, cpu_percent, rss_mb, threads, uss_mb,
-    pss_mb, dirty_mb}`` (child.ResourceSampler), and NVML's figures on a GPU."""
+    pss_mb, dirty_mb}`` (child.resources.ResourceSampler), and NVML's figures on a GPU."""
 
     kind: ClassVar[str] = "resources"
     t: float

@@ -13,7 +13,7 @@ import pytest
 from torch.utils.data import Dataset
 
 from engine.analyse import pitfalls
-from engine.child.process import ResourceSampler
+from engine.child.resources import ResourceSampler
 from engine.child.failures import explain_failure, hang_error, may_be_worker_death
 from engine.child.probes import shape_mismatch
 from engine.system import SystemSnapshot

@@ -30,7 +30,7 @@ import warnings
 
 import psutil
 
-from engine.child import gpu
+from engine.child.resources import ResourceSampler
 
 from engine import system
 from engine.config import LoaderConfig
@@ -77,115 +77,6 @@ class EventWriter:
                     view = view[os.write(self.fd, view):]
             except OSError:  # the parent is gone; the watchdog will stop us
                 self.broken = True
-
-
-class ResourceSampler:
-    """CPU %, RSS and threads of the main process and each worker, each worker's private
-    memory every few seconds, plus NVML samples on a GPU.
-
-    Private memory is what a copy-on-read leak grows: RSS already counts the pages a forked
-    worker shares with its parent, and stays flat while reference-count writes copy them.
-    Rows carry ``uss_mb`` (private pages), ``pss_mb`` and ``dirty_mb`` (private pages written
-    to: anonymous memory). ``dirty_mb`` is the one to judge leaks by, because USS also counts
-    clean file pages (mmap, LMDB) that only this worker happens to map: reclaimable, not a leak.
-    All three are None when not read this time, or when the process's memory is off limits.
-    """
-
-    # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process.
-    USS_EVERY_S = 2.0  # so each worker's is read this often, not on every 0.5 s sample,
-    USS_MAX_CPU_SHARE = 0.01  # and on a huge process rarer still: at most 1% of a core
-    PRIVATE_KEYS = ("uss_mb", "pss_mb", "dirty_mb")
-
-    def __init__(self, worker_ids: dict[int, int]) -> None:
-        self.me = psutil.Process()
-        self.worker_ids = worker_ids  # pid -> DataLoader worker id, filled as batches arrive
-        self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
-        self.uss_due: dict[int, float] = {}  # pid -> when its next USS reading is due
-        self.me.cpu_percent(None)
-        self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
-
-    def sample(self, t: float) -> protocol.Resources:
-        procs, primed = [], set()
-        for child in self.me.children(recursive=False):
-            if child.pid not in self.known:
-                self.known[child.pid] = child
-                primed.add(child.pid)
-                try:
-                    child.cpu_percent(None)  # the first reading only primes the counter
-                except psutil.Error:
-                    pass
-        for pid, proc in list(self.known.items()):
-            try:
-                with proc.oneshot():
-                    if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped
-                        continue
-                    # A process seen for the first time has no CPU reading yet (None).
-                    cpu = None if pid in primed else proc.cpu_percent(None)
-                    rss = proc.memory_info().rss / 2**20
-                    threads = proc.num_threads()
-                    private = (self._private_mb(pid, proc) if pid != self.me.pid
-                               else dict.fromkeys(self.PRIVATE_KEYS))
-            except psutil.Error:
-                self.known.pop(pid, None)
-                self.uss_due.pop(pid, None)
-                continue
-            role = "main" if pid == self.me.pid else "worker"
-            procs.append(
-                {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
-                 "cpu_percent": cpu, "rss_mb": rss, "threads": threads, **private}
-            )
-        gpu_sample = None
-        if self.nvml is not None:
-            try:
-                gpu_sample = self.nvml.sample()
-            except Exception:  # noqa: BLE001
-                pass
-        return protocol.Resources(t, procs, gpu_sample)
-
-    def _private_mb(self, pid: int, proc: psutil.Process) -> dict:
-        """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
-        has gone raises psutil.NoSuchProcess to the caller."""
-        now = time.monotonic()
-        if now < self.uss_due.get(pid, 0.0):
-            return dict.fromkeys(self.PRIVATE_KEYS)
-        start = time.thread_time()  # our CPU, not the wait for a core on a busy machine
-        found = self._smaps_rollup(pid) or self._psutil_private(proc)
-        cost = time.thread_time() - start
-        self.uss_due[pid] = now + max(self.USS_EVERY_S, cost / self.USS_MAX_CPU_SHARE)
-        return found
-
-    @staticmethod
-    def _smaps_rollup(pid: int) -> dict | None:
-        """All three from one read of /proc/PID/smaps_rollup (Linux 4.14+); psutil's
-        memory_full_info reads the same file but does not return the dirty part."""
-        kb = {}
-        try:
-            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-                for line in f:
-                    name, _, value = line.partition(b":")
-                    if name in (b"Pss", b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
-                        kb[name] = int(value.split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if b"Private_Dirty" not in kb:
-            return None
-        uss = kb.get(b"Private_Clean", 0) + kb[b"Private_Dirty"] + kb.get(b"Private_Hugetlb", 0)
-        return {"uss_mb": uss / 1024, "pss_mb": kb.get(b"Pss", 0) / 1024,
-                "dirty_mb": kb[b"Private_Dirty"] / 1024}
-
-    @staticmethod
-    def _psutil_private(proc: psutil.Process) -> dict:
-        """USS (and PSS where the platform has it) without the dirty part: older kernels,
-        macOS. Raises psutil.NoSuchProcess when the process has gone."""
-        found = dict.fromkeys(ResourceSampler.PRIVATE_KEYS)
-        try:
-            full = proc.memory_full_info()
-        except psutil.AccessDenied:  # another user's process, or a locked-down /proc
-            return found
-        found["uss_mb"] = full.uss / 2**20
-        if getattr(full, "pss", None) is not None:
-            found["pss_mb"] = full.pss / 2**20
-        return found
 
 
 class ChildRun:
