@@ -11,6 +11,7 @@ The packages behind it:
     engine/tune/     the search for settings (pure: measurements come in through a function)
     engine/analyse/  pure reading of measurements: metrics, diagnostics, results, traces
     engine/cli/      python -m engine
+    engine/watcher/  watch(loader): a user's training job, measured in its own process
 and, shared by all: protocol (request and events), wire, errors, system, config, settings.
 """
 
@@ -29,7 +30,18 @@ from engine.run.verify import Verification, check_claim
 from engine.settings import load_settings, recommended_settings, settings_file
 from engine.system import SystemSnapshot
 
+
+def watch(loader, name: str | None = None, db: str | None = None):
+    """Measure a training job's own DataLoader as it trains: ``loader = watch(loader)``.
+    See engine/watcher/loader.py. (Imported here on first use: it needs torch.)"""
+    from engine.watcher.loader import watch as watch_loader
+
+    return watch_loader(loader, name, db)
+
+
 __all__ = [
+    # watch a training job
+    "watch",
     # start and follow runs
     "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
     "Verification", "check_claim",

@@ -93,4 +93,6 @@ ERROR_CODES = {
     "hang": "no batch arrived within the timeout",
     "no_steady_state": "no tune trial ran long enough to be measured",
     "tune_incomplete": "the tuner stopped before reaching a recommendation",
+    # a watched training job (engine.watch)
+    "watched_job_failed": "the training script being watched ended with an exception",
 }

@@ -239,3 +239,37 @@ def test_the_controls_start_from_the_modules_own_settings(app_env):
         time.sleep(0.2)
     get_jobs().stop_all()
     assert handle.live.config["shuffle"] is True and handle.live.config["drop_last"] is True
+
+
+WATCHED_SCRIPT = "from dashboard import watched_page\nwatched_page.render()\n"
+
+
+def test_watched_jobs_are_listed_and_shown_live(app_env):
+    """A loader watched in this process (real workers, the real store): the page lists the job
+    while it runs and shows its figures; once ended, its saved result."""
+    from torch.utils.data import DataLoader
+
+    from engine import watch
+
+    from .test_watch import Indices
+
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert any("No watched jobs yet" in i.value for i in at.info)
+    watched = watch(DataLoader(Indices(), batch_size=8, num_workers=2), name="train",
+                    db=app_env)
+    for _ in range(3):
+        for _batch in watched:
+            time.sleep(0.002)  # a step
+    time.sleep(0.6)  # a flush or two
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    page = " ".join(m.value for m in at.markdown)
+    assert "**train**" in page and "**running**" in page and "pid" in page
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["samples/s"].rstrip("k")) > 0
+    watched.close()
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert "**ok**" in " ".join(m.value for m in at.markdown)
+    titles = chart_titles(at)
+    for name in ("Batch latency", "Worker utilization", "GPU idle gaps"):
+        assert any(t.startswith(name) for t in titles), (name, titles)

@@ -18,11 +18,14 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
+
+if TYPE_CHECKING:
+    from engine.config import LoaderConfig
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
 clock = time.monotonic
@@ -492,3 +495,15 @@ def _first_array(batch: Any) -> Any:
                 break
         level = deeper
     return None
+
+
+def counting_rules(config: "LoaderConfig") -> dict:
+    """How each per-batch figure is counted, for the output to say (see probes.py)."""
+    batched = config.batch_size is not None or config.batch_sampler is not None
+    return {
+        "samples": ("exact: the number of items the batch sampler's indices fetched" if batched
+                    else SAMPLES_RULE),
+        "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
+                  f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
+                  f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
+    }

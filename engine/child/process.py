@@ -33,13 +33,12 @@ import psutil
 from engine.child.resources import ResourceSampler
 
 from engine import system
-from engine.config import LoaderConfig
 from engine.settings import snippet_names, starting_config
 from engine.child.dataset_card import dataset_card
 from engine.errors import EngineError, RunError
 from engine.child.failures import explain_failure, hang_error, may_be_worker_death
 from engine.child.measure import Consumer, Measurement, labels_of_dataset
-from engine.child.probes import PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET, WALK_LIST_SAMPLE
+from engine.child.probes import counting_rules
 from engine.child.target import resolve
 from engine import protocol
 from engine.protocol import RunRequest
@@ -311,18 +310,6 @@ class ChildRun:
 
     def _send_error(self, error: EngineError) -> None:
         self.events.send(protocol.Error(error.to_dict()))
-
-
-def counting_rules(config: LoaderConfig) -> dict:
-    """How each per-batch figure is counted, for the output to say (see probes.py)."""
-    batched = config.batch_size is not None or config.batch_sampler is not None
-    return {
-        "samples": ("exact: the number of items the batch sampler's indices fetched" if batched
-                    else SAMPLES_RULE),
-        "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
-                  f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
-                  f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
-    }
 
 
 def calm_signals() -> None:

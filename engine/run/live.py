@@ -8,6 +8,7 @@ by ``report``; the live object and the result are different things.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from engine import protocol
 from engine.errors import EngineError
@@ -16,6 +17,9 @@ from engine.run.output import OutputLog
 from engine.system import SystemSnapshot
 from engine.analyse.report import summarize, summarize_tune
 from engine.analyse.results import Result
+
+if TYPE_CHECKING:
+    from engine.run.store import RunStore
 
 
 class LiveRun:
@@ -82,6 +86,26 @@ class LiveRun:
         elif isinstance(event, protocol.Finished):
             self.finished_reason = event.reason
             self.elapsed_s = max(self.elapsed_s, event.t)
+
+    @classmethod
+    def stored(cls, store: "RunStore", run_id: int, last_batches: int | None = None) -> "LiveRun":
+        """A run as far as the history has it, folded as if its events had just arrived: how
+        the dashboard follows a run another process writes (a watched training job). With
+        ``last_batches``, only the most recent ones (their window starts the steady state)."""
+        run = store.get_run(run_id)
+        live = cls(run.target if run is not None else "")
+        for event in store.events(run_id):
+            live.apply(event)
+        batches = store.batches(run_id, last_batches)
+        if last_batches is not None and batches and batches[0].seq > 0:
+            live.warmup_batches = 1
+        live.batches = batches
+        live.resources = store.resources(run_id)
+        if batches:
+            live.elapsed_s = max(live.elapsed_s, batches[-1].t_ready + batches[-1].step_s)
+        if live.resources:
+            live.elapsed_s = max(live.elapsed_s, live.resources[-1]["t"])
+        return live
 
     def worker_pids(self) -> set[int]:
         pids = {r["pid"] for r in self.resources if r["role"] == "worker"}

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+
+import psutil
 
 from engine import protocol
 from engine.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
@@ -33,15 +36,19 @@ class StoredRun:
     ``get_run`` only (lists of runs leave them out)."""
 
     id: int
-    kind: str  # "profile" | "tune" | "verify"
+    kind: str  # "profile" | "tune" | "verify" | "watch"
     label: str | None
     target: str
-    status: str  # "running" | "ok" | "stopped" | "error"
+    status: str  # "running" | "ok" | "stopped" | "error" | "lost" (its writer died)
     started_at: float
     ended_at: float | None
     parent_id: int | None
     result: Result | None
     error: dict | None
+    host: str | None = None  # who writes it (see mark_lost_runs)
+    pid: int | None = None
+    script: str | None = None  # a watched run's training script
+    heartbeat_at: float | None = None
     config: dict | None = None
     dataset: dict | None = None
     system: SystemSnapshot | None = None
@@ -64,6 +71,12 @@ class StoredRun:
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
                     "uss_mb", "pss_mb", "dirty_mb")
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER"}
+# Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
+# ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
+WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at")
+WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT"}
+# A writer on another machine cannot be checked by pid: silent this long, it counts as gone.
+LOST_AFTER_S = 60.0
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
@@ -79,7 +92,11 @@ CREATE TABLE IF NOT EXISTS runs (
     system_json TEXT,
     summary_json TEXT,
     error_json TEXT,
-    parent_id INTEGER
+    parent_id INTEGER,
+    host TEXT,
+    pid INTEGER,
+    script TEXT,
+    heartbeat_at REAL
 );
 CREATE TABLE IF NOT EXISTS batches (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -120,6 +137,7 @@ class RunStore:
         with self._conn() as conn:
             conn.executescript(SCHEMA)
             _add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
+            _add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -135,14 +153,45 @@ class RunStore:
     # -- writing ---------------------------------------------------------------------------
 
     def create_run(self, kind: str, target: str, config: dict, label: str | None = None,
-                   parent_id: int | None = None) -> int:
+                   parent_id: int | None = None, script: str | None = None) -> int:
+        """A new run, written by this process (its host and pid are kept, see mark_lost_runs)."""
+        now = time.time()
         with self._conn() as conn:
             cursor = conn.execute(
-                "INSERT INTO runs (kind, label, target, status, started_at, config_json, parent_id)"
-                " VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                (kind, label, target, time.time(), json.dumps(config), parent_id),
+                "INSERT INTO runs (kind, label, target, status, started_at, config_json, "
+                "parent_id, host, pid, script, heartbeat_at) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (kind, label, target, now, json.dumps(config), parent_id, socket.gethostname(),
+                 os.getpid(), script, now),
             )
             return cursor.lastrowid
+
+    def heartbeat(self, run_id: int) -> None:
+        """The writer is alive (called with each flush of a watched run)."""
+        with self._conn() as conn:
+            conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?", (time.time(), run_id))
+
+    def mark_lost_runs(self) -> list[int]:
+        """Runs still "running" whose writer is gone (killed, crashed) become "lost", ended at
+        their last heartbeat, their data kept up to the last flush. A writer on this host is
+        checked by pid; one elsewhere by LOST_AFTER_S of silence. Returns their ids."""
+        host, now = socket.gethostname(), time.time()
+        lost = []
+        rows = self._conn().execute(
+            "SELECT id, host, pid, started_at, heartbeat_at FROM runs WHERE status = 'running'"
+        ).fetchall()
+        for row in rows:
+            last = row["heartbeat_at"] or row["started_at"]
+            if row["host"] == host and row["pid"]:
+                gone = not _alive(row["pid"], row["started_at"])
+            else:
+                gone = now - last > LOST_AFTER_S
+            if gone:
+                lost.append(row["id"])
+                with self._conn() as conn:
+                    conn.execute("UPDATE runs SET status = 'lost', ended_at = ? WHERE id = ? "
+                                 "AND status = 'running'", (last, row["id"]))
+        return lost
 
     def record_event(self, run_id: int, event: protocol.Event) -> None:
         """Persist one event from a run, in its own transaction."""
@@ -192,7 +241,8 @@ class RunStore:
     def list_runs(self, limit: int = 100) -> list[StoredRun]:
         rows = self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
-            "error_json, parent_id FROM runs ORDER BY id DESC LIMIT ?", (limit,)
+            "error_json, parent_id, host, pid, script, heartbeat_at FROM runs "
+            "ORDER BY id DESC LIMIT ?", (limit,)
         ).fetchall()
         return [self._stored_run(row) for row in rows]
 
@@ -206,11 +256,16 @@ class RunStore:
             dataset=json.loads(row["dataset_json"]) if row["dataset_json"] else None,
             system=SystemSnapshot.from_dict(system) if system else None)
 
-    def batches(self, run_id: int) -> list[BatchRecord]:
-        rows = self._conn().execute(
-            f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE run_id = ? ORDER BY seq",
-            (run_id,),
-        ).fetchall()
+    def batches(self, run_id: int, last: int | None = None) -> list[BatchRecord]:
+        """The run's batches in order; only the ``last`` ones if given (a live view)."""
+        columns = ", ".join(BATCH_COLUMNS)
+        if last is None:
+            query, args = (f"SELECT {columns} FROM batches WHERE run_id = ? ORDER BY seq",
+                           (run_id,))
+        else:
+            query, args = (f"SELECT * FROM (SELECT {columns} FROM batches WHERE run_id = ? "
+                           "ORDER BY seq DESC LIMIT ?) ORDER BY seq", (run_id, last))
+        rows = self._conn().execute(query, args).fetchall()
         return [BatchRecord.from_row(_typed_batch_row(tuple(r))) for r in rows]
 
     def resources(self, run_id: int) -> list[dict]:
@@ -237,7 +292,9 @@ class RunStore:
             status=row["status"], started_at=row["started_at"], ended_at=row["ended_at"],
             parent_id=row["parent_id"],
             result=result_from_dict(row["kind"], summary) if summary is not None else None,
-            error=json.loads(row["error_json"]) if row["error_json"] else None, **details)
+            error=json.loads(row["error_json"]) if row["error_json"] else None,
+            host=row["host"], pid=row["pid"], script=row["script"],
+            heartbeat_at=row["heartbeat_at"], **details)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -247,6 +304,17 @@ class RunStore:
 
 
 INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
+
+
+def _alive(pid: int, since: float) -> bool:
+    """Is process ``pid`` the one that started at or before ``since`` still running? (A pid is
+    reused by a later process: one created after the run began is not its writer.)"""
+    try:
+        process = psutil.Process(pid)
+        return (process.create_time() <= since + 1.0
+                and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: tuple,

@@ -1,0 +1,86 @@
+"""Training jobs watched with ``engine.watch(loader)``: the runs other processes write into the
+history, listed by job and followed live in the same view as the engine's own runs."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from engine import LiveRun, StoredRun
+
+from . import views
+from .shared import get_jobs
+
+REFRESH_S = 1.0
+LIVE_WINDOW_BATCHES = 5000  # the live figures cover the most recent batches (as the Live page)
+
+
+def _job_of(run: StoredRun) -> str:
+    return f"{run.script or run.target} (pid {run.pid} on {run.host})"
+
+
+def _label(run: StoredRun) -> str:
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run.started_at))
+    return f"#{run.id} {run.label or 'loader'} [{run.status}] {when}: {_job_of(run)}"
+
+
+def _table(runs: list[StoredRun]) -> None:
+    st.dataframe([{
+        "run": run.id, "loader": run.label, "status": run.status, "job": _job_of(run),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
+        "samples/s": None if run.samples_per_s is None else round(run.samples_per_s, 1),
+    } for run in runs], hide_index=True)
+
+
+def _run_view(run_id: int) -> None:
+    """One watched run, re-read from the history on each refresh while it is running."""
+    store = get_jobs().store
+    run = store.get_run(run_id)
+    if run is None:
+        st.warning(f"Run {run_id} is no longer in the history.")
+        return
+    running = run.status == "running"
+    live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
+    result = run.result if run.result is not None else live.summary(
+        "ok" if run.status in ("running", "lost") else run.status)
+    st.markdown(f"**{run.label or 'loader'}** in `{_job_of(run)}`: **{run.status}**, "
+                f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
+                + (" (the most recent)" if running else ""))
+    if run.status == "lost":
+        st.warning("This job ended without a goodbye (killed, or crashed hard): shown up to "
+                   "its last flush.", icon="⚠️")
+    if run.error:
+        views.error_card(run.error)
+    if not live.batches:
+        st.info("Waiting for the job's first batches...")
+        return
+    views.headline(result)
+    st.caption("Input wait is the real one: the time your training loop spent in next(), "
+               "against the time between batches (your step).")
+    views.run_charts(result, live.batches, key=f"watched-{run_id}")
+    with st.expander("Workers and the main process", expanded=False):
+        views.workers_table(result)
+    views.warnings_list(result.warnings)
+    st.markdown("**System**")
+    views.system_panel(result.system, live=running)
+
+
+def render() -> None:
+    store = get_jobs().store
+    st.title("Training jobs")
+    st.caption("Add one line to your training script, `loader = watch(loader, name=\"train\")` "
+               "(`from engine import watch`), and its loaders appear here while it trains.")
+    store.mark_lost_runs()
+    runs = [run for run in store.list_runs(500) if run.kind == "watch"]
+    if not runs:
+        st.info("No watched jobs yet. Try `python examples/train_watched.py`.")
+        return
+    _table(runs)
+    ids = [run.id for run in runs]
+    running = [run.id for run in runs if run.status == "running"]
+    labels = {run.id: _label(run) for run in runs}
+    chosen = st.selectbox("Run", ids, index=ids.index(running[0]) if running else 0,
+                          format_func=labels.get, key="watched_run")
+    is_running = next(run for run in runs if run.id == chosen).status == "running"
+    st.fragment(_run_view, run_every=REFRESH_S if is_running else None)(chosen)

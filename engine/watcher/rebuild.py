@@ -1,0 +1,91 @@
+"""The user's DataLoader, rebuilt with the engine's timing probes, yielding the same batches.
+
+Why rebuild rather than wrap: per-worker fetch and collate times are only known inside the
+workers, and they travel with each batch (probes.py). The copy shares the original's dataset,
+sampler objects and generator, so it draws exactly the indices the original would have drawn,
+in the same order, and seeds its workers from the same generator: the model sees the same
+batches. The original is never iterated.
+
+Where that cannot be promised (a DataLoader subclass may override anything), nothing is rebuilt:
+the watcher times the training loop's side only and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from engine.child.probes import TimedCollate, wrap_dataset
+from engine.config import LoaderConfig
+
+
+def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
+    """(the probed copy, None), or (None, why not)."""
+    if type(loader) is not DataLoader:
+        return None, (f"{type(loader).__name__} is not a plain DataLoader (a subclass or a "
+                      "loader of another library): the watcher times your loop's side only "
+                      "(waits, steps, samples), not the workers'")
+    auto_collation = loader.batch_sampler is not None
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": TimedCollate(loader.collate_fn, auto_collation),
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if getattr(loader, "pin_memory_device", ""):
+        kwargs["pin_memory_device"] = loader.pin_memory_device
+    if hasattr(loader, "in_order"):  # torch >= 2.6
+        kwargs["in_order"] = loader.in_order
+    if isinstance(loader.dataset, IterableDataset):
+        # DataLoader batches an iterable itself (an endless placeholder sampler underneath).
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif auto_collation:
+        kwargs["batch_sampler"] = loader.batch_sampler  # the very object: same indices, order
+    else:
+        kwargs.update(batch_size=None, sampler=loader.sampler)
+    try:
+        return DataLoader(wrap_dataset(loader.dataset), **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - never break the user's job: time the loop only
+        return None, (f"the loader could not be rebuilt with probes ({type(exc).__name__}: "
+                      f"{exc}): the watcher times your loop's side only")
+
+
+def config_of(loader: DataLoader) -> LoaderConfig:
+    """The settings a loader was made with, as far as they can be read back from it."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    from torch.utils.data._utils.collate import default_collate, default_convert
+
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    shuffle = type(sampler) is RandomSampler
+    plain_sampler = type(sampler) in (RandomSampler, SequentialSampler) or (
+        type(sampler).__name__ == "_InfiniteConstantSampler")
+    custom_batches = batch_sampler is not None and type(batch_sampler) is not BatchSampler
+    collate = getattr(loader, "collate_fn", None)
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return LoaderConfig(
+        batch_size=None if custom_batches else getattr(loader, "batch_size", None),
+        shuffle=shuffle and not custom_batches,
+        sampler=None if plain_sampler or custom_batches else sampler,
+        batch_sampler=batch_sampler if custom_batches else None,
+        num_workers=workers,
+        collate_fn=None if collate in (default_collate, default_convert) else collate,
+        pin_memory=bool(getattr(loader, "pin_memory", False)),
+        drop_last=bool(getattr(loader, "drop_last", False)),
+        timeout=getattr(loader, "timeout", 0) or 0,
+        worker_init_fn=getattr(loader, "worker_init_fn", None),
+        multiprocessing_context=getattr(loader, "multiprocessing_context", None) if workers
+        else None,
+        # 2 is DataLoader's default with workers, which the config writes as None
+        prefetch_factor=(None if not workers or getattr(loader, "prefetch_factor", 2) == 2
+                         else loader.prefetch_factor),
+        persistent_workers=bool(getattr(loader, "persistent_workers", False)) and workers > 0,
+        in_order=bool(getattr(loader, "in_order", True)),
+    )

@@ -1,0 +1,135 @@
+"""Streams a watched loader's measurements into the run history from a background thread.
+
+The training thread only appends: batch rows to ``rows``, the rare event (an epoch began, a
+worker was first seen) to ``events``. Every FLUSH_S this thread takes what has accumulated and
+writes it to SQLite as the engine's own runs are written (the same events, the same tables), with
+a resource sample every RESOURCES_EVERY flushes and a heartbeat. So a job killed outright leaves
+its run readable up to the last flush, and the history marks it "lost" once its process is gone
+(RunStore.mark_lost_runs). Nothing here may stop training: a failure to write is reported once
+on stderr and the job goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+from typing import Callable
+
+from engine import protocol
+from engine.analyse.results import ProfileResult
+from engine.child.resources import ResourceSampler
+from engine.run.live import LiveRun
+from engine.run.store import RunStore
+
+FLUSH_S = 0.25
+RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s, as in the engine's runs
+# The live figures and the final result cover at most this many recent batches (a week-long job
+# makes millions); every batch is still written to the history.
+KEPT_BATCHES = 100_000
+
+
+class Recorder:
+    def __init__(self, store: RunStore, run_id: int, target: str, t0: float) -> None:
+        self.store, self.run_id, self.t0 = store, run_id, t0
+        self.rows: list = []  # appended by the training thread, taken by the flush
+        self.events: list = []
+        self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
+        self.live = LiveRun(target)
+        self.result: ProfileResult | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one flush at a time (the thread's, or finish's)
+        self._failed = False
+        self._sampler: ResourceSampler | None = None
+        self._thread = threading.Thread(target=self._loop, name="dataloader-tuner-watch",
+                                        daemon=True)
+
+    def start(self, make_ready: Callable[[], protocol.Ready]) -> "Recorder":
+        """``make_ready`` runs on the thread: reading the machine takes ~0.2 s, not the job's."""
+        self._make_ready = make_ready
+        self._thread.start()
+        return self
+
+    # -- the background thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            with self._lock:
+                self._write(self._make_ready())
+        except Exception:  # noqa: BLE001
+            self._report_failure()
+        flushes = 0
+        while not self._stop.wait(FLUSH_S):
+            flushes += 1
+            self.flush(sample=flushes % RESOURCES_EVERY == 0)
+
+    def flush(self, sample: bool = False) -> None:
+        with self._lock:
+            try:
+                events = self.events[:]
+                del self.events[:len(events)]
+                rows = self.rows[:]
+                del self.rows[:len(rows)]
+                if rows:
+                    events.append(protocol.Batches(rows))
+                if sample:
+                    events.append(self._resources())
+                for event in events:
+                    self._write(event)
+                self.store.heartbeat(self.run_id)
+                if len(self.live.batches) > 2 * KEPT_BATCHES:
+                    self.live = self.live.recent(KEPT_BATCHES)
+            except Exception:  # noqa: BLE001 - never the training job's problem
+                self._report_failure()
+
+    def _write(self, event: protocol.Event) -> None:
+        self.live.apply(event)
+        self.store.record_event(self.run_id, event)
+
+    def _resources(self) -> protocol.Resources:
+        if self._sampler is None:
+            self._sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
+        sample = self._sampler.sample(time.monotonic() - self.t0)
+        # Only this loader's workers: the job's other children (another loader's workers, a
+        # logger) belong to other runs or none.
+        mine = [p for p in sample.procs if p["role"] == "main" or p["pid"] in self.worker_ids]
+        return replace(sample, procs=mine)
+
+    def _report_failure(self) -> None:
+        if not self._failed:
+            self._failed = True
+            sys.stderr.write("[dataloader-tuner] could not write the watched run to "
+                             f"{self.store.path}; training goes on unrecorded:\n"
+                             + traceback.format_exc())
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def finish(self, status: str, error: dict | None = None) -> ProfileResult | None:
+        """Write what is left, end the run and return its result (once; later calls return
+        the same result)."""
+        if self.result is not None or self._stop.is_set():
+            return self.result
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        self.flush(sample=True)
+        try:
+            elapsed = time.monotonic() - self.t0
+            self._write(protocol.Finished("error" if status == "error" else "done", elapsed))
+            if error is not None:
+                self.live.error = None  # shown from the result's error (the job's, not ours)
+            result = replace(self.live.summary(status), error=error, run_id=self.run_id)
+            self.store.finish_run(self.run_id, status, result, error)
+            self.result = result
+        except Exception:  # noqa: BLE001
+            self._report_failure()
+        return self.result
+
+
+def process_identity() -> dict:
+    """Who is training: for the history's list of watched jobs."""
+    return {"pid": os.getpid(), "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0]
+            else "<interactive>"}

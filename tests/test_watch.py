@@ -1,0 +1,173 @@
+"""watch(loader): a training loop's own DataLoader, measured in its own process and saved to the
+run history while it trains, without changing what the loop receives."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+
+from engine import ProfileResult, RunStore, watch
+
+from .conftest import EXAMPLES, ROOT
+
+
+class Indices(Dataset):
+    """Sample i is the tensor [i]: batches show exactly which samples the loop received."""
+
+    def __init__(self, n: int = 96) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        return torch.tensor([index])
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(40).view(-1, 1))
+
+
+class OwnLoader(DataLoader):
+    """A DataLoader subclass: the watcher cannot promise a rebuilt copy behaves the same."""
+
+
+def epochs_of(loader, epochs: int = 2) -> list[list[int]]:
+    return [[int(i) for batch in loader for i in batch.flatten()] for _ in range(epochs)]
+
+
+def shuffled(workers: int) -> DataLoader:
+    return DataLoader(Indices(), batch_size=8, shuffle=True, num_workers=workers,
+                      generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loop_receives_the_same_batches_in_the_same_order(db_path, workers):
+    watched = watch(shuffled(workers), name="train", db=db_path)
+    seen = epochs_of(watched)
+    result = watched.close()
+    assert seen == epochs_of(shuffled(workers))  # same seed, unwatched: identical order
+    for epoch in seen:
+        assert sorted(epoch) == list(range(96))  # every sample once per epoch
+    assert seen[0] != seen[1]  # and a fresh shuffle each epoch, as without the watcher
+    assert isinstance(result, ProfileResult) and result.status == "ok"
+    assert result.batches == 24 and result.epochs == 2
+    assert watched.probed is not None and result.counting["samples"].startswith("exact")
+
+
+def test_it_iterates_like_the_loader(db_path):
+    sampler = DistributedSampler(Indices(), num_replicas=1, rank=0, shuffle=True, seed=3)
+    watched = watch(DataLoader(Indices(), batch_size=10, sampler=sampler), db=db_path)
+    assert len(watched) == 10 and watched.batch_size == 10 and watched.dataset.n == 96
+    watched.sampler.set_epoch(1)  # a DistributedSampler stays reachable
+    first = next(iter(watched))  # a loop that breaks early...
+    assert first.shape == (10, 1)
+    assert sorted(int(i) for b in watched for i in b.flatten()) == list(range(96))  # ...restarts
+    watched.close()
+    runs = RunStore(db_path).list_runs()
+    assert runs[0].kind == "watch" and runs[0].status == "ok" and runs[0].label == "loader"
+
+
+def test_an_iterable_and_a_subclass_are_counted_from_the_batches(db_path):
+    stream = watch(DataLoader(Stream(), batch_size=8), name="stream", db=db_path)
+    assert [len(b) for b in stream] == [8] * 5
+    assert stream.close().steady_batches == 4  # after the one warm-up batch
+    own = watch(OwnLoader(Indices(), batch_size=12), name="own", db=db_path)
+    assert [len(b) for b in own] == [12] * 8
+    result = own.close()
+    assert own.probed is None and "OwnLoader is not a plain DataLoader" in own.unprobed_reason
+    assert result.samples_per_s and "OwnLoader" in result.counting["samples"]
+    batches = RunStore(db_path).batches(own.run_id)
+    assert sum(b.samples for b in batches) == 96 and batches[0].nbytes is None
+
+
+def test_without_a_gpu_it_says_what_was_not_measured(db_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    watched = watch(shuffled(0), db=db_path)
+    epochs_of(watched, 1)
+    result = watched.close()
+    assert result.transfer is None and result.gpu_idle is None
+    assert "no CUDA GPU" in result.not_measured
+
+
+def run_script(db_path: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, os.path.join(EXAMPLES, "train_watched.py"), "--db", db_path, *args],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_batches(store: RunStore, job: subprocess.Popen, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and job.poll() is None:
+        runs = [r for r in store.list_runs() if r.label == "train"]
+        if runs and store.batches(runs[0].id):
+            return runs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no batches from the job: {job.poll()} {job.stderr.read()}")
+
+
+@pytest.mark.slow
+def test_a_real_training_script_streams_its_runs_while_it_trains(db_path):
+    store = RunStore(db_path)
+    job = run_script(db_path, "--epochs", "2", "--samples", "2048", "--step-ms", "5")
+    try:
+        live = wait_for_batches(store, job)
+        assert live.status == "running" and live.pid == job.pid
+        assert live.script.endswith("train_watched.py")
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, err
+    printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [p["name"] for p in printed] == ["train", "val"]
+    train, val = (store.get_run(p["run_id"]) for p in printed)
+    assert train.status == val.status == "ok"
+    assert train.result.batches == 2 * 32 and train.result.epochs == 2  # 2048 / 64 per epoch
+    assert {w["id"] for w in train.result.workers} == {0, 1}
+    assert train.result.consumer_idle_frac is not None and train.result.input_bound
+    assert store.resources(train.id)
+
+
+@pytest.mark.slow
+def test_a_killed_job_leaves_a_readable_run_marked_lost(db_path):
+    store = RunStore(db_path)
+    job = run_script(db_path, "--epochs", "50", "--step-ms", "5")
+    try:
+        run = wait_for_batches(store, job)
+        time.sleep(0.6)  # a few flushes
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+    assert store.get_run(run.id).status == "running"  # nobody said goodbye...
+    assert run.id in store.mark_lost_runs()  # ...and its writer is gone
+    lost = store.get_run(run.id)
+    assert lost.status == "lost" and lost.ended_at is not None and lost.result is None
+    assert len(store.batches(run.id)) > 0  # the data up to the last flush is kept
+
+
+def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
+    code = ("import torch\n"
+            "from torch.utils.data import DataLoader\n"
+            "from engine import watch\n"
+            f"loader = watch(DataLoader(list(range(64)), batch_size=8), name='t', db={db_path!r})\n"
+            "for i, batch in enumerate(loader):\n"
+            "    if i == 3:\n"
+            "        raise ValueError('loss is nan')\n")
+    job = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert job.returncode == 1 and "loss is nan" in job.stderr
+    run = RunStore(db_path).list_runs()[0]
+    assert run.status == "error" and run.error["type"] == "watched_job_failed"
+    assert "ValueError: loss is nan" in run.error["message"]
+    assert len(RunStore(db_path).batches(run.id)) == 3  # the batches stepped through
