@@ -55,7 +55,7 @@ class WatchedLoader:
         self.t0 = time.monotonic()
         run_id = store.create_run("watch", who["script"], self.config.to_json_dict(),
                                   label=self.name, script=who["script"])
-        self.recorder = Recorder(store, run_id, who["script"], self.t0)
+        self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
         self._seq = 0
         self._epoch = 0

@@ -27,18 +27,17 @@ from engine.run.store import RunStore
 
 FLUSH_S = 0.25
 RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s, as in the engine's runs
-# The live figures and the final result cover at most this many recent batches (a week-long job
-# makes millions); every batch is still written to the history.
+# The final result covers at most this many recent batches (a week-long job makes millions);
+# every batch is still written to the history.
 KEPT_BATCHES = 100_000
 
 
 class Recorder:
-    def __init__(self, store: RunStore, run_id: int, target: str, t0: float) -> None:
+    def __init__(self, store: RunStore, run_id: int, t0: float) -> None:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
-        self.live = LiveRun(target)
         self.result: ProfileResult | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or finish's)
@@ -58,7 +57,7 @@ class Recorder:
     def _loop(self) -> None:
         try:
             with self._lock:
-                self._write(self._make_ready())
+                self.store.record_event(self.run_id, self._make_ready())
         except Exception:  # noqa: BLE001
             self._report_failure()
         flushes = 0
@@ -78,16 +77,10 @@ class Recorder:
                 if sample:
                     events.append(self._resources())
                 for event in events:
-                    self._write(event)
+                    self.store.record_event(self.run_id, event)
                 self.store.heartbeat(self.run_id)
-                if len(self.live.batches) > 2 * KEPT_BATCHES:
-                    self.live = self.live.recent(KEPT_BATCHES)
             except Exception:  # noqa: BLE001 - never the training job's problem
                 self._report_failure()
-
-    def _write(self, event: protocol.Event) -> None:
-        self.live.apply(event)
-        self.store.record_event(self.run_id, event)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:
@@ -118,10 +111,12 @@ class Recorder:
         self.flush(sample=True)
         try:
             elapsed = time.monotonic() - self.t0
-            self._write(protocol.Finished("error" if status == "error" else "done", elapsed))
-            if error is not None:
-                self.live.error = None  # shown from the result's error (the job's, not ours)
-            result = replace(self.live.summary(status), error=error, run_id=self.run_id)
+            self.store.record_event(self.run_id, protocol.Finished(
+                "error" if status == "error" else "done", elapsed))
+            # Summarised from what was written (not kept in memory while training): the
+            # training thread never pays for the summary's bookkeeping.
+            live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
+            result = replace(live.summary(status), error=error, run_id=self.run_id)
             self.store.finish_run(self.run_id, status, result, error)
             self.result = result
         except Exception:  # noqa: BLE001
