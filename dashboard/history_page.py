@@ -55,6 +55,7 @@ def render() -> None:
     store = get_jobs().store
     st.title("Run history")
     st.caption(f"Every run is saved as it goes in `{store.path}`.")
+    store.mark_lost_runs()
     runs = store.list_runs(500)
     if not runs:
         st.info("No runs saved yet. Start one on the Live page, or run "

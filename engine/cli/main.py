@@ -8,10 +8,12 @@ With ``--json``, stdout holds exactly one JSON document; progress goes to stderr
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
+import os
+import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from engine import protocol
 from engine.config import LoaderConfig
@@ -59,7 +61,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) if sys.argv[0].endswith(
+        "dataloader-tuner") else "python -m engine", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     profile = sub.add_parser("profile", help="run the loader in the background and measure it")
@@ -95,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--out", help="file to write (default: stdout)")
     trace.add_argument("--db", help=f"run history database (default {default_db_path()}, "
                                     "or $DLTUNER_DB)")
+
+    dashboard = sub.add_parser("dashboard", help="open the dashboard (Streamlit, on 127.0.0.1)")
+    dashboard.add_argument("--port", type=int, default=8501)
+    dashboard.add_argument("--db", help=f"run history database (default {default_db_path()}, "
+                                        "or $DLTUNER_DB)")
 
     runs = sub.add_parser("runs", help="list saved runs")
     runs.add_argument("--limit", type=int, default=50)
@@ -164,6 +172,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     store = RunStore(args.db)
+    store.mark_lost_runs()  # a watched job killed outright never said it ended
     runs = store.list_runs(args.limit)
     if args.json:
         print_json({"status": "ok", "db": store.path, "runs": [run.to_dict() for run in runs]})
@@ -212,6 +221,28 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def dashboard_command(port: int) -> list[str]:
+    """``streamlit run`` on the dashboard's pages, kept off the network as .streamlit/ does
+    for a checkout: the dashboard runs whatever module it is pointed at."""
+    import dashboard.streamlit_app as app
+
+    return [sys.executable, "-m", "streamlit", "run", app.__file__, "--server.address",
+            "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+            "--server.fileWatcherType", "none", "--runner.postScriptGC", "false",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    if args.db:
+        env["DLTUNER_DB"] = args.db
+    print(f"DataLoader Tuner on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    try:
+        return subprocess.call(dashboard_command(args.port), env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
 class _Progress:
     """One status line on stderr while a run streams (never on stdout)."""
 
@@ -249,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "trace":
             return cmd_trace(args)
+        if args.command == "dashboard":
+            return cmd_dashboard(args)
         from engine.cli.tune import cmd_tune
 
         return cmd_tune(args)
