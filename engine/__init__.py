@@ -31,12 +31,14 @@ from engine.settings import load_settings, recommended_settings, settings_file
 from engine.system import SystemSnapshot
 
 
-def watch(loader, name: str | None = None, db: str | None = None):
-    """Measure a training job's own DataLoader as it trains: ``loader = watch(loader)``.
-    See engine/watcher/loader.py. (Imported here on first use: it needs torch.)"""
+def watch(loader, name: str | None = None, db: str | None = None, tune: bool = False,
+          max_workers: int | None = None, settings_out: str | None = None):
+    """Measure a training job's own DataLoader as it trains: ``loader = watch(loader)``;
+    ``tune=True`` also tunes it in place. See engine/watcher/loader.py. (Imported here on
+    first use: it needs torch.)"""
     from engine.watcher.loader import watch as watch_loader
 
-    return watch_loader(loader, name, db)
+    return watch_loader(loader, name, db, tune, max_workers, settings_out)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """A real training job, watched: a small CNN learns where a bright square sits in noisy images.
 
-    python examples/train_watched.py [--epochs 3] [--workers 2] [--step-ms 0]
+    python examples/train_watched.py [--epochs 3] [--workers 2] [--step-ms 0] [--tune]
 
 The one line that matters is ``watch(...)`` around each DataLoader: the training loop itself is
 unchanged. While it trains, the dashboard (``streamlit run app.py``, History page) lists the job
@@ -34,16 +34,16 @@ class BrightSquare(Dataset):
     def __init__(self, size: int, seed: int) -> None:
         generator = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, 4, (size,), generator=generator)
-        self.images = torch.randn(size, 1, 16, 16, generator=generator) * 0.3
+        self.images = torch.randn(size, 1, 16, 16, generator=generator)
         for i, label in enumerate(self.labels.tolist()):
             row, col = divmod(label, 2)
-            self.images[i, 0, row * 8 + 2:row * 8 + 6, col * 8 + 2:col * 8 + 6] += 2.0
+            self.images[i, 0, row * 8 + 2:row * 8 + 6, col * 8 + 2:col * 8 + 6] += 0.4
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int):
-        image = self.images[index] + 0.1 * torch.randn(1, 16, 16)
+        image = self.images[index] + 0.3 * torch.randn(1, 16, 16)
         return image, int(self.labels[index])
 
 
@@ -61,11 +61,13 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="extra time per step, as a bigger model would take")
     parser.add_argument("--db", default=None, help="run history (default: the dashboard's)")
+    parser.add_argument("--tune", action="store_true",
+                        help="let the tool tune the train loader in place while it trains")
     args = parser.parse_args()
     torch.manual_seed(0)
 
     train = watch(DataLoader(BrightSquare(args.samples, seed=1), batch_size=64, shuffle=True,
-                             num_workers=args.workers), name="train", db=args.db)
+                             num_workers=args.workers), name="train", db=args.db, tune=args.tune)
     val = watch(DataLoader(BrightSquare(args.samples // 4, seed=2), batch_size=256),
                 name="val", db=args.db)
     model = make_model()

@@ -105,6 +105,19 @@ def run_script(db_path: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def reap_orphans(timeout_s: float = 5.0) -> None:
+    """The killed job's workers lose their parent; this process (a subreaper once the engine
+    has run here) adopts them: wait for them as their parent would have."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
 def wait_for_batches(store: RunStore, job: subprocess.Popen, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and job.poll() is None:
@@ -149,6 +162,7 @@ def test_a_killed_job_leaves_a_readable_run_marked_lost(db_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
+        reap_orphans()
     assert store.get_run(run.id).status == "running"  # nobody said goodbye...
     assert run.id in store.mark_lost_runs()  # ...and its writer is gone
     lost = store.get_run(run.id)

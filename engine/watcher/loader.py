@@ -16,19 +16,25 @@ recorder's thread.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import time
+import warnings
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from engine import protocol, system
-from engine.child.probes import counting_rules, samples_in
+from engine.analyse.results import TuneResult
+from engine.child.probes import TimedCollate, counting_rules, samples_in, wrap_dataset
 from engine.config import LoaderConfig
 from engine.errors import RunError
 from engine.run.store import RunStore
+from engine.settings import settings_file
+from engine.watcher.inplace import InPlaceSearch, Setting
 from engine.watcher.rebuild import config_of, instrumented
 from engine.watcher.recorder import Recorder, process_identity
 
@@ -36,20 +42,42 @@ UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker 
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 
 
-def watch(loader: DataLoader, name: str | None = None, db: str | None = None) -> "WatchedLoader":
+def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
+          tune: bool = False, max_workers: int | None = None,
+          settings_out: str | None = None) -> "WatchedLoader":
     """Wrap ``loader`` so every batch the training loop takes is measured and saved to the run
-    history (``db``, default: the dashboard's), where the dashboard shows it live."""
-    return WatchedLoader(loader, name, RunStore(db))
+    history (``db``, default: the dashboard's), where the dashboard shows it live.
+
+    ``tune=True`` also tries worker counts inside the job (inplace.py), up to ``max_workers``
+    (default: twice the usable CPUs), switching only between batches and keeping each epoch's
+    samples and order as the sampler drew them; the chosen settings are printed and saved to
+    ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder)."""
+    return WatchedLoader(loader, name, RunStore(db), tune=tune, max_workers=max_workers,
+                         settings_out=settings_out)
 
 
 class WatchedLoader:
     """Iterates like the loader it wraps (``len``, epochs, ``loader.sampler.set_epoch``, any
     attribute): the batches are the loader's own, in its order."""
 
-    def __init__(self, loader: DataLoader, name: str | None, store: RunStore) -> None:
+    def __init__(self, loader: DataLoader, name: str | None, store: RunStore,
+                 tune: bool = False, max_workers: int | None = None,
+                 settings_out: str | None = None) -> None:
         self.loader = loader
         self.name = name or "loader"
         self.probed, self.unprobed_reason = instrumented(loader)
+        self.search: InPlaceSearch | None = None
+        self.tune_off_because = in_place_blocker(loader, self.probed) if tune else None
+        if tune and self.tune_off_because:
+            _say(f"{self.name}: tuning in place is off: {self.tune_off_because}")
+        elif tune:
+            workers = loader.num_workers
+            prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
+            self.search = InPlaceSearch(
+                Setting(workers, prefetch),
+                max_workers or 2 * system.usable_cpus())
+        self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
+        self._logged = 0  # decisions of the search already written to the run
         self.config = _config(loader)
         who = process_identity()
         self.t0 = time.monotonic()
@@ -75,6 +103,8 @@ class WatchedLoader:
         return getattr(self.loader, name)
 
     def __iter__(self):
+        if self.search is not None and not self.search.finished:
+            return self._tuned_batches()
         if self.probed is not None:
             return self._batches(iter(self.probed), probed=True)
         return self._batches(iter(self.loader), probed=False)
@@ -83,6 +113,12 @@ class WatchedLoader:
         """End the run now (else it ends when the program exits); returns its ProfileResult."""
         if self in _watched:
             _watched.remove(self)
+        if self.search is not None and not self.search.finished:
+            measured = len(self.search.measured)
+            _say(f"{self.name}: tuning in place did not finish before the loader's run ended "
+                 f"({measured} setting(s) measured to the end); the job kept "
+                 f"num_workers={self.search.current.num_workers}. A longer job, or more epochs, "
+                 "lets it finish.")
         return self.recorder.finish(status, error)
 
     @property
@@ -129,6 +165,152 @@ class WatchedLoader:
         finally:
             self._seq = seq
 
+    def _tuned_batches(self):
+        """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
+        batch sampler once, as DataLoader would (its sampler first, then the workers' base
+        seed, from the loader's generator: later epochs draw exactly as without the tool);
+        each setting's loader is handed the batches not yet taken, so a switch between two
+        batches repeats and skips nothing and keeps the order."""
+        loader, search = self.loader, self.search
+        sampler_iter = iter(loader.batch_sampler)
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(
+            generator=loader.generator).item())
+        plan = list(sampler_iter)
+        clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
+        epoch, seq, seen = self._epoch, self._seq, self._seen_pids
+        first, taken, segment = seq, 0, 0
+        self._epoch += 1
+        epoch_start = clock()
+        source = self._segment(plan, 0, search.current, base_seed, segment)
+        try:
+            while taken < len(plan):
+                t_request = clock()
+                try:
+                    batch, meta = next(source)
+                except StopIteration:
+                    return
+                except Exception as exc:  # noqa: BLE001 - a tried setting failed
+                    setting = search.current
+                    if setting == search.baseline:
+                        raise  # the job's own settings: its own error, as without the tool
+                    fallback = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
+                    self._log_decisions()
+                    _shutdown(source)
+                    segment += 1
+                    source = self._segment(plan, taken, fallback, base_seed, segment)
+                    continue
+                t_ready = clock()
+                (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes,
+                 probe) = meta
+                if pid not in seen:
+                    seen.add(pid)
+                    self.recorder.worker_ids[pid] = worker_id
+                    if probe is not None:
+                        events.append(protocol.Probe(pid, worker_id, probe))
+                if seq == first:
+                    events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
+                yield batch
+                t_back = clock()
+                taken += 1
+                rows.append((seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready,
+                             samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
+                             collate_s, fetch_cpu_s, None, None, None))
+                seq += 1
+                switch = search.after_batch(samples, t_back - t_request)
+                if len(search.decisions) > self._logged:
+                    self._log_decisions()
+                if switch is not None and taken < len(plan):
+                    _shutdown(source)
+                    segment += 1
+                    source = self._segment(plan, taken, switch, base_seed, segment)
+        finally:
+            _shutdown(source)
+            self._seq = seq
+
+    def _segment(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
+        """An iterator over ``plan[start:]`` with ``setting``, probed like the watched copy."""
+        loader = self.loader
+        workers = setting.num_workers
+        kwargs: dict[str, Any] = {
+            "batch_sampler": plan[start:],
+            "num_workers": workers,
+            "collate_fn": TimedCollate(loader.collate_fn, True),
+            "pin_memory": loader.pin_memory,
+            "timeout": loader.timeout if workers else 0,
+            "worker_init_fn": loader.worker_init_fn,
+            "multiprocessing_context": loader.multiprocessing_context if workers else None,
+            # Workers seeded from this epoch's base seed, not from the loader's generator:
+            # that one is left to the sampler, so later epochs shuffle as without the tool.
+            "generator": torch.Generator().manual_seed(base_seed + 1_000_003 * segment),
+        }
+        if workers:
+            kwargs["prefetch_factor"] = setting.prefetch_factor or 2
+        if hasattr(loader, "in_order"):
+            kwargs["in_order"] = loader.in_order
+        self.search.loader_started()
+        with warnings.catch_warnings():  # torch's "suggested max number of worker": the
+            # search tries such counts on purpose and judges them by the loop's own rate
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker")
+            return iter(DataLoader(wrap_dataset(loader.dataset), **kwargs))
+
+    def _log_decisions(self) -> None:
+        """New lines of the search's log: into the run (shown live) and on stderr; at the end,
+        the chosen settings printed and saved."""
+        search = self.search
+        for decision in search.decisions[self._logged:]:
+            self.recorder.events.append(protocol.Trial({
+                **decision.setting, "phase": "in_place", "samples_per_s": decision.samples_per_s,
+                "rate_ci": decision.rate_ci, "verdict": decision.verdict}))
+            rate = (f"{decision.samples_per_s:.1f} samples/s" if decision.samples_per_s
+                    else "no rate")
+            ci = f" ±{decision.rate_ci:.0%}" if decision.rate_ci is not None else ""
+            _say(f"{self.name}: num_workers={decision.setting['num_workers']}: {rate}{ci}: "
+                 f"{decision.verdict}")
+        self._logged = len(search.decisions)
+        if search.finished and not getattr(self, "_saved", False):
+            self._saved = True
+            self._save_choice()
+
+    def _save_choice(self) -> None:
+        search = self.search
+        chosen = search.best.setting
+        recommended = {"num_workers": chosen.num_workers, "pin_memory": self.loader.pin_memory,
+                       "prefetch_factor": chosen.prefetch_factor if chosen.num_workers else None,
+                       "persistent_workers": bool(self.loader.persistent_workers
+                                                  and chosen.num_workers)}
+        config = self.config.replace(**{k: v for k, v in recommended.items()})
+        result = TuneResult(
+            status="ok", target=process_identity()["script"], recommended=recommended,
+            snippet=config.snippet(), expected_samples_per_s=search.best.samples_per_s,
+            uncertainty_pct=(100 * search.best.interval()) if search.best.interval() else None,
+            baseline={"source": "the job's own settings", **asdict(search.baseline)},
+            reasons=tuple(d.verdict for d in search.decisions))
+        # From the next epoch on, the chosen settings run as a probed copy of the job's loader
+        # (its own persistent_workers kept), drawing from its sampler and generator as before.
+        loader = self.loader
+        # The count was measured to pay in this very job: torch's generic warning about counts
+        # above its suggestion would otherwise repeat at every epoch.
+        warnings.filterwarnings("ignore", message=".*suggested max number of worker")
+        chosen_loader = DataLoader(
+            loader.dataset, batch_sampler=loader.batch_sampler, num_workers=chosen.num_workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+            timeout=loader.timeout if chosen.num_workers else 0,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context if chosen.num_workers
+            else None, generator=loader.generator,
+            prefetch_factor=(chosen.prefetch_factor or 2) if chosen.num_workers else None,
+            persistent_workers=recommended["persistent_workers"],
+            **({"in_order": loader.in_order} if hasattr(loader, "in_order") else {}))
+        self.probed = instrumented(chosen_loader)[0] or self.probed
+        try:
+            with open(self.settings_out, "w", encoding="utf-8") as f:
+                json.dump(settings_file(result), f, indent=2)
+            where = f"saved to {self.settings_out}"
+        except OSError as exc:
+            where = f"not saved ({exc})"
+        _say(f"{self.name}: tuned in place: {result.snippet} ({where}; "
+             "engine.load_settings reads it)")
+
     # -- once, on the recorder's thread ------------------------------------------------------
 
     def _ready(self) -> protocol.Ready:
@@ -157,6 +339,29 @@ class WatchedLoader:
             counting=counting,
             torch=torch.__version__,
         )
+
+
+def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:
+    """Why this loader cannot be tuned in place, or None."""
+    if probed is None:
+        return "the loader is not a plain DataLoader"
+    if isinstance(loader.dataset, IterableDataset):
+        return ("an IterableDataset decides its own order and how it splits across workers: a "
+                "switch could repeat or skip samples")
+    if loader.batch_sampler is None:
+        return "without batching by DataLoader (batch_size=None) there is no batch plan to hand over"
+    return None
+
+
+def _shutdown(iterator) -> None:
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"[dataloader-tuner] {text}\n")
+    sys.stderr.flush()
 
 
 def _config(loader: DataLoader) -> LoaderConfig:

@@ -1,0 +1,254 @@
+"""Tune in place: try worker counts inside the running job, judged by the training loop itself.
+
+The objective is the loop's own rate: samples per second of "wait for a batch + the real step",
+so a count that makes batches faster than the model can use them gains nothing and is not
+taken. The search is a hill climb on ``num_workers`` from the job's own setting, with the
+offline tuner's rules (tune/tuner.py): step up (grow) while that gains at least MORE_WORKERS_GAIN,
+else step down (shrink) while the fewer workers lose less than FEWER_WORKERS_TOLERANCE (fewer
+workers: less CPU and memory for the same rate). Each setting is measured until its rate is
+known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or MAX_TRIAL_S; a worse setting
+is left at once (rolled back to the best so far), and a setting that fails is dropped for good
+with the job's own settings back in place.
+
+``InPlaceSearch`` is pure: it is fed one (samples, seconds) per batch and answers which setting
+to run next, so tests drive it without loaders. The swapping of loaders between batches, which
+keeps every epoch's samples and order as the sampler drew them, is in loader.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from engine.tune.recommend import FEWER_WORKERS_TOLERANCE
+from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
+from engine.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
+
+# A trial that cannot reach TARGET_CI is judged as it stands after MIN_TRIAL_S, or longer when
+# batches are slow (room for its warm-up and 1.5x MIN_STEADY_BATCHES), up to MAX_TRIAL_S: the
+# offline tuner's clock (child/tune_session.py).
+MIN_TRIAL_S = 4.0
+MAX_TRIAL_S = 30.0
+# The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
+# measured, or the starting setting would look worse than it is.
+PREWARM_S = 2.0
+MAX_BLOCKS = 10
+T95 = {2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+@dataclass(frozen=True)
+class Setting:
+    num_workers: int
+    prefetch_factor: int | None = None  # None: DataLoader's default (2) with workers
+
+    @property
+    def warmup_batches(self) -> int:
+        """Batches that come back to back from the prefetch after a switch: not timed."""
+        return max(1, self.num_workers * (self.prefetch_factor or 2))
+
+    def kwargs(self) -> dict:
+        return {"num_workers": self.num_workers,
+                "prefetch_factor": self.prefetch_factor if self.num_workers else None}
+
+
+@dataclass
+class Trial:
+    """One setting's measurement: the loop's time and samples per steady batch."""
+
+    setting: Setting
+    started: float = field(default_factory=time.monotonic)
+    seen: int = 0  # batches since its loader started (a switch, an epoch), warm-up included
+    taken: int = 0  # all its batches, warm-ups included
+    cycles: list[float] = field(default_factory=list)  # wait + step, per steady batch
+    samples: list[int] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        total = sum(self.cycles)
+        return sum(self.samples) / total if total > 0 else None
+
+    def interval(self) -> float | None:
+        """95% half-width of the rate, as a fraction (batch means, as metrics.rate_interval)."""
+        block = max(self.setting.num_workers, 1)
+        blocks = min(MAX_BLOCKS, len(self.cycles) // block)
+        if blocks < 3:
+            return None
+        size = len(self.cycles) / blocks
+        rates = []
+        for i in range(blocks):
+            lo, hi = round(i * size), round((i + 1) * size)
+            seconds = sum(self.cycles[lo:hi])
+            if seconds <= 0:
+                return None
+            rates.append(sum(self.samples[lo:hi]) / seconds)
+        mean = sum(rates) / blocks
+        sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (blocks - 1))
+        return T95.get(blocks - 1, 2.0) * sd / math.sqrt(blocks) / mean if mean > 0 else None
+
+    def done(self) -> bool:
+        elapsed = time.monotonic() - self.started
+        per_batch = elapsed / max(self.taken, 1)
+        room = self.setting.warmup_batches + 1.5 * MIN_STEADY_BATCHES
+        if elapsed > min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S):
+            return bool(self.cycles)
+        if len(self.cycles) < MIN_STEADY_BATCHES:
+            return False
+        if len(self.cycles) % 5:  # the interval is O(n): every 5th batch is often enough
+            return False
+        ci = self.interval()
+        return ci is not None and ci <= TARGET_CI
+
+    def to_dict(self) -> dict:
+        rate, ci = self.samples_per_s, self.interval()
+        return {**asdict(self.setting), "samples_per_s": rate, "batches": len(self.cycles),
+                "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
+                and ci is not None, "step_and_wait_ms": 1000 * sum(self.cycles)
+                / len(self.cycles) if self.cycles else None}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A line of the search's log: what was measured and what it led to."""
+
+    setting: dict
+    samples_per_s: float | None
+    rate_ci: float | None
+    verdict: str  # plain words: "kept: 12% faster than 2 workers", "rolled back: ..."
+
+
+class InPlaceSearch:
+    def __init__(self, start: Setting, max_workers: int) -> None:
+        self.baseline = start
+        self.max_workers = max(max_workers, start.num_workers)
+        self.best: Trial | None = None
+        self.trial = Trial(start)
+        self.direction = "up"
+        self.decisions: list[Decision] = []
+        self.measured: list[Trial] = []
+        self.failed: set[Setting] = set()
+        self.finished = False
+        self.measuring_from: float | None = None  # PREWARM_S after the first batch
+
+    @property
+    def current(self) -> Setting:
+        return self.trial.setting if not self.finished else self.best.setting
+
+    def loader_started(self) -> None:
+        """A new loader runs ``current`` (an epoch began): its first batches come from the
+        prefetch, after the workers' start-up, and are not timed."""
+        self.trial.seen = 0
+
+    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+        """Feed one batch the loop took under ``current``; returns a setting to switch to
+        now, or None to go on."""
+        if self.finished:
+            return None
+        if self.measuring_from is None:
+            self.measuring_from = time.monotonic() + PREWARM_S
+        trial = self.trial
+        if time.monotonic() < self.measuring_from:
+            trial.started = time.monotonic()
+            return None
+        trial.seen += 1
+        trial.taken += 1
+        if trial.seen <= trial.setting.warmup_batches:
+            return None
+        trial.cycles.append(cycle_s)
+        trial.samples.append(samples)
+        if not trial.done():
+            return None
+        return self._decide()
+
+    def setting_failed(self, setting: Setting, why: str) -> Setting:
+        """A setting could not run (its workers failed to start, or crashed): never again; the
+        job goes on with the best setting measured, or its own."""
+        self.failed.add(setting)
+        self.decisions.append(Decision(asdict(setting), None, None,
+                                       f"failed and dropped ({why}); back to "
+                                       f"{_name(self._fallback())}"))
+        if self.trial.setting == setting:
+            self.finished = self.best is not None
+            if not self.finished:  # the job's own settings failed: nothing to tune from
+                self.best = Trial(self.baseline)
+                self.finished = True
+        return self._fallback()
+
+    def _fallback(self) -> Setting:
+        return self.best.setting if self.best is not None else self.baseline
+
+    def _decide(self) -> Setting | None:
+        trial, best = self.trial, self.best
+        self.measured.append(trial)
+        rate = trial.samples_per_s or 0.0
+        name = _name(trial.setting)
+        if best is None:
+            self.best = trial
+            verdict = f"measured as the starting point ({name}, the job's own setting)"
+        elif self.direction == "up" and rate >= (1 + MORE_WORKERS_GAIN) * best.samples_per_s:
+            verdict = (f"kept: {rate / best.samples_per_s - 1:.0%} faster than "
+                       f"{_name(best.setting)}")
+            self.best = trial
+        elif (self.direction in ("down", "zero")
+              and rate >= (1 - FEWER_WORKERS_TOLERANCE) * best.samples_per_s):
+            share = rate / best.samples_per_s
+            verdict = (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
+                       if share >= 1 else
+                       f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer workers "
+                       f"(within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known to)")
+            self.best = trial
+            if self.direction == "zero":
+                self.direction = "done"
+        else:
+            verdict = (f"rolled back to {_name(best.setting)}: {rate / best.samples_per_s:.0%} "
+                       "of its rate")
+            if self.direction == "up" and len(self.measured) == 2:
+                self.direction = "down"  # the first step up did not pay: try fewer instead
+            else:
+                self.direction = "done"
+        self.decisions.append(Decision(asdict(trial.setting), trial.samples_per_s,
+                                       trial.interval(), verdict))
+        following = self._next_setting()
+        if following is None:
+            self.finished = True
+            self.decisions.append(Decision(asdict(self.best.setting), self.best.samples_per_s,
+                                           self.best.interval(),
+                                           f"chosen: {_name(self.best.setting)}"))
+            return self.best.setting if self.best.setting != trial.setting else None
+        self.trial = Trial(following)
+        return following
+
+    def _next_setting(self) -> Setting | None:
+        n = self.best.setting.num_workers
+        while self.direction in ("up", "down"):
+            candidate = grow(n) if self.direction == "up" else shrink(n)
+            setting = Setting(candidate, self.best.setting.prefetch_factor)
+            tried = tried_or_failed(self)
+            if 0 <= candidate <= self.max_workers and candidate != n and setting not in tried:
+                return setting
+            if self.direction == "up" and len(self.measured) == 1:
+                self.direction = "down"  # cannot go up from the start: try fewer
+                continue
+            self.direction = "done"
+        # Loading in the loop itself has no transfer cost at all: the climb can miss it from
+        # above (1 worker slower than 2, yet 0 the fastest: small in-memory samples), so it is
+        # always measured, as the offline tuner's probe does.
+        zero = Setting(0)
+        if self.direction == "done" and n > 0 and zero not in tried_or_failed(self):
+            self.direction = "zero"
+            return zero
+        return None
+
+    def to_dict(self) -> dict:
+        return {"baseline": asdict(self.baseline), "finished": self.finished,
+                "chosen": asdict(self.best.setting) if self.finished and self.best else None,
+                "trials": [t.to_dict() for t in self.measured],
+                "decisions": [asdict(d) for d in self.decisions]}
+
+
+def tried_or_failed(search: InPlaceSearch) -> set[Setting]:
+    return {t.setting for t in search.measured} | search.failed
+
+
+def _name(setting: Setting) -> str:
+    return f"num_workers={setting.num_workers}"

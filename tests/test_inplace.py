@@ -1,0 +1,171 @@
+"""Tuning in place: the search's decisions on simulated loops (no loaders), then real ones:
+every sample of every epoch exactly once, in the sampler's order, while worker counts change."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from engine import watch
+from engine.watcher.inplace import InPlaceSearch, Setting
+
+from .conftest import ROOT
+from .test_watch import Indices
+
+
+@pytest.fixture
+def no_prewarm(monkeypatch):
+    """Simulated batches take no real time: the search's wall-clock rules are set aside."""
+    import engine.watcher.inplace as inplace
+
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+
+
+def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
+          limit: int = 20_000) -> Setting:
+    """Feed the search batches whose loop time follows ``rate_of(num_workers)``."""
+    rng = random.Random(4)
+    for _ in range(limit):
+        if search.finished:
+            break
+        rate = rate_of(search.current.num_workers)
+        search.after_batch(batch, batch / rate * (1 + rng.uniform(-noise, noise)))
+    assert search.finished, search.to_dict()
+    return search.best.setting
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_an_in_memory_loader_goes_down_to_no_workers():
+    # Worker processes only add transfer costs: 0 workers is fastest (as tiny_in_memory).
+    search = InPlaceSearch(Setting(2), max_workers=8)
+    assert drive(search, lambda n: 20_000 / (1 + 0.3 * n)) == Setting(0)
+    verdicts = [d.verdict for d in search.decisions]
+    assert verdicts[0].startswith("measured as the starting point")
+    assert any(v.startswith("rolled back") for v in verdicts)  # 3 workers: worse, left at once
+    assert verdicts[-1] == "chosen: num_workers=0"
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
+    # Each worker makes 100 samples/s; the step caps the loop at 700: 7 workers feed it.
+    search = InPlaceSearch(Setting(0), max_workers=32)
+    chosen = drive(search, lambda n: min(100 * max(n, 0.5), 700))
+    assert 7 <= chosen.num_workers <= 9  # the first count at the cap on the grow path (1,2,3,4,6,9)
+    tried = [t.setting.num_workers for t in search.measured]
+    assert tried[:5] == [0, 1, 2, 3, 4] and max(tried) <= 14
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_fewer_workers_within_tolerance_are_preferred():
+    search = InPlaceSearch(Setting(6), max_workers=8)
+    assert drive(search, lambda n: 1000 if n >= 2 else 400).num_workers == 2
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_a_failing_setting_is_dropped_for_the_best_so_far():
+    search = InPlaceSearch(Setting(2), max_workers=8)
+    rng = random.Random(1)
+    while search.current == Setting(2):
+        search.after_batch(32, 0.01 * (1 + rng.uniform(-0.01, 0.01)))
+    trying = search.current
+    assert trying.num_workers == 3
+    assert search.setting_failed(trying, "worker killed") == Setting(2)
+    assert search.finished and search.current == Setting(2)
+    assert "failed and dropped (worker killed)" in search.decisions[-1].verdict
+
+
+def indices_loader(workers: int) -> DataLoader:
+    return DataLoader(Indices(240), batch_size=4, shuffle=True, num_workers=workers,
+                      generator=torch.Generator().manual_seed(11))
+
+
+def test_switching_in_place_keeps_every_epoch_whole_and_in_order(db_path, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import engine.watcher.inplace as inplace
+
+    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)  # a trial per steady batch: many switches
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+    watched = watch(indices_loader(1), name="tuned", db=db_path, tune=True, max_workers=3)
+    seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(3)]
+    watched.close()
+    assert seen == seen_unwatched(3)  # the same samples, in the same order, every epoch
+    assert len({s.num_workers for s in [t.setting for t in watched.search.measured]}) >= 2
+    assert watched.search.finished
+    assert (tmp_path / "dataloader-tuner-tuned.json").exists()
+
+
+def seen_unwatched(epochs: int) -> list[list[int]]:
+    loader = indices_loader(1)
+    return [[int(i) for b in loader for i in b.flatten()] for _ in range(epochs)]
+
+
+def tune_in_place(loader: DataLoader, step_s: float, db: str, max_workers: int,
+                  epochs: int = 40) -> tuple[int, list[list[int]]]:
+    """A training loop (a sleep for a step) tuning ``loader`` in place: the chosen worker
+    count and, per epoch, the sample indices the loop received."""
+    watched = watch(loader, name="in-place", db=db, tune=True, max_workers=max_workers)
+    seen = []
+    for _ in range(epochs):
+        indices = []
+        for _images, labels in watched:
+            indices += labels.tolist()
+            time.sleep(step_s)
+        seen.append(indices)
+        if watched.search.finished:
+            break
+    watched.close()
+    return watched.search.best.setting.num_workers, seen
+
+
+def offline_pick(target: str, step_ms: float, db: str, max_workers: int) -> int:
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", "tune", target, "--step-ms", str(step_ms),
+         "--max-workers", str(max_workers), "--budget-s", "40", "--json", "--db", db],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["recommended"]["num_workers"]
+
+
+class Labelled(torch.utils.data.Dataset):
+    """Wraps a demo dataset so each sample's label is its index: the loop can check them."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        return self.inner[index][0], index
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, step_ms, start, max_workers", [
+    ("examples/latency_bound.py:RemoteStorageDataset(length=1600, latency_s=0.004)", 8.0, 0, 12),
+    ("examples/tiny_in_memory.py", 0.0, 2, 4),
+])
+def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, target,
+                                                 step_ms, start, max_workers):
+    monkeypatch.chdir(tmp_path)
+    from engine.child.target import resolve
+
+    resolved = resolve(os.path.join(ROOT, target))
+    dataset = Labelled(resolved.dataset)
+    loader = DataLoader(dataset, batch_size=resolved.batch_size, shuffle=True,
+                        num_workers=start)
+    chosen, seen = tune_in_place(loader, step_ms / 1000, db_path, max_workers)
+    for epoch in seen[:-1]:  # every finished epoch: each sample exactly once
+        assert sorted(epoch) == list(range(len(dataset)))
+    offline = offline_pick(os.path.join(ROOT, target), step_ms, db_path, max_workers)
+    # The same rule on the same loop: the same count, or its neighbour on the climb's path
+    # where two counts are within the noise of each other.
+    path = sorted({0, 1, 2, 3, 4, 6, 9, 13, offline, chosen})
+    assert abs(path.index(chosen) - path.index(offline)) <= 1, (chosen, offline)
