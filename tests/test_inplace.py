@@ -169,3 +169,31 @@ def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, 
     # where two counts are within the noise of each other.
     path = sorted({0, 1, 2, 3, 4, 6, 9, 13, offline, chosen})
     assert abs(path.index(chosen) - path.index(offline)) <= 1, (chosen, offline)
+
+
+def fail_in_third_worker(worker_id: int) -> None:
+    if worker_id >= 2:
+        raise RuntimeError("this job's workers cannot open a third connection")
+
+
+def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_path, monkeypatch,
+                                                               capfd):
+    monkeypatch.chdir(tmp_path)
+    import engine.watcher.inplace as inplace
+
+    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+
+    def loader():
+        return DataLoader(Indices(240), batch_size=4, shuffle=True, num_workers=2,
+                          worker_init_fn=fail_in_third_worker,
+                          generator=torch.Generator().manual_seed(3))
+
+    watched = watch(loader(), name="fragile", db=db_path, tune=True, max_workers=4)
+    seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]
+    watched.close()
+    unwatched = loader()
+    assert seen == [[int(i) for b in unwatched for i in b.flatten()] for _ in range(2)]
+    assert Setting(3) in watched.search.failed
+    assert watched.search.best.setting.num_workers < 3
+    assert "failed and dropped" in capfd.readouterr().err
