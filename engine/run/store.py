@@ -166,6 +166,12 @@ class RunStore:
             )
             return cursor.lastrowid
 
+    def set_gpu_gaps(self, run_id: int, gaps: list[tuple[int, float]]) -> None:
+        """GPU idle gaps resolved after their batches were written: ``[(seq, gap_ms)]``."""
+        with self._conn() as conn:
+            conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
+                             [(gap, run_id, seq) for seq, gap in gaps])
+
     def heartbeat(self, run_id: int) -> None:
         """The writer is alive (called with each flush of a watched run)."""
         with self._conn() as conn:

@@ -34,6 +34,7 @@ from engine.config import LoaderConfig
 from engine.errors import RunError
 from engine.run.store import RunStore
 from engine.settings import settings_file
+from engine.watcher.gpu_gaps import StepGaps
 from engine.watcher.inplace import InPlaceSearch, Setting
 from engine.watcher.rebuild import config_of, instrumented
 from engine.watcher.recorder import Recorder, process_identity
@@ -85,6 +86,7 @@ class WatchedLoader:
                                   label=self.name, script=who["script"])
         self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
+        self.gaps = StepGaps.create()  # None without CUDA
         self._seq = 0
         self._epoch = 0
         self._seen_pids: set[int] = set()
@@ -131,18 +133,23 @@ class WatchedLoader:
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
         clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seq, seen = self._epoch, self._seq, self._seen_pids
+        epoch, seq, seen, gaps = self._epoch, self._seq, self._seen_pids, self.gaps
         first = seq
         self._epoch += 1
         epoch_start = clock()
         try:
             while True:
                 t_request = clock()
+                if gaps is not None:
+                    gaps.asking()
                 try:
                     item = next(iterator)
                 except StopIteration:
                     return
                 t_ready = clock()
+                if gaps is not None:
+                    gaps.handed(seq)
+                    self.recorder.gaps.extend(gaps.resolved())
                 if probed:
                     batch, (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s,
                             samples, nbytes, probe) = item
@@ -177,7 +184,7 @@ class WatchedLoader:
             generator=loader.generator).item())
         plan = list(sampler_iter)
         clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seq, seen = self._epoch, self._seq, self._seen_pids
+        epoch, seq, seen, gaps = self._epoch, self._seq, self._seen_pids, self.gaps
         first, taken, segment = seq, 0, 0
         self._epoch += 1
         epoch_start = clock()
@@ -185,6 +192,8 @@ class WatchedLoader:
         try:
             while taken < len(plan):
                 t_request = clock()
+                if gaps is not None:
+                    gaps.asking()
                 try:
                     batch, meta = next(source)
                 except StopIteration:
@@ -200,6 +209,9 @@ class WatchedLoader:
                     source = self._segment(plan, taken, fallback, base_seed, segment)
                     continue
                 t_ready = clock()
+                if gaps is not None:
+                    gaps.handed(seq)
+                    self.recorder.gaps.extend(gaps.resolved())
                 (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes,
                  probe) = meta
                 if pid not in seen:

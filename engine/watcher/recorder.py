@@ -37,6 +37,8 @@ class Recorder:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
+        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_gaps.py)
+        self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.result: ProfileResult | None = None
         self._stop = threading.Event()
@@ -78,9 +80,22 @@ class Recorder:
                     events.append(self._resources())
                 for event in events:
                     self.store.record_event(self.run_id, event)
+                if rows:
+                    self._written_seq = rows[-1][0]
+                self._write_gaps()
                 self.store.heartbeat(self.run_id)
             except Exception:  # noqa: BLE001 - never the training job's problem
                 self._report_failure()
+
+    def _write_gaps(self) -> None:
+        gaps = self.gaps[:]
+        if not gaps:
+            return
+        ready = [gap for gap in gaps if gap[0] <= self._written_seq]
+        if ready:
+            self.store.set_gpu_gaps(self.run_id, ready)
+            for gap in ready:
+                self.gaps.remove(gap)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:

@@ -1,0 +1,95 @@
+"""The watched job's GPU idle gaps from CUDA events, resolved lazily: the logic, with stand-in
+events (no GPU here), and what happens without CUDA."""
+
+import pytest
+import torch
+
+from engine.watcher.gpu_gaps import MAX_PENDING, StepGaps
+
+
+class FakeEvent:
+    """Completes after ``ready_after`` queries; ``elapsed_time`` from made-up GPU clock times.
+    ``synchronize`` must never be called: the watcher must not stall the host."""
+
+    clock = 0.0
+
+    def __init__(self) -> None:
+        self.recorded_at = None
+        self.queries = 0
+
+    def record(self, stream) -> None:
+        assert stream == "stream"
+        self.recorded_at = FakeEvent.clock
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.queries > 1  # not done when first asked, done a batch later
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return other.recorded_at - self.recorded_at
+
+    def synchronize(self) -> None:
+        raise AssertionError("synchronize() would make the host wait for the GPU")
+
+
+def gaps(in_use: bool = True) -> StepGaps:
+    return StepGaps(FakeEvent, lambda: "stream", lambda: in_use)
+
+
+def test_gaps_are_resolved_a_batch_later_without_waiting():
+    timer = gaps()
+    found = []
+    for seq, wait_ms in enumerate([5.0, 0.0, 12.5]):
+        timer.asking()
+        FakeEvent.clock += wait_ms
+        timer.handed(seq)
+        found += timer.resolved()
+    found += timer.resolved()
+    assert found == [(0, 5.0), (1, 0.0), (2, 12.5)]
+
+
+def test_nothing_is_recorded_until_the_job_uses_cuda():
+    timer = gaps(in_use=False)
+    timer.asking()
+    timer.handed(0)
+    assert not timer.pending and timer.resolved() == []
+
+
+def test_pending_pairs_are_bounded():
+    timer = gaps()
+    timer.pending.extend((i, FakeEvent(), FakeEvent()) for i in range(MAX_PENDING))
+    timer.asking()
+    timer.handed(MAX_PENDING)
+    assert len(timer.pending) == MAX_PENDING and timer.pending[0][0] == 1
+
+
+def test_without_a_gpu_there_is_no_timer():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert StepGaps.create() is None
+
+
+def test_a_watched_loop_stores_its_gaps_with_its_batches(db_path):
+    """The wiring: gaps resolved after their batch land on that batch's row in the history
+    (stand-in events in place of CUDA's)."""
+    from torch.utils.data import DataLoader
+
+    from engine import RunStore, watch
+
+    class SlowToLoad(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, index):
+            FakeEvent.clock += 0.5  # while the loop waits for a batch, the GPU idles
+            return index
+
+    watched = watch(DataLoader(SlowToLoad(), batch_size=4), name="gpu", db=db_path)
+    watched.gaps = gaps()
+    for _ in watched:
+        pass
+    watched.gaps.resolved()  # the last pair completes; it has no batch after it to carry it
+    watched.close()
+    stored = RunStore(db_path).batches(watched.run_id)
+    measured = [b.gpu_gap_ms for b in stored if b.gpu_gap_ms is not None]
+    assert len(stored) == 10 and len(measured) >= 8 and set(measured) == {2.0}
