@@ -52,6 +52,14 @@ def _run_view(run_id: int) -> None:
                    "its last flush.", icon="⚠️")
     if run.error:
         views.error_card(run.error)
+    if running:
+        requested = store.tune_requested(run_id)
+        st.button("Tune this job" if not requested else "Tuning requested", key=f"tune-{run_id}",
+                  disabled=requested, on_click=store.request_tune, args=(run_id,),
+                  help="The job tries worker counts in place from its next epoch, judged by its "
+                       "own training loop, keeps the best and saves it (dataloader-tuner-"
+                       "NAME.json in its working folder). What the model sees does not change.")
+    _tuning_log(live.trials)
     if not live.batches:
         st.info("Waiting for the job's first batches...")
         return
@@ -64,6 +72,20 @@ def _run_view(run_id: int) -> None:
     views.warnings_list(result.warnings)
     st.markdown("**System**")
     views.system_panel(result.system, live=running)
+
+
+def _tuning_log(trials: list[dict]) -> None:
+    """The in-place search's decisions, as the job logged them."""
+    decisions = [t for t in trials if t.get("phase") == "in_place"]
+    if not decisions:
+        return
+    st.markdown("**Tuning in place**")
+    st.dataframe([{
+        "num_workers": d.get("num_workers"),
+        "samples/s": None if d.get("samples_per_s") is None else round(d["samples_per_s"], 1),
+        "±": None if d.get("rate_ci") is None else f"{d['rate_ci']:.0%}",
+        "decision": d.get("verdict"),
+    } for d in decisions], hide_index=True)
 
 
 def render() -> None:

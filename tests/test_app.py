@@ -273,3 +273,31 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     titles = chart_titles(at)
     for name in ("Batch latency", "Worker utilization", "GPU idle gaps"):
         assert any(t.startswith(name) for t in titles), (name, titles)
+
+
+def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatch, tmp_path):
+    from torch.utils.data import DataLoader
+
+    import engine.watcher.inplace as inplace
+    from engine import watch
+
+    from .test_watch import Indices
+
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
+    watched = watch(DataLoader(Indices(64), batch_size=8, num_workers=1), name="train",
+                    db=app_env, settings_out=str(tmp_path / "chosen.json"))
+    list(watched)
+    time.sleep(0.6)
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    button(at, "Tune this job").click()
+    at = at.run()
+    assert not at.exception and any(b.label == "Tuning requested" for b in at.button)
+    time.sleep(0.6)  # the job's next flush sees the request
+    for _ in range(6):
+        list(watched)  # epochs: the search runs from the next one
+    assert watched.search is not None and watched.search.measured
+    time.sleep(0.6)
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert any("Tuning in place" in m.value for m in at.markdown)
+    watched.close()

@@ -165,3 +165,45 @@ def test_the_six_steps_in_a_real_browser(server, browser):
         steps.shot("failure")
         print(server.log()[-5000:])
         raise
+
+
+def test_a_watched_training_job_is_followed_live(tmp_path, browser):
+    """A real training script, watched, writing to the server's history while the Training
+    jobs page shows it live in a real browser."""
+    import signal
+    import subprocess
+    import sys
+
+    db = str(tmp_path / "runs.sqlite")
+    server = start_server(free_port(), db)
+    job = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "examples", "train_watched.py"), "--epochs", "200",
+         "--step-ms", "5", "--db", db], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        steps = Steps(page)
+        page.goto(server.url + "/jobs")
+        page.get_by_text("train_watched.py").first.wait_for(timeout=60_000)
+        page.get_by_text("running").first.wait_for(timeout=60_000)
+        page.locator('[data-testid="stMetric"]').first.wait_for(timeout=60_000)
+        first = page.locator('[data-testid="stMarkdown"]').filter(
+            has_text=" batches").first.inner_text()
+        time.sleep(3)  # the page follows the job: its batch count grows without a reload
+        later = page.locator('[data-testid="stMarkdown"]').filter(
+            has_text=" batches").first.inner_text()
+        assert first != later, (first, later)
+        assert page.locator(".js-plotly-plot").count() >= 3
+        steps.no_exception()
+        steps.shot("watched-job-live")
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        stop_server(server)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the killed job's workers, adopted here
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    time.sleep(0.05)
+            except ChildProcessError:
+                break

@@ -73,7 +73,7 @@ RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "t
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
 # ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
-WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at")
+WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at")
 WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT"}
 # A writer on another machine cannot be checked by pid: silent this long, it counts as gone.
 LOST_AFTER_S = 60.0
@@ -96,7 +96,8 @@ CREATE TABLE IF NOT EXISTS runs (
     host TEXT,
     pid INTEGER,
     script TEXT,
-    heartbeat_at REAL
+    heartbeat_at REAL,
+    tune_requested_at REAL
 );
 CREATE TABLE IF NOT EXISTS batches (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -171,6 +172,18 @@ class RunStore:
         with self._conn() as conn:
             conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
                              [(gap, run_id, seq) for seq, gap in gaps])
+
+    def request_tune(self, run_id: int) -> None:
+        """Ask a watched job to tune this loader in place (the dashboard's button); the job
+        sees it at its next flush and starts at its next epoch."""
+        with self._conn() as conn:
+            conn.execute("UPDATE runs SET tune_requested_at = ? WHERE id = ? "
+                         "AND tune_requested_at IS NULL", (time.time(), run_id))
+
+    def tune_requested(self, run_id: int) -> bool:
+        row = self._conn().execute("SELECT tune_requested_at FROM runs WHERE id = ?",
+                                   (run_id,)).fetchone()
+        return row is not None and row[0] is not None
 
     def heartbeat(self, run_id: int) -> None:
         """The writer is alive (called with each flush of a watched run)."""

@@ -68,15 +68,8 @@ class WatchedLoader:
         self.name = name or "loader"
         self.probed, self.unprobed_reason = instrumented(loader)
         self.search: InPlaceSearch | None = None
-        self.tune_off_because = in_place_blocker(loader, self.probed) if tune else None
-        if tune and self.tune_off_because:
-            _say(f"{self.name}: tuning in place is off: {self.tune_off_because}")
-        elif tune:
-            workers = loader.num_workers
-            prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
-            self.search = InPlaceSearch(
-                Setting(workers, prefetch),
-                max_workers or 2 * system.usable_cpus())
+        self.tune_off_because: str | None = None
+        self.max_workers = max_workers
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
         self._logged = 0  # decisions of the search already written to the run
         self.config = _config(loader)
@@ -86,6 +79,8 @@ class WatchedLoader:
                                   label=self.name, script=who["script"])
         self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
+        if tune:
+            self._start_tuning()
         self.gaps = StepGaps.create()  # None without CUDA
         self._seq = 0
         self._epoch = 0
@@ -104,7 +99,25 @@ class WatchedLoader:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def _start_tuning(self) -> None:
+        """Tune in place from the next epoch on (``tune=True``, or the dashboard asked)."""
+        loader = self.loader
+        self.tune_off_because = in_place_blocker(loader, self.probed)
+        if self.tune_off_because:
+            _say(f"{self.name}: tuning in place is off: {self.tune_off_because}")
+            self.recorder.events.append(protocol.Trial({
+                "phase": "in_place", "num_workers": loader.num_workers, "samples_per_s": None,
+                "rate_ci": None, "verdict": f"tuning in place is off: {self.tune_off_because}"}))
+            return
+        workers = loader.num_workers
+        prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
+        self.search = InPlaceSearch(Setting(workers, prefetch),
+                                    self.max_workers or 2 * system.usable_cpus())
+
     def __iter__(self):
+        if (self.recorder.tune_requested and self.search is None
+                and self.tune_off_because is None):
+            self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
             return self._tuned_batches()
         if self.probed is not None:

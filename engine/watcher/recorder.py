@@ -38,6 +38,7 @@ class Recorder:
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
         self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_gaps.py)
+        self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.result: ProfileResult | None = None
@@ -84,6 +85,8 @@ class Recorder:
                     self._written_seq = rows[-1][0]
                 self._write_gaps()
                 self.store.heartbeat(self.run_id)
+                if not self.tune_requested:
+                    self.tune_requested = self.store.tune_requested(self.run_id)
             except Exception:  # noqa: BLE001 - never the training job's problem
                 self._report_failure()
 
