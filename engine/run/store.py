@@ -173,6 +173,15 @@ class RunStore:
             conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
                              [(gap, run_id, seq) for seq, gap in gaps])
 
+    def set_copy_times(self, run_id: int, copies: list[tuple[int, float, float | None]]
+                       ) -> None:
+        """Host-to-device copy times resolved after their batches were written:
+        ``[(seq, copy ms, other memory kind's copy ms or None)]``."""
+        with self._conn() as conn:
+            conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
+                             "WHERE run_id = ? AND seq = ?",
+                             [(ms, other, run_id, seq) for seq, ms, other in copies])
+
     def request_tune(self, run_id: int) -> None:
         """Ask a watched job to tune this loader in place (the dashboard's button); the job
         sees it at its next flush and starts at its next epoch."""

@@ -34,7 +34,7 @@ from engine.config import LoaderConfig
 from engine.errors import RunError
 from engine.run.store import RunStore
 from engine.settings import settings_file
-from engine.watcher.gpu_gaps import StepGaps
+from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
 from engine.watcher.inplace import InPlaceSearch, Setting
 from engine.watcher.rebuild import config_of, instrumented
 from engine.watcher.recorder import Recorder, process_identity
@@ -82,7 +82,9 @@ class WatchedLoader:
         if tune:
             self._start_tuning()
         self.gaps = StepGaps.create()  # None without CUDA
+        self.copies = CopyTimes.create()
         self._seq = 0
+        self._handed = 0
         self._epoch = 0
         self._seen_pids: set[int] = set()
         _watched.append(self)
@@ -123,6 +125,20 @@ class WatchedLoader:
         if self.probed is not None:
             return self._batches(iter(self.probed), probed=True)
         return self._batches(iter(self.loader), probed=False)
+
+    def to(self, batch: Any, device: Any, non_blocking: bool | None = None) -> Any:
+        """``batch`` with its tensors on ``device`` (tuples, lists, dicts, namedtuples kept),
+        as the training loop's own ``.to(device)`` would, plus the copy's time on a CUDA
+        device (GPU events, nothing synchronised). ``non_blocking`` defaults to the loader's
+        ``pin_memory``: an asynchronous copy needs pinned memory."""
+        if non_blocking is None:
+            non_blocking = bool(self.loader.pin_memory)
+        copies = self.copies
+        if copies is None or not _is_cuda(device):
+            return moved(batch, device, non_blocking)
+        result = copies.copy(self._handed, batch, device, non_blocking)
+        self.recorder.copies.extend(copies.resolved())
+        return result
 
     def close(self, status: str = "ok", error: dict | None = None):
         """End the run now (else it ends when the program exits); returns its ProfileResult."""
@@ -177,6 +193,7 @@ class WatchedLoader:
                         UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None)
                 if seq == first:
                     events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
+                self._handed = seq  # the batch loader.to() copies
                 yield batch
                 rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
                              samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
@@ -234,6 +251,7 @@ class WatchedLoader:
                         events.append(protocol.Probe(pid, worker_id, probe))
                 if seq == first:
                     events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
+                self._handed = seq  # the batch loader.to() copies
                 yield batch
                 t_back = clock()
                 taken += 1
@@ -376,6 +394,10 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
     if loader.batch_sampler is None:
         return "without batching by DataLoader (batch_size=None) there is no batch plan to hand over"
     return None
+
+
+def _is_cuda(device: Any) -> bool:
+    return torch.device(device).type == "cuda"
 
 
 def _shutdown(iterator) -> None:

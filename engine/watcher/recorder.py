@@ -37,7 +37,8 @@ class Recorder:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
-        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_gaps.py)
+        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_timing.py)
+        self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (gpu_timing.py)
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
@@ -91,14 +92,14 @@ class Recorder:
                 self._report_failure()
 
     def _write_gaps(self) -> None:
-        gaps = self.gaps[:]
-        if not gaps:
-            return
-        ready = [gap for gap in gaps if gap[0] <= self._written_seq]
-        if ready:
-            self.store.set_gpu_gaps(self.run_id, ready)
-            for gap in ready:
-                self.gaps.remove(gap)
+        """GPU timings resolved after their batches: written once their rows are."""
+        for pending, write in ((self.gaps, self.store.set_gpu_gaps),
+                               (self.copies, self.store.set_copy_times)):
+            ready = [item for item in pending[:] if item[0] <= self._written_seq]
+            if ready:
+                write(self.run_id, ready)
+                for item in ready:
+                    pending.remove(item)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:

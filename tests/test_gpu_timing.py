@@ -4,7 +4,7 @@ events (no GPU here), and what happens without CUDA."""
 import pytest
 import torch
 
-from engine.watcher.gpu_gaps import MAX_PENDING, StepGaps
+from engine.watcher.gpu_timing import MAX_PENDING, StepGaps
 
 
 class FakeEvent:
@@ -93,3 +93,35 @@ def test_a_watched_loop_stores_its_gaps_with_its_batches(db_path):
     stored = RunStore(db_path).batches(watched.run_id)
     measured = [b.gpu_gap_ms for b in stored if b.gpu_gap_ms is not None]
     assert len(stored) == 10 and len(measured) >= 8 and set(measured) == {2.0}
+
+
+def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypatch):
+    from collections import namedtuple
+
+    from torch.utils.data import DataLoader
+
+    import engine.watcher.gpu_timing as timing
+    import engine.watcher.loader as watched_loader
+    from engine import RunStore, watch
+    from engine.watcher.gpu_timing import CopyTimes
+
+    Pair = namedtuple("Pair", "image label")
+
+    def collate(samples):
+        return Pair(torch.stack([s for s in samples]), {"ids": torch.arange(len(samples))})
+
+    watched = watch(DataLoader(torch.ones(40, 3), batch_size=4, collate_fn=collate),
+                    name="copies", db=db_path)
+    assert watched.copies is None or torch.cuda.is_available()  # no CUDA: nothing timed...
+    batch = next(iter(watched))
+    same = watched.to(batch, "cpu")  # ...and the batch still moves, its structure kept
+    assert type(same) is Pair and same.image.shape == (4, 3) and "ids" in same.label
+    monkeypatch.setattr(watched_loader, "_is_cuda", lambda device: True)  # as on a GPU
+    monkeypatch.setattr(timing, "COMPARE_EVERY", 10**9)  # pinning needs an accelerator
+    watched.copies = CopyTimes(FakeEvent, lambda: "stream")
+    for batch in watched:
+        watched.to(batch, "cpu")
+    watched.recorder.copies.extend(watched.copies.resolved())
+    watched.close()
+    timed = [b.h2d_ms for b in RunStore(db_path).batches(watched.run_id) if b.h2d_ms is not None]
+    assert len(timed) >= 8

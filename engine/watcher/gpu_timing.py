@@ -1,0 +1,157 @@
+"""GPU timing of a watched job, from CUDA events resolved lazily: the real GPU idle gaps
+(``StepGaps``) and the host-to-device copies made through ``loader.to(batch, device)``
+(``CopyTimes``).
+
+The idle gap: how long the GPU sat idle waiting for the next batch.
+
+Two CUDA events per batch on the job's current stream: one recorded as the loop asks for the
+next batch (the previous step's work is queued by then), one as the batch is handed over. On
+the GPU's own clock the first completes when the previous step's work is done, the second not
+before it is recorded; the time between them is how long the GPU waited for the host to come
+back with a batch: 0 when the host ran ahead (the GPU was still busy), the whole input wait
+when the GPU had nothing queued.
+
+They are resolved lazily: ``Event.query()`` on the oldest pending pair at each batch, never
+``synchronize()``, so the host keeps running ahead of the GPU as it would unwatched. Nothing is
+recorded until the job itself has initialised CUDA: a job training on the CPU of a machine with
+a GPU gets no CUDA context from the watcher (a context costs hundreds of MB, and CUDA before
+forking workers breaks them).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+MAX_PENDING = 64  # pairs not yet complete; beyond this the oldest are dropped, not waited for
+
+
+class StepGaps:
+    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[], Any],
+                 cuda_in_use: Callable[[], bool]) -> None:
+        self.make_event, self.current_stream = make_event, current_stream
+        self.cuda_in_use = cuda_in_use
+        self.pending: collections.deque = collections.deque()
+        self._asked = None
+
+    @classmethod
+    def create(cls) -> "StepGaps | None":
+        """None without a CUDA GPU: the output then says GPU gaps were not measured."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return cls(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream,
+                   torch.cuda.is_initialized)
+
+    def asking(self) -> None:
+        """The loop asks for the next batch (its previous step's GPU work is queued)."""
+        if not self.cuda_in_use():
+            self._asked = None
+            return
+        event = self.make_event()
+        event.record(self.current_stream())
+        self._asked = event
+
+    def handed(self, seq: int) -> None:
+        """Batch ``seq`` is handed to the loop."""
+        if self._asked is None:
+            return
+        event = self.make_event()
+        event.record(self.current_stream())
+        self.pending.append((seq, self._asked, event))
+        self._asked = None
+        if len(self.pending) > MAX_PENDING:
+            self.pending.popleft()
+
+    def resolved(self) -> list[tuple[int, float]]:
+        """``(seq, gap_ms)`` of the pairs the GPU has passed since the last call."""
+        done = []
+        pending = self.pending
+        while pending and pending[0][2].query():
+            seq, asked, handed = pending.popleft()
+            done.append((seq, max(asked.elapsed_time(handed), 0.0)))
+        return done
+
+
+COMPARE_EVERY = 32  # batches: one in this many is also copied in the other memory kind
+
+
+def tensors_of(batch: Any) -> list:
+    """The tensors in a batch (tuples, lists, dicts, nested), in order."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        return [t for value in batch.values() for t in tensors_of(value)]
+    if isinstance(batch, (list, tuple)):
+        return [t for value in batch for t in tensors_of(value)]
+    return []
+
+
+def moved(batch: Any, device: Any, non_blocking: bool) -> Any:
+    """The batch with every tensor on ``device``, its structure kept (namedtuples too)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return type(batch)((k, moved(v, device, non_blocking)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(moved(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(moved(v, device, non_blocking) for v in batch)
+    return batch
+
+
+class CopyTimes:
+    """Times each copy made through ``loader.to`` with two events on the current stream (the
+    copy the training step waits for anyway: nothing extra is synchronised); every
+    COMPARE_EVERY-th batch is also copied in the other memory kind (pageable if the batch is
+    pinned, pinned if not) into a throwaway, so pinned and pageable compare at the real size."""
+
+    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[], Any]) -> None:
+        self.make_event, self.current_stream = make_event, current_stream
+        self.pending: collections.deque = collections.deque()
+        self.count = 0
+
+    @classmethod
+    def create(cls) -> "CopyTimes | None":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return cls(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream)
+
+    def copy(self, seq: int, batch: Any, device: Any, non_blocking: bool) -> Any:
+        stream = self.current_stream()
+        start, end = self.make_event(), self.make_event()
+        start.record(stream)
+        result = moved(batch, device, non_blocking)
+        end.record(stream)
+        other = None
+        self.count += 1
+        if self.count % COMPARE_EVERY == 0:
+            tensors = tensors_of(batch)
+            pinned = bool(tensors) and all(t.is_pinned() for t in tensors)
+            twins = [t.clone() if pinned else t.pin_memory() for t in tensors]
+            other = (self.make_event(), self.make_event())
+            other[0].record(stream)
+            for twin in twins:
+                twin.to(device, non_blocking=True)
+            other[1].record(stream)
+        self.pending.append((seq, start, end, other))
+        if len(self.pending) > MAX_PENDING:
+            self.pending.popleft()
+        return result
+
+    def resolved(self) -> list[tuple[int, float, float | None]]:
+        """``(seq, copy ms, other kind's copy ms or None)`` of the copies the GPU has done."""
+        done = []
+        pending = self.pending
+        while pending and (pending[0][3] or pending[0][1:3])[-1].query():
+            seq, start, end, other = pending.popleft()
+            done.append((seq, start.elapsed_time(end),
+                         other[0].elapsed_time(other[1]) if other else None))
+        return done
