@@ -197,3 +197,25 @@ def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_pat
     assert Setting(3) in watched.search.failed
     assert watched.search.best.setting.num_workers < 3
     assert "failed and dropped" in capfd.readouterr().err
+
+
+def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import engine.watcher.inplace as inplace
+    from engine.watcher.loader import WatchedLoader
+
+    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+    real_segment = WatchedLoader._segment
+
+    def segment(self, plan, start, setting, base_seed, index):
+        if setting.num_workers == 2:
+            raise OSError("Too many open files")
+        return real_segment(self, plan, start, setting, base_seed, index)
+
+    monkeypatch.setattr(WatchedLoader, "_segment", segment)
+    watched = watch(indices_loader(1), name="no-fds", db=db_path, tune=True, max_workers=3)
+    seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]
+    watched.close()
+    assert seen == seen_unwatched(2)
+    assert Setting(2) in watched.search.failed

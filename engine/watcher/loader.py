@@ -218,7 +218,7 @@ class WatchedLoader:
         first, taken, segment = seq, 0, 0
         self._epoch += 1
         epoch_start = clock()
-        source = self._segment(plan, 0, search.current, base_seed, segment)
+        source = self._open(plan, 0, search.current, base_seed, segment)
         try:
             while taken < len(plan):
                 t_request = clock()
@@ -236,7 +236,7 @@ class WatchedLoader:
                     self._log_decisions()
                     _shutdown(source)
                     segment += 1
-                    source = self._segment(plan, taken, fallback, base_seed, segment)
+                    source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
                 t_ready = clock()
                 if gaps is not None:
@@ -265,10 +265,22 @@ class WatchedLoader:
                 if switch is not None and taken < len(plan):
                     _shutdown(source)
                     segment += 1
-                    source = self._segment(plan, taken, switch, base_seed, segment)
+                    source = self._open(plan, taken, switch, base_seed, segment)
         finally:
             _shutdown(source)
             self._seq = seq
+
+    def _open(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
+        """``_segment``, and if a tried setting cannot even start, the best one so far (or the
+        job's own) instead: tuning must never be what stops training."""
+        try:
+            return self._segment(plan, start, setting, base_seed, segment)
+        except Exception as exc:  # noqa: BLE001
+            if setting == self.search.baseline:
+                raise  # the job's own settings: its own error, as without the tool
+            fallback = self.search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
+            self._log_decisions()
+            return self._segment(plan, start, fallback, base_seed, segment)
 
     def _segment(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
         """An iterator over ``plan[start:]`` with ``setting``, probed like the watched copy."""
