@@ -176,14 +176,15 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
 
     db = str(tmp_path / "runs.sqlite")
     server = start_server(free_port(), db)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    steps = Steps(page)
+    page.goto(server.url + "/jobs")  # opened before the job starts: it must appear by itself
+    page.get_by_text("No watched jobs yet").wait_for(timeout=60_000)
     job = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "examples", "train_watched.py"), "--epochs", "200",
          "--step-ms", "5", "--db", db], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        steps = Steps(page)
-        page.goto(server.url + "/jobs")
         # The run's own line (the runs table above is a canvas with hidden text for readers)
         page.locator('[data-testid="stMarkdown"]').filter(
             has_text="train_watched.py").filter(has_text="running").first.wait_for(timeout=60_000)
