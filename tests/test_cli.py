@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT, dataset_path
 
 
@@ -92,6 +94,7 @@ def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_p
     assert saved["kind"] == "tune" and saved["summary"]["recommended"] == doc["recommended"]
 
 
+@pytest.mark.slow  # a real tune: the JSON one covers the command in the quick loop
 def test_tune_text_prints_the_code_line(db_path):
     result = cli("tune", dataset_path("small_map.py"), "--max-workers", "1", "--budget-s", "10",
                  db=db_path)
@@ -106,6 +109,7 @@ def test_tune_bad_target_exits_1(db_path):
     assert json.loads(result.stdout)["error"]["type"] == "target_ambiguous"
 
 
+@pytest.mark.slow  # a real tune, then a profile of its file
 def test_profile_of_a_settings_file_keeps_its_settings_and_trusts_its_worker_count(db_path,
                                                                                     tmp_path):
     """A tune's settings file profiled as is: no warning contradicts the count it measured."""
