@@ -17,7 +17,10 @@ LIVE_WINDOW_BATCHES = 5000  # the live figures cover the most recent batches (as
 
 
 def _job_of(run: StoredRun) -> str:
-    return f"{run.script or run.target} (pid {run.pid} on {run.host})"
+    rank = run.rank
+    where = (f"rank {rank['rank']}/{rank['world_size']}, node {rank['node_rank']}, "
+             if rank else "")
+    return f"{run.script or run.target} ({where}pid {run.pid} on {run.host})"
 
 
 def _label(run: StoredRun) -> str:

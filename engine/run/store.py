@@ -49,6 +49,7 @@ class StoredRun:
     pid: int | None = None
     script: str | None = None  # a watched run's training script
     heartbeat_at: float | None = None
+    rank: dict | None = None  # {rank, world_size, local_rank, local_world_size, node_rank, job_id}
     config: dict | None = None
     dataset: dict | None = None
     system: SystemSnapshot | None = None
@@ -73,8 +74,8 @@ RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "t
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
 # ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
-WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at")
-WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT"}
+WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json")
+WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT", "rank_json": "TEXT"}
 # A writer on another machine cannot be checked by pid: silent this long, it counts as gone.
 LOST_AFTER_S = 60.0
 
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS runs (
     pid INTEGER,
     script TEXT,
     heartbeat_at REAL,
-    tune_requested_at REAL
+    tune_requested_at REAL,
+    rank_json TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -154,16 +156,18 @@ class RunStore:
     # -- writing ---------------------------------------------------------------------------
 
     def create_run(self, kind: str, target: str, config: dict, label: str | None = None,
-                   parent_id: int | None = None, script: str | None = None) -> int:
-        """A new run, written by this process (its host and pid are kept, see mark_lost_runs)."""
+                   parent_id: int | None = None, script: str | None = None,
+                   rank: dict | None = None) -> int:
+        """A new run, written by this process (its host and pid are kept, see mark_lost_runs;
+        ``rank``: its place in a torchrun job, watcher/ranks.py)."""
         now = time.time()
         with self._conn() as conn:
             cursor = conn.execute(
                 "INSERT INTO runs (kind, label, target, status, started_at, config_json, "
-                "parent_id, host, pid, script, heartbeat_at) "
-                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                "parent_id, host, pid, script, heartbeat_at, rank_json) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, label, target, now, json.dumps(config), parent_id, socket.gethostname(),
-                 os.getpid(), script, now),
+                 os.getpid(), script, now, json.dumps(rank) if rank else None),
             )
             return cursor.lastrowid
 
@@ -269,7 +273,7 @@ class RunStore:
     def list_runs(self, limit: int = 100) -> list[StoredRun]:
         rows = self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
-            "error_json, parent_id, host, pid, script, heartbeat_at FROM runs "
+            "error_json, parent_id, host, pid, script, heartbeat_at, rank_json FROM runs "
             "ORDER BY id DESC LIMIT ?", (limit,)
         ).fetchall()
         return [self._stored_run(row) for row in rows]
@@ -322,7 +326,8 @@ class RunStore:
             result=result_from_dict(row["kind"], summary) if summary is not None else None,
             error=json.loads(row["error_json"]) if row["error_json"] else None,
             host=row["host"], pid=row["pid"], script=row["script"],
-            heartbeat_at=row["heartbeat_at"], **details)
+            heartbeat_at=row["heartbeat_at"],
+            rank=json.loads(row["rank_json"]) if row["rank_json"] else None, **details)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -36,6 +36,7 @@ from engine.run.store import RunStore
 from engine.settings import settings_file
 from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
 from engine.watcher.inplace import InPlaceSearch, Setting
+from engine.watcher.ranks import rank_identity
 from engine.watcher.rebuild import config_of, instrumented
 from engine.watcher.recorder import Recorder, process_identity
 
@@ -75,8 +76,10 @@ class WatchedLoader:
         self.config = _config(loader)
         who = process_identity()
         self.t0 = time.monotonic()
+        self.rank = rank_identity()  # None outside a torchrun job
         run_id = store.create_run("watch", who["script"], self.config.to_json_dict(),
-                                  label=self.name, script=who["script"])
+                                  label=self.name, script=who["script"],
+                                  rank=self.rank.to_dict() if self.rank else None)
         self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
         if tune:
