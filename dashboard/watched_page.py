@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from engine import LiveRun, StoredRun
+from engine import LiveRun, StoredRun, rank_figures, slowest_rank
 
 from . import views
 from .shared import get_jobs
@@ -103,6 +103,37 @@ def _watch_for_changes(shown: dict[int, str]) -> None:
         st.rerun()
 
 
+RANK_WINDOW_BATCHES = 2000  # each rank's figures: its most recent batches
+
+
+def _ranks_view(runs: list[StoredRun]) -> None:
+    """Each torchrun job's loaders, rank by rank, and the rank that holds the others back."""
+    store = get_jobs().store
+    jobs: dict[tuple, list[StoredRun]] = {}
+    for run in runs:
+        if run.rank:
+            jobs.setdefault((run.rank["job_id"], run.label), []).append(run)
+    for (job_id, label), ranks in jobs.items():
+        if len(ranks) < 2:
+            continue
+        ranks.sort(key=lambda run: run.rank["rank"])
+        figures = [rank_figures(run.rank["rank"], run.rank["node_rank"],
+                                store.batches(run.id, RANK_WINDOW_BATCHES)) for run in ranks]
+        st.markdown(f"**Job `{job_id}`, loader {label}: {len(ranks)} ranks**")
+        st.dataframe([{
+            "rank": f.rank, "node": f.node, "status": run.status,
+            "samples/s": None if f.samples_per_s is None else round(f.samples_per_s, 1),
+            "input wait %": (None if f.input_wait_frac is None
+                             else round(100 * f.input_wait_frac, 1)),
+            "step ms": None if f.step_ms is None else round(f.step_ms, 2),
+        } for f, run in zip(figures, ranks)], hide_index=True)
+        found = slowest_rank(figures)
+        if found:
+            st.warning(found[1], icon="🐢")
+        else:
+            st.caption("No rank holds the others back: their rates are within 5% of the median.")
+
+
 def render() -> None:
     store = get_jobs().store
     st.title("Training jobs")
@@ -115,6 +146,7 @@ def render() -> None:
         st.info("No watched jobs yet. Try `python examples/train_watched.py`.")
         return
     _table(runs)
+    _ranks_view(runs)
     ids = [run.id for run in runs]
     running = [run.id for run in runs if run.status == "running"]
     labels = {run.id: _label(run) for run in runs}

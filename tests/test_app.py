@@ -301,3 +301,31 @@ def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatc
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert any("Tuning in place" in m.value for m in at.markdown)
     watched.close()
+
+
+def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_env,
+                                                                           monkeypatch):
+    """Two ranks of one job (torchrun's environment, as each rank gets it), rank 1's steps
+    three times longer: the page names rank 1 and why."""
+    from torch.utils.data import DataLoader
+
+    from engine import watch
+
+    from .test_watch import Indices
+
+    loaders = []
+    for rank in (0, 1):
+        for name, value in {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": rank,
+                            "LOCAL_WORLD_SIZE": 2, "GROUP_RANK": 0,
+                            "TORCHELASTIC_RUN_ID": "job-1"}.items():
+            monkeypatch.setenv(name, str(value))
+        loaders.append(watch(DataLoader(Indices(160), batch_size=8), name="train", db=app_env))
+    for rank, loader in enumerate(loaders):
+        for _batch in loader:
+            time.sleep(0.002 if rank == 0 else 0.006)
+        loader.close()
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert any("2 ranks" in m.value for m in at.markdown)
+    warning = " ".join(w.value for w in at.warning)
+    assert "rank 1's steps are slower" in warning, warning

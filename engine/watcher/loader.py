@@ -407,7 +407,8 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
         return ("an IterableDataset decides its own order and how it splits across workers: a "
                 "switch could repeat or skip samples")
     if loader.batch_sampler is None:
-        return "without batching by DataLoader (batch_size=None) there is no batch plan to hand over"
+        return ("without batching by DataLoader (batch_size=None) there is no batch plan to "
+                "hand over")
     return None
 
 
