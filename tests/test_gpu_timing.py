@@ -118,10 +118,32 @@ def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypa
     assert type(same) is Pair and same.image.shape == (4, 3) and "ids" in same.label
     monkeypatch.setattr(watched_loader, "_is_cuda", lambda device: True)  # as on a GPU
     monkeypatch.setattr(timing, "COMPARE_EVERY", 10**9)  # pinning needs an accelerator
-    watched.copies = CopyTimes(FakeEvent, lambda: "stream")
+    watched.copies = CopyTimes(FakeEvent, lambda device: "stream")
     for batch in watched:
         watched.to(batch, "cpu")
     watched.recorder.copies.extend(watched.copies.resolved())
     watched.close()
     timed = [b.h2d_ms for b in RunStore(db_path).batches(watched.run_id) if b.h2d_ms is not None]
     assert len(timed) >= 8
+
+
+def test_moving_keeps_mappings_and_objects_that_move_themselves():
+    from collections import UserDict, defaultdict
+
+    from engine.watcher.gpu_timing import moved
+
+    class Graph:
+        def __init__(self):
+            self.moved_to = None
+
+        def to(self, device, non_blocking=False):
+            self.moved_to = device
+            return self
+
+    encoding = UserDict({"input_ids": torch.ones(2, 3)})
+    counts = defaultdict(list, {"x": torch.zeros(1)})
+    graph = Graph()
+    out = moved([encoding, counts, graph, "text"], "cpu", False)
+    assert type(out[0]) is UserDict and out[0]["input_ids"].shape == (2, 3)
+    assert type(out[1]) is defaultdict and out[1].default_factory is list
+    assert out[2].moved_to == "cpu" and out[3] == "text"

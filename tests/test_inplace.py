@@ -219,3 +219,46 @@ def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypat
     watched.close()
     assert seen == seen_unwatched(2)
     assert Setting(2) in watched.search.failed
+
+
+class BadSample(Indices):
+    def __getitem__(self, index: int):
+        if index == 77:
+            raise ValueError("corrupt sample 77")
+        return super().__getitem__(index)
+
+
+def test_a_bad_sample_ends_in_the_job_s_own_error_not_a_loop(db_path, tmp_path, monkeypatch):
+    """Every setting fails on it: each is dropped once, then the job's own raises, as it
+    would unwatched."""
+    monkeypatch.chdir(tmp_path)
+    import engine.watcher.inplace as inplace
+
+    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
+    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+    watched = watch(DataLoader(BadSample(240), batch_size=4, num_workers=1), name="bad",
+                    db=db_path, tune=True, max_workers=3)
+    with pytest.raises(Exception, match="corrupt sample 77"):
+        for _ in range(3):
+            for _batch in watched:
+                pass
+    watched.close()
+    assert len(watched.search.failed) <= 3
+
+
+def test_loaders_that_cannot_be_planned_are_watched_untuned(db_path):
+    from torch.utils.data import Sampler
+
+    class Endless(Sampler):
+        def __iter__(self):
+            while True:
+                yield [0, 1]
+
+    endless = watch(DataLoader(Indices(8), batch_sampler=Endless()), db=db_path, tune=True)
+    assert endless.search is None and "no length" in endless.tune_off_because
+    endless.close()
+    if "in_order" in DataLoader.__init__.__code__.co_varnames:
+        unordered = watch(DataLoader(Indices(8), batch_size=2, num_workers=1, in_order=False),
+                          db=db_path, tune=True)
+        assert unordered.search is None and "in_order=False" in unordered.tune_off_because
+        unordered.close()

@@ -215,7 +215,9 @@ class RunStore:
         for row in rows:
             last = row["heartbeat_at"] or row["started_at"]
             if row["host"] == host and row["pid"]:
-                gone = not _alive(row["pid"], row["started_at"])
+                # The pid, and a few seconds of silence too: a container sharing the host's
+                # name has pids of its own namespace.
+                gone = not _alive(row["pid"], row["started_at"]) and now - last > 5.0
             else:
                 gone = now - last > LOST_AFTER_S
             if gone:

@@ -21,6 +21,7 @@ forking workers breaks them).
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from typing import Any, Callable
 
 MAX_PENDING = 64  # pairs not yet complete; beyond this the oldest are dropped, not waited for
@@ -91,17 +92,28 @@ def tensors_of(batch: Any) -> list:
 
 
 def moved(batch: Any, device: Any, non_blocking: bool) -> Any:
-    """The batch with every tensor on ``device``, its structure kept (namedtuples too)."""
+    """The batch with every tensor on ``device``, its structure kept: namedtuples, any mapping
+    (a UserDict such as HuggingFace's BatchEncoding, a defaultdict), and objects that move
+    themselves with ``.to`` (PyG's Data, batch dataclasses)."""
     import torch
 
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
-        return type(batch)((k, moved(v, device, non_blocking)) for k, v in batch.items())
+    if isinstance(batch, Mapping):
+        copy = batch.copy() if hasattr(batch, "copy") else dict(batch)
+        for key, value in batch.items():
+            copy[key] = moved(value, device, non_blocking)
+        return copy
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(moved(v, device, non_blocking) for v in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(moved(v, device, non_blocking) for v in batch)
+    to = getattr(batch, "to", None)
+    if callable(to) and not isinstance(batch, (str, bytes)):
+        try:
+            return to(device, non_blocking=non_blocking)
+        except TypeError:  # a .to without non_blocking
+            return to(device)
     return batch
 
 
@@ -122,19 +134,20 @@ class CopyTimes:
 
         if not torch.cuda.is_available():
             return None
-        return cls(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream)
+        return cls(lambda: torch.cuda.Event(enable_timing=True),
+                   lambda device: torch.cuda.current_stream(torch.device(device)))
 
     def copy(self, seq: int, batch: Any, device: Any, non_blocking: bool) -> Any:
-        stream = self.current_stream()
+        stream = self.current_stream(device)  # the target device's: where the copy is queued
         start, end = self.make_event(), self.make_event()
         start.record(stream)
         result = moved(batch, device, non_blocking)
         end.record(stream)
         other = None
         self.count += 1
-        if self.count % COMPARE_EVERY == 0:
-            tensors = tensors_of(batch)
-            pinned = bool(tensors) and all(t.is_pinned() for t in tensors)
+        tensors = tensors_of(batch) if self.count % COMPARE_EVERY == 0 else []
+        if tensors and all(t.device.type == "cpu" for t in tensors):
+            pinned = all(t.is_pinned() for t in tensors)
             twins = [t.clone() if pinned else t.pin_memory() for t in tensors]
             other = (self.make_event(), self.make_event())
             other[0].record(stream)

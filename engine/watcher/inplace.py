@@ -91,7 +91,7 @@ class Trial:
         per_batch = elapsed / max(self.taken, 1)
         room = self.setting.warmup_batches + 1.5 * MIN_STEADY_BATCHES
         if elapsed > min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S):
-            return bool(self.cycles)
+            return len(self.cycles) >= 3 * max(self.setting.num_workers, 1) or not MAX_TRIAL_S
         if len(self.cycles) < MIN_STEADY_BATCHES:
             return False
         if len(self.cycles) % 5:  # the interval is O(n): every 5th batch is often enough
@@ -154,6 +154,8 @@ class InPlaceSearch:
         trial.taken += 1
         if trial.seen <= trial.setting.warmup_batches:
             return None
+        if not trial.cycles:  # its clock starts with its first steady batch, not the switch
+            trial.started, trial.taken = time.monotonic(), 0
         trial.cycles.append(cycle_s)
         trial.samples.append(samples)
         if not trial.done():
@@ -164,6 +166,8 @@ class InPlaceSearch:
         """A setting could not run (its workers failed to start, or crashed): never again; the
         job goes on with the best setting measured, or its own."""
         self.failed.add(setting)
+        if self.best is not None and self.best.setting == setting:
+            self.best = Trial(self.baseline)  # the best so far failed too: the job's own
         self.decisions.append(Decision(asdict(setting), None, None,
                                        f"failed and dropped ({why}); back to "
                                        f"{_name(self._fallback())}"))
@@ -190,7 +194,7 @@ class InPlaceSearch:
                        f"{_name(best.setting)}")
             self.best = trial
         elif (self.direction in ("down", "zero")
-              and rate >= (1 - FEWER_WORKERS_TOLERANCE) * best.samples_per_s):
+              and rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate()):
             share = rate / best.samples_per_s
             verdict = (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
                        if share >= 1 else
@@ -217,6 +221,11 @@ class InPlaceSearch:
             return self.best.setting if self.best.setting != trial.setting else None
         self.trial = Trial(following)
         return following
+
+    def _fastest_rate(self) -> float:
+        """Fewer workers are judged against the fastest setting measured, so steps down cannot
+        drift: each within the tolerance of the last, yet far below the fastest."""
+        return max((t.samples_per_s or 0.0) for t in self.measured)
 
     def _next_setting(self) -> Setting | None:
         n = self.best.setting.num_workers

@@ -40,6 +40,7 @@ from engine.watcher.ranks import rank_identity
 from engine.watcher.rebuild import config_of, instrumented
 from engine.watcher.recorder import Recorder, process_identity
 
+MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 
@@ -54,8 +55,13 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     (default: twice the usable CPUs), switching only between batches and keeping each epoch's
     samples and order as the sampler drew them; the chosen settings are printed and saved to
     ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder)."""
-    return WatchedLoader(loader, name, RunStore(db), tune=tune, max_workers=max_workers,
-                         settings_out=settings_out)
+    try:
+        return WatchedLoader(loader, name, RunStore(db), tune=tune, max_workers=max_workers,
+                             settings_out=settings_out)
+    except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
+        _say(f"{name or 'loader'}: not watched ({type(exc).__name__}: {exc}); training goes "
+             "on with the loader as it is")
+        return loader
 
 
 class WatchedLoader:
@@ -116,8 +122,15 @@ class WatchedLoader:
             return
         workers = loader.num_workers
         prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
-        self.search = InPlaceSearch(Setting(workers, prefetch),
-                                    self.max_workers or 2 * system.usable_cpus())
+        # The node's CPUs are shared by its ranks' loaders (each rank searches on its own).
+        sharing = self.rank.local_world_size if self.rank else 1
+        self.search = InPlaceSearch(Setting(workers, prefetch), self.max_workers
+                                    or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+        # persistent_workers keep the probed copy's workers alive between epochs: not while
+        # the search runs its own.
+        _shutdown(getattr(self.probed, "_iterator", None))
+        if self.probed is not None:
+            self.probed._iterator = None
 
     def __iter__(self):
         if (self.recorder.tune_requested and self.search is None
@@ -165,45 +178,45 @@ class WatchedLoader:
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
         clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seq, seen, gaps = self._epoch, self._seq, self._seen_pids, self.gaps
-        first = seq
+        epoch, seen, gaps = self._epoch, self._seen_pids, self.gaps
+        first = self._seq
         self._epoch += 1
         epoch_start = clock()
-        try:
-            while True:
-                t_request = clock()
-                if gaps is not None:
-                    gaps.asking()
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    return
-                t_ready = clock()
-                if gaps is not None:
-                    gaps.handed(seq)
-                    self.recorder.gaps.extend(gaps.resolved())
-                if probed:
-                    batch, (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s,
-                            samples, nbytes, probe) = item
-                    if pid not in seen:
-                        seen.add(pid)
-                        self.recorder.worker_ids[pid] = worker_id
-                        if probe is not None:
-                            events.append(protocol.Probe(pid, worker_id, probe))
-                else:
-                    batch, samples, nbytes = item, samples_in(item), None
-                    worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s = (
-                        UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None)
-                if seq == first:
-                    events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
-                self._handed = seq  # the batch loader.to() copies
-                yield batch
-                rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
-                             samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
-                             collate_s, fetch_cpu_s, None, None, None))
-                seq += 1
-        finally:
-            self._seq = seq
+        while True:
+            t_request = clock()
+            if gaps is not None:
+                gaps.asking()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            t_ready = clock()
+            # Numbered as handed out, on the loader itself: a loop that breaks off, or two
+            # iterators at once, never reuse a number.
+            seq = self._seq
+            self._seq = seq + 1
+            if gaps is not None:
+                gaps.handed(seq)
+                self.recorder.gaps.extend(gaps.resolved())
+            if probed:
+                batch, (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s,
+                        samples, nbytes, probe) = item
+                if pid not in seen:
+                    seen.add(pid)
+                    self.recorder.worker_ids[pid] = worker_id
+                    if probe is not None:
+                        events.append(protocol.Probe(pid, worker_id, probe))
+            else:
+                batch, samples, nbytes = item, samples_in(item), None
+                worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s = (
+                    UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None)
+            if seq == first:
+                events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
+            self._handed = seq  # the batch loader.to() copies
+            yield batch
+            rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
+                         samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
+                         collate_s, fetch_cpu_s, None, None, None))
 
     def _tuned_batches(self):
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -217,8 +230,8 @@ class WatchedLoader:
             generator=loader.generator).item())
         plan = list(sampler_iter)
         clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seq, seen, gaps = self._epoch, self._seq, self._seen_pids, self.gaps
-        first, taken, segment = seq, 0, 0
+        epoch, seen, gaps = self._epoch, self._seen_pids, self.gaps
+        first, taken, segment = self._seq, 0, 0
         self._epoch += 1
         epoch_start = clock()
         source = self._open(plan, 0, search.current, base_seed, segment)
@@ -235,6 +248,8 @@ class WatchedLoader:
                     setting = search.current
                     if setting == search.baseline:
                         raise  # the job's own settings: its own error, as without the tool
+                    # Each setting fails once at most (then it is dropped; a failing best gives
+                    # way to the job's own), so a bad sample ends at the job's own error.
                     fallback = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
                     self._log_decisions()
                     _shutdown(source)
@@ -242,6 +257,8 @@ class WatchedLoader:
                     source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
                 t_ready = clock()
+                seq = self._seq  # numbered as handed out (see _batches)
+                self._seq = seq + 1
                 if gaps is not None:
                     gaps.handed(seq)
                     self.recorder.gaps.extend(gaps.resolved())
@@ -261,7 +278,6 @@ class WatchedLoader:
                 rows.append((seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready,
                              samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
                              collate_s, fetch_cpu_s, None, None, None))
-                seq += 1
                 switch = search.after_batch(samples, t_back - t_request)
                 if len(search.decisions) > self._logged:
                     self._log_decisions()
@@ -271,19 +287,18 @@ class WatchedLoader:
                     source = self._open(plan, taken, switch, base_seed, segment)
         finally:
             _shutdown(source)
-            self._seq = seq
 
     def _open(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
         """``_segment``, and if a tried setting cannot even start, the best one so far (or the
         job's own) instead: tuning must never be what stops training."""
-        try:
-            return self._segment(plan, start, setting, base_seed, segment)
-        except Exception as exc:  # noqa: BLE001
-            if setting == self.search.baseline:
-                raise  # the job's own settings: its own error, as without the tool
-            fallback = self.search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
-            self._log_decisions()
-            return self._segment(plan, start, fallback, base_seed, segment)
+        while True:
+            try:
+                return self._segment(plan, start, setting, base_seed, segment)
+            except Exception as exc:  # noqa: BLE001
+                if setting == self.search.baseline:
+                    raise  # the job's own settings: its own error, as without the tool
+                setting = self.search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
+                self._log_decisions()
 
     def _segment(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
         """An iterator over ``plan[start:]`` with ``setting``, probed like the watched copy."""
@@ -409,6 +424,15 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
     if loader.batch_sampler is None:
         return ("without batching by DataLoader (batch_size=None) there is no batch plan to "
                 "hand over")
+    if not getattr(loader, "in_order", True):
+        return "with in_order=False batches arrive out of order: a switch could repeat or skip"
+    try:
+        batches = len(loader.batch_sampler)
+    except TypeError:
+        return "its batch sampler has no length (an endless sampler): an epoch cannot be planned"
+    if batches > MAX_PLANNED_BATCHES:
+        return (f"an epoch of {batches:,} batches is too long to hold as a plan (over "
+                f"{MAX_PLANNED_BATCHES:,})")
     return None
 
 
