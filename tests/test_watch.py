@@ -187,3 +187,23 @@ def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     assert run.status == "error" and run.error["type"] == "watched_job_failed"
     assert "ValueError: loss is nan" in run.error["message"]
     assert len(RunStore(db_path).batches(run.id)) == 3  # the batches stepped through
+
+
+def test_a_failed_write_is_retried_not_lost(db_path, monkeypatch, capsys):
+    watched = watch(shuffled(0), name="retry", db=db_path)
+    store = watched.recorder.store
+    real = store.record_event
+    failing = {"on": True}
+
+    def flaky(run_id, event):
+        if failing["on"] and type(event).__name__ == "Batches":
+            raise OSError("database is locked")
+        return real(run_id, event)
+
+    monkeypatch.setattr(store, "record_event", flaky)
+    epochs_of(watched, 1)
+    watched.recorder.flush()  # fails: the rows stay in the buffer
+    assert watched.recorder.rows and "could not write" in capsys.readouterr().err
+    failing["on"] = False
+    watched.close()
+    assert len(RunStore(db_path).batches(watched.run_id)) == 12  # every batch, written later

@@ -30,6 +30,7 @@ RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s, as in the engine'
 # The final result covers at most this many recent batches (a week-long job makes millions);
 # every batch is still written to the history.
 KEPT_BATCHES = 100_000
+MAX_BACKLOG = 100_000  # rows kept for a retry while the history cannot be written
 
 
 class Recorder:
@@ -72,24 +73,27 @@ class Recorder:
     def flush(self, sample: bool = False) -> None:
         with self._lock:
             try:
+                # Taken from the buffers only once written: a failed write (the history file
+                # locked, a full disk) is retried at the next flush, up to MAX_BACKLOG rows.
                 events = self.events[:]
-                del self.events[:len(events)]
                 rows = self.rows[:]
-                del self.rows[:len(rows)]
-                if rows:
-                    events.append(protocol.Batches(rows))
-                if sample:
-                    events.append(self._resources())
                 for event in events:
                     self.store.record_event(self.run_id, event)
+                del self.events[:len(events)]
                 if rows:
+                    self.store.record_event(self.run_id, protocol.Batches(rows))
+                    del self.rows[:len(rows)]
                     self._written_seq = rows[-1][0]
+                if sample:
+                    self.store.record_event(self.run_id, self._resources())
                 self._write_gaps()
                 self.store.heartbeat(self.run_id)
                 if not self.tune_requested:
                     self.tune_requested = self.store.tune_requested(self.run_id)
             except Exception:  # noqa: BLE001 - never the training job's problem
                 self._report_failure()
+                if len(self.rows) > MAX_BACKLOG:  # a history that stays unwritable
+                    del self.rows[:len(self.rows) - MAX_BACKLOG]
 
     def _write_gaps(self) -> None:
         """GPU timings resolved after their batches: written once their rows are."""
