@@ -97,9 +97,7 @@ WATCH_S = 2.0  # how often the page looks for jobs that started (or ended) since
 def _watch_for_changes(shown: dict[int, str]) -> None:
     """Re-draw the page when a watched run starts, or one shown changes status (a job that
     starts after the page was opened appears without a reload)."""
-    store = get_jobs().store
-    now = {run.id: run.status for run in store.list_runs(500) if run.kind == "watch"}
-    if now != shown:
+    if get_jobs().store.statuses("watch") != shown:
         st.rerun()
 
 
@@ -141,7 +139,7 @@ def render() -> None:
                "(`from engine import watch`), and its loaders appear here while it trains.")
     store.mark_lost_runs()
     runs = [run for run in store.list_runs(500) if run.kind == "watch"]
-    st.fragment(_watch_for_changes, run_every=WATCH_S)({run.id: run.status for run in runs})
+    st.fragment(_watch_for_changes, run_every=WATCH_S)(store.statuses("watch"))
     if not runs:
         st.info("No watched jobs yet. Try `python examples/train_watched.py`.")
         return

@@ -16,6 +16,7 @@ import pytest
 
 from .browser import CHROMIUM_ARGS, CHROMIUM_PATH, free_port, start_server, stop_server
 from .conftest import ROOT
+from .test_watch import reap_orphans
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a minute: not in the quick loop
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
@@ -202,10 +203,4 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
         stop_server(server)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the killed job's workers, adopted here
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    time.sleep(0.05)
-            except ChildProcessError:
-                break
+        reap_orphans()  # the killed job's workers, adopted here

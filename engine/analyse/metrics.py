@@ -153,18 +153,29 @@ def rate_interval(batches: Sequence[BatchRecord], warmup: int, block_batches: in
     three blocks: too short to say.
     """
     measured = batches[warmup:]
-    blocks = min(MAX_BLOCKS, len(measured) // max(block_batches, 1))
-    if blocks < 3 or warmup < 1:
+    if warmup < 1 or not measured:
         return None
     ends = [b.t_ready + b.step_s for b in batches[warmup - 1:]]
-    size = len(measured) / blocks
+    return block_rate_interval([b.samples for b in measured],
+                               [ends[i + 1] - ends[i] for i in range(len(measured))],
+                               block_batches)
+
+
+def block_rate_interval(samples: Sequence[int], seconds: Sequence[float],
+                        block_batches: int = 1) -> float | None:
+    """``rate_interval`` from each steady batch's samples and the time it took (for a loop
+    measured batch by batch, such as a watched job's)."""
+    blocks = min(MAX_BLOCKS, len(samples) // max(block_batches, 1))
+    if blocks < 3:
+        return None
+    size = len(samples) / blocks
     rates = []
     for i in range(blocks):
         lo, hi = round(i * size), round((i + 1) * size)
-        seconds = ends[hi] - ends[lo]
-        if seconds <= 0:
+        elapsed = sum(seconds[lo:hi])
+        if elapsed <= 0:
             return None
-        rates.append(sum(b.samples for b in measured[lo:hi]) / seconds)
+        rates.append(sum(samples[lo:hi]) / elapsed)
     mean = sum(rates) / blocks
     sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (blocks - 1))
     return T95.get(blocks - 1, 2.0) * sd / math.sqrt(blocks) / mean if mean > 0 else None

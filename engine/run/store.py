@@ -280,6 +280,13 @@ class RunStore:
         ).fetchall()
         return [self._stored_run(row) for row in rows]
 
+    def statuses(self, kind: str) -> dict[int, str]:
+        """{run id: status} of the runs of one kind: a cheap check for changes (no results
+        read), for a page that polls."""
+        rows = self._conn().execute("SELECT id, status FROM runs WHERE kind = ?",
+                                    (kind,)).fetchall()
+        return {row["id"]: row["status"] for row in rows}
+
     def get_run(self, run_id: int) -> StoredRun | None:
         row = self._conn().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:

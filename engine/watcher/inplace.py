@@ -17,10 +17,10 @@ keeps every epoch's samples and order as the sampler drew them, is in loader.py.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from engine.analyse.metrics import block_rate_interval
 from engine.tune.recommend import FEWER_WORKERS_TOLERANCE
 from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
 from engine.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
@@ -33,8 +33,6 @@ MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
 # measured, or the starting setting would look worse than it is.
 PREWARM_S = 2.0
-MAX_BLOCKS = 10
-T95 = {2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 @dataclass(frozen=True)
@@ -70,21 +68,7 @@ class Trial:
 
     def interval(self) -> float | None:
         """95% half-width of the rate, as a fraction (batch means, as metrics.rate_interval)."""
-        block = max(self.setting.num_workers, 1)
-        blocks = min(MAX_BLOCKS, len(self.cycles) // block)
-        if blocks < 3:
-            return None
-        size = len(self.cycles) / blocks
-        rates = []
-        for i in range(blocks):
-            lo, hi = round(i * size), round((i + 1) * size)
-            seconds = sum(self.cycles[lo:hi])
-            if seconds <= 0:
-                return None
-            rates.append(sum(self.samples[lo:hi]) / seconds)
-        mean = sum(rates) / blocks
-        sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (blocks - 1))
-        return T95.get(blocks - 1, 2.0) * sd / math.sqrt(blocks) / mean if mean > 0 else None
+        return block_rate_interval(self.samples, self.cycles, max(self.setting.num_workers, 1))
 
     def done(self) -> bool:
         elapsed = time.monotonic() - self.started

@@ -37,7 +37,7 @@ from engine.settings import settings_file
 from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
 from engine.watcher.inplace import InPlaceSearch, Setting
 from engine.watcher.ranks import rank_identity
-from engine.watcher.rebuild import config_of, instrumented
+from engine.watcher.rebuild import config_of, copy_kwargs, instrumented
 from engine.watcher.recorder import Recorder, process_identity
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
@@ -303,23 +303,12 @@ class WatchedLoader:
     def _segment(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
         """An iterator over ``plan[start:]`` with ``setting``, probed like the watched copy."""
         loader = self.loader
-        workers = setting.num_workers
-        kwargs: dict[str, Any] = {
-            "batch_sampler": plan[start:],
-            "num_workers": workers,
-            "collate_fn": TimedCollate(loader.collate_fn, True),
-            "pin_memory": loader.pin_memory,
-            "timeout": loader.timeout if workers else 0,
-            "worker_init_fn": loader.worker_init_fn,
-            "multiprocessing_context": loader.multiprocessing_context if workers else None,
-            # Workers seeded from this epoch's base seed, not from the loader's generator:
-            # that one is left to the sampler, so later epochs shuffle as without the tool.
-            "generator": torch.Generator().manual_seed(base_seed + 1_000_003 * segment),
-        }
-        if workers:
-            kwargs["prefetch_factor"] = setting.prefetch_factor or 2
-        if hasattr(loader, "in_order"):
-            kwargs["in_order"] = loader.in_order
+        # Workers seeded from this epoch's base seed, not from the loader's generator: that one
+        # is left to the sampler, so later epochs shuffle as without the tool.
+        kwargs = copy_kwargs(loader, setting.num_workers, setting.prefetch_factor, False,
+                             torch.Generator().manual_seed(base_seed + 1_000_003 * segment))
+        kwargs.update(batch_sampler=plan[start:],
+                      collate_fn=TimedCollate(loader.collate_fn, True))
         self.search.loader_started()
         with warnings.catch_warnings():  # torch's "suggested max number of worker": the
             # search tries such counts on purpose and judges them by the loop's own rate
@@ -364,16 +353,11 @@ class WatchedLoader:
         # The count was measured to pay in this very job: torch's generic warning about counts
         # above its suggestion would otherwise repeat at every epoch.
         warnings.filterwarnings("ignore", message=".*suggested max number of worker")
-        chosen_loader = DataLoader(
-            loader.dataset, batch_sampler=loader.batch_sampler, num_workers=chosen.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-            timeout=loader.timeout if chosen.num_workers else 0,
-            worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context if chosen.num_workers
-            else None, generator=loader.generator,
-            prefetch_factor=(chosen.prefetch_factor or 2) if chosen.num_workers else None,
-            persistent_workers=recommended["persistent_workers"],
-            **({"in_order": loader.in_order} if hasattr(loader, "in_order") else {}))
+        chosen_loader = DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
+                                   **copy_kwargs(loader, chosen.num_workers,
+                                                 chosen.prefetch_factor,
+                                                 recommended["persistent_workers"],
+                                                 loader.generator))
         self.probed = instrumented(chosen_loader)[0] or self.probed
         try:
             with open(self.settings_out, "w", encoding="utf-8") as f:

@@ -27,22 +27,9 @@ def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
                       "loader of another library): the watcher times your loop's side only "
                       "(waits, steps, samples), not the workers'")
     auto_collation = loader.batch_sampler is not None
-    kwargs: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": TimedCollate(loader.collate_fn, auto_collation),
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if getattr(loader, "pin_memory_device", ""):
-        kwargs["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):  # torch >= 2.6
-        kwargs["in_order"] = loader.in_order
+    kwargs = copy_kwargs(loader, loader.num_workers, loader.prefetch_factor,
+                         loader.persistent_workers, loader.generator)
+    kwargs["collate_fn"] = TimedCollate(loader.collate_fn, auto_collation)
     if isinstance(loader.dataset, IterableDataset):
         # DataLoader batches an iterable itself (an endless placeholder sampler underneath).
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
@@ -55,6 +42,25 @@ def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
     except Exception as exc:  # noqa: BLE001 - never break the user's job: time the loop only
         return None, (f"the loader could not be rebuilt with probes ({type(exc).__name__}: "
                       f"{exc}): the watcher times your loop's side only")
+
+
+def copy_kwargs(loader: DataLoader, num_workers: int, prefetch_factor: int | None,
+                persistent_workers: bool, generator: Any) -> dict:
+    """DataLoader arguments for a copy of ``loader`` with its own worker settings: everything
+    else as the loader has it (worker-only ones only with workers, as DataLoader requires).
+    The probed copy, the in-place search's loaders and its final pick are all made from it."""
+    kwargs: dict[str, Any] = {"num_workers": num_workers, "collate_fn": loader.collate_fn,
+                              "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+                              "worker_init_fn": loader.worker_init_fn, "generator": generator}
+    if num_workers:
+        kwargs.update(multiprocessing_context=loader.multiprocessing_context,
+                      prefetch_factor=prefetch_factor or 2,
+                      persistent_workers=persistent_workers)
+    if getattr(loader, "pin_memory_device", ""):
+        kwargs["pin_memory_device"] = loader.pin_memory_device
+    if hasattr(loader, "in_order"):  # torch >= 2.6
+        kwargs["in_order"] = loader.in_order
+    return kwargs
 
 
 def config_of(loader: DataLoader) -> LoaderConfig:
