@@ -7,7 +7,8 @@ import time
 
 import streamlit as st
 
-from engine import LiveRun, StoredRun, rank_figures, slowest_rank
+from engine import (JobView, LiveRun, RankSummary, StoredRun, job_view,
+                    summary_from_batches)
 
 from . import views
 from .shared import get_jobs
@@ -102,34 +103,90 @@ def _watch_for_changes(shown: dict[int, str]) -> None:
 
 
 RANK_WINDOW_BATCHES = 2000  # each rank's figures: its most recent batches
+RANKS_REFRESH_S = 2.0  # as often as the ranks report
+MEMORY_TREND_S = 300.0  # a rank's memory trend: its reports of the last minutes
 
 
-def _ranks_view(runs: list[StoredRun]) -> None:
-    """Each torchrun job's loaders, rank by rank, and the rank that holds the others back."""
-    store = get_jobs().store
+def _jobs_of(runs: list[StoredRun]) -> dict[tuple, list[StoredRun]]:
+    """Watched runs of torchrun jobs, by (job, loader)."""
     jobs: dict[tuple, list[StoredRun]] = {}
     for run in runs:
         if run.rank:
             jobs.setdefault((run.rank["job_id"], run.label), []).append(run)
-    for (job_id, label), ranks in jobs.items():
-        if len(ranks) < 2:
+    return jobs
+
+
+def _job_view(ranks: list[StoredRun]) -> tuple[JobView, str] | None:
+    """The job from rank 0's gathered reports (every node) or, without them, from the runs
+    of its ranks in this history (the ranks on this machine)."""
+    store = get_jobs().store
+    gatherer = next((run for run in ranks if run.rank["rank"] == 0
+                     and store.rank_reports(run.id)), None)
+    if gatherer is not None:
+        collecting = gatherer.status == "running"
+        latest = store.rank_reports(gatherer.id)
+        # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
+        now = time.time() if collecting else max(
+            [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])
+        series: dict[int, list[RankSummary]] = {}
+        for _, report in store.rank_reports(gatherer.id, latest=False,
+                                            since=now - MEMORY_TREND_S):
+            series.setdefault(report.rank, []).append(report)
+        return (job_view(latest, now, collecting, series),
+                f"Gathered by rank 0 (run #{gatherer.id}) through the job's own "
+                "torch.distributed store: every rank reports every 2 s, on every node.")
+    if len(ranks) < 2:
+        return None
+    latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
+        run.label or "loader", run.rank, run.host or "", run.pid or 0, run.status,
+        (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
+        store.batches(run.id, RANK_WINDOW_BATCHES))) for run in ranks]
+    return (job_view(latest, time.time(), any(run.status == "running" for run in ranks)),
+            "From each rank's own run in this history (the ranks on this machine; rank 0 "
+            "gathers every node's once the job's store is reachable).")
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else round(100 * value, 1)
+
+
+def _ranks_view() -> None:
+    """Each torchrun job's loaders, rank by rank and node by node, and the rank that holds the
+    others back (re-read every RANKS_REFRESH_S while a rank runs)."""
+    runs = [run for run in get_jobs().store.list_runs(500) if run.kind == "watch"]
+    for (job_id, label), ranks in _jobs_of(runs).items():
+        found = _job_view(ranks)
+        if found is None:
             continue
-        ranks.sort(key=lambda run: run.rank["rank"])
-        figures = [rank_figures(run.rank["rank"], run.rank["node_rank"],
-                                store.batches(run.id, RANK_WINDOW_BATCHES)) for run in ranks]
-        st.markdown(f"**Job `{job_id}`, loader {label}: {len(ranks)} ranks**")
+        view, source = found
+        st.markdown(f"**Job `{job_id}`, loader {label}: {len(view.ranks)} of "
+                    f"{ranks[0].rank['world_size']} ranks, {len(view.nodes)} node(s)**")
+        st.caption(source)
         st.dataframe([{
-            "rank": f.rank, "node": f.node, "status": run.status,
-            "samples/s": None if f.samples_per_s is None else round(f.samples_per_s, 1),
-            "input wait %": (None if f.input_wait_frac is None
-                             else round(100 * f.input_wait_frac, 1)),
-            "step ms": None if f.step_ms is None else round(f.step_ms, 2),
-        } for f, run in zip(figures, ranks)], hide_index=True)
-        found = slowest_rank(figures)
-        if found:
-            st.warning(found[1], icon="🐢")
+            "rank": r.summary.rank, "node": r.summary.node, "state": r.state,
+            "samples/s": None if r.summary.samples_per_s is None
+            else round(r.summary.samples_per_s, 1),
+            "input wait %": _pct(r.summary.input_wait_frac),
+            "step ms": None if r.summary.step_ms is None else round(r.summary.step_ms, 2),
+            "workers busy %": _pct(r.summary.worker_busy_frac),
+            "memory MB": r.summary.memory_mb, "batches": r.summary.batches, "note": r.note,
+        } for r in view.ranks], hide_index=True)
+        if view.straggler:
+            st.warning(view.straggler[1], icon="🐢")
         else:
-            st.caption("No rank holds the others back: their rates are within 5% of the median.")
+            st.caption("No rank holds the others back: no rank's input wait stands out, and "
+                       "their rates are within 5% of the median.")
+        if any(node.cpu_pct is not None for node in view.nodes):
+            st.dataframe([{
+                "node": n.node, "host": n.host, "ranks": ", ".join(map(str, n.ranks)),
+                "CPU %": n.cpu_pct, "CPUs": n.cpus,
+                "/dev/shm used MB": n.shm_used_mb, "/dev/shm size MB": n.shm_total_mb,
+                "loaders' memory MB": n.memory_mb,
+            } for n in view.nodes], hide_index=True)
+            st.caption("Per node, as its ranks last saw it: CPU of the whole node, /dev/shm "
+                       "(where worker batches travel to the training process), and the RSS of "
+                       "its ranks' loaders (main processes and workers; shared pages counted "
+                       "in each).")
 
 
 def render() -> None:
@@ -144,7 +201,8 @@ def render() -> None:
         st.info("No watched jobs yet. Try `python examples/train_watched.py`.")
         return
     _table(runs)
-    _ranks_view(runs)
+    ranked_live = any(run.rank and run.status == "running" for run in runs)
+    st.fragment(_ranks_view, run_every=RANKS_REFRESH_S if ranked_live else None)()
     ids = [run.id for run in runs]
     running = [run.id for run in runs if run.status == "running"]
     labels = {run.id: _label(run) for run in runs}

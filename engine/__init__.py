@@ -17,7 +17,7 @@ and, shared by all: protocol (request and events), wire, errors, system, config,
 
 from engine.analyse.diagnostic import Diagnostic
 from engine.analyse.metrics import BatchRecord, busy_timeline
-from engine.analyse.ranks import rank_figures, slowest_rank
+from engine.analyse.ranks import JobView, RankSummary, job_view, summary_from_batches
 from engine.analyse.report import fmt, speedup_text
 from engine.analyse.results import ProfileResult, Result, TuneResult
 from engine.analyse.trace import chrome_trace
@@ -54,7 +54,9 @@ __all__ = [
     "LoaderConfig", "load_settings", "recommended_settings", "settings_file",
     # what runs produce
     "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord",
-    "busy_timeline", "chrome_trace", "fmt", "speedup_text", "rank_figures", "slowest_rank",
+    "busy_timeline", "chrome_trace", "fmt", "speedup_text",
+    # a torchrun job's ranks
+    "RankSummary", "JobView", "job_view", "summary_from_batches",
     # errors
     "EngineError", "ConfigError", "RunError", "TargetError",
 ]

@@ -326,6 +326,37 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
         loader.close()
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert not at.exception
-    assert any("2 ranks" in m.value for m in at.markdown)
+    assert any("2 of 2 ranks" in m.value for m in at.markdown)
     warning = " ".join(w.value for w in at.warning)
     assert "rank 1's steps are slower" in warning, warning
+
+
+def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
+    """Rank 0's history holds every rank's reports (as gathered through the job's store): the
+    page shows the ranks of both nodes, each node's load, the starved rank and a lost one."""
+    from engine import LiveRun, RankSummary, RunStore
+
+    store = RunStore(app_env)
+    rank = {"rank": 0, "world_size": 3, "local_rank": 0, "local_world_size": 2,
+            "node_rank": 0, "job_id": "job-9"}
+    run_id = store.create_run("watch", "train.py", {}, label="train", script="train.py",
+                              rank=rank)
+
+    def report(r, node, wait, status, cpu):
+        return RankSummary("train", r, 3, r % 2, node, f"host{node}", 10 + r, 4, status, 30.0,
+                           900, 0.01, 500.0, wait, 8.0, 0.6, 800.0, cpu, 8, 120.0, 4096.0)
+
+    now = time.time()
+    store.record_rank_reports(run_id, [(now, report(0, 0, 0.04, "ok", 30.0)),
+                                       (now, report(1, 0, 0.05, "ok", 30.0)),
+                                       (now - 20, report(2, 1, 0.60, "running", 99.0))])
+    store.finish_run(run_id, "stopped", LiveRun.stored(store, run_id).summary("stopped"), None)
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert any("Job `job-9`, loader train: 3 of 3 ranks, 2 node(s)" in m.value
+               for m in at.markdown)
+    ranks, nodes = (frame.value for frame in at.dataframe[1:3])
+    assert list(ranks["state"]) == ["finished", "finished", "lost"]
+    assert list(nodes["CPU %"]) == [30.0, 99.0] and list(nodes["ranks"]) == ["0, 1", "2"]
+    warning = " ".join(w.value for w in at.warning)
+    assert "rank 2 is starved for data" in warning and "no CPU to spare" in warning

@@ -1,31 +1,108 @@
-"""A job's ranks side by side: the slowest rank named with the cause its numbers show."""
+"""A job's ranks side by side: each rank's state, each node's load, and the straggler named
+with the cause its numbers show."""
+
+from dataclasses import replace
 
 from engine.analyse.metrics import BatchRecord
-from engine.analyse.ranks import RankFigures, rank_figures, slowest_rank
+from engine.analyse.ranks import (RankSummary, job_view, memory_growth, node_loads, rank_states,
+                                  slowest_rank, summary_from_batches, window_figures)
 
 
-def test_a_starved_rank_is_named_with_its_input_wait():
-    ranks = [RankFigures(0, 0, 1000.0, 0.05, 10.0), RankFigures(1, 0, 990.0, 0.06, 10.0),
-             RankFigures(2, 1, 600.0, 0.45, 10.0), RankFigures(3, 1, 1010.0, 0.04, 10.0)]
+def report(rank, node=0, rate=1000.0, wait=0.05, step=10.0, **more) -> RankSummary:
+    fields = dict(loader="train", rank=rank, world_size=4, local_rank=rank % 2, node=node,
+                  host=f"node{node}", pid=100 + rank, seq=5, status="running", elapsed_s=60.0,
+                  batches=500, last_batch_age_s=0.01, samples_per_s=rate, input_wait_frac=wait,
+                  step_ms=step, worker_busy_frac=0.5, memory_mb=900.0, node_cpu_pct=40.0,
+                  node_cpus=8, shm_used_mb=100.0, shm_total_mb=4096.0)
+    fields.update(more)
+    return RankSummary(**fields)
+
+
+def test_a_report_survives_its_trip_through_the_store_as_json():
+    summary = report(3, node=1)
+    text = summary.to_json()
+    assert RankSummary.from_json(text) == summary
+    assert RankSummary.from_json(text.encode()) == summary  # store.get gives bytes
+    assert len(text) < 700  # what every rank sends every 2 s
+
+
+def test_in_a_synchronised_job_the_starved_rank_is_named_by_its_input_wait():
+    """Every rank runs at the job's pace (they meet at each all-reduce): the rates cannot tell,
+    the input wait can."""
+    ranks = [report(0, 0, 500, 0.05), report(1, 0, 501, 0.04), report(2, 1, 499, 0.45),
+             report(3, 1, 500, 0.06)]
     rank, why = slowest_rank(ranks)
     assert rank == 2 and "starved" in why and "45%" in why and "node 1" in why
 
 
+def test_a_starved_rank_on_a_saturated_node_is_blamed_on_the_node_s_cpus():
+    ranks = [report(0, 0, 500, 0.05), report(1, 0, 500, 0.05),
+             report(2, 1, 500, 0.40, node_cpu_pct=98.0), report(3, 1, 500, 0.06,
+                                                                 node_cpu_pct=97.0)]
+    rank, why = slowest_rank(ranks)
+    assert rank == 2 and "no CPU to spare (98% busy against 40% on the others)" in why
+
+
+def test_a_starved_rank_whose_memory_climbs_is_blamed_on_its_memory():
+    series = [report(1, memory_mb=900 + 20 * t, elapsed_s=float(t)) for t in range(0, 120, 2)]
+    rank, why = slowest_rank([report(0, wait=0.02), report(1, wait=0.5)], {1: series})
+    assert rank == 1 and "memory is growing (1200 MB a minute)" in why
+    assert memory_growth(series[:5]) is None  # too short to call a trend
+    flat = [report(1, memory_mb=900.0 + (t % 3), elapsed_s=float(t)) for t in range(120)]
+    assert memory_growth(flat) is None
+
+
 def test_a_rank_with_slow_steps_is_named_for_its_steps():
-    ranks = [RankFigures(0, 0, 1000.0, 0.05, 10.0), RankFigures(1, 0, 700.0, 0.05, 14.5)]
+    ranks = [report(0, rate=1000.0, step=10.0), report(1, rate=700.0, step=14.5)]
     rank, why = slowest_rank(ranks)
     assert rank == 1 and "steps are slower" in why and "14.5 ms" in why
 
 
 def test_ranks_within_the_noise_name_nobody():
-    assert slowest_rank([RankFigures(0, 0, 1000.0, 0.1, 10), RankFigures(1, 0, 970.0, 0.1, 10)]
+    assert slowest_rank([report(0, rate=1000.0, wait=0.1), report(1, rate=970.0, wait=0.12)]
                         ) is None
-    assert slowest_rank([RankFigures(0, 0, 1000.0, 0.1, 10)]) is None
+    assert slowest_rank([report(0)]) is None
+
+
+def test_states_silent_lost_stalled_and_final():
+    now = 1000.0
+    latest = [(now - 1, report(0)), (now - 25, report(1)),
+              (now - 1, report(2, last_batch_age_s=45.0)),
+              (now - 1, report(3, status="ok"))]
+    states = {s.summary.rank: s for s in rank_states(latest, now, collecting=True)}
+    assert states[0].state == "running"
+    assert states[1].state == "silent" and "no report for 25 s" in states[1].note
+    assert states[2].state == "stalled" and "no batch for 45 s" in states[2].note
+    assert states[3].state == "finished"
+    # Once rank 0 has stopped gathering, a rank that never sent its final word was lost.
+    ended = {s.summary.rank: s for s in rank_states(latest, now, collecting=False)}
+    assert ended[1].state == ended[0].state == "lost"
+    assert "sent no final report" in ended[1].note and "25 s before" in ended[1].note
+    assert ended[3].state == "finished"
+    # A whole job idle (validation, checkpointing): nobody is called stalled.
+    idle = [(now, report(r, last_batch_age_s=60.0)) for r in range(3)]
+    assert {s.state for s in rank_states(idle, now, True)} == {"running"}
+
+
+def test_nodes_are_seen_through_their_ranks_reports():
+    loads = node_loads([report(0, 0, elapsed_s=10.0, node_cpu_pct=30.0),
+                        report(1, 0, elapsed_s=12.0, node_cpu_pct=95.0, memory_mb=1000.0),
+                        report(2, 1, shm_used_mb=2048.0)])
+    assert [(n.node, n.ranks) for n in loads] == [(0, (0, 1)), (1, (2,))]
+    assert loads[0].cpu_pct == 95.0 and loads[0].saturated  # the freshest report
+    assert loads[0].memory_mb == 1900.0 and loads[1].shm_used_mb == 2048.0
 
 
 def test_figures_come_from_a_rank_s_batches():
-    batches = [BatchRecord(i, 0, i * 0.010, 0.002, 0.008, 32, None, -1, 1, i * 0.010, 0.0, 0.0)
-               for i in range(50)]
-    figures = rank_figures(3, 1, batches)
-    assert figures.rank == 3 and abs(figures.samples_per_s - 3200) < 50
-    assert abs(figures.input_wait_frac - 0.2) < 0.02 and abs(figures.step_ms - 8.0) < 0.01
+    batches = [BatchRecord(i, 0, i * 0.010, 0.002, 0.008, 32, None, 0, 1, i * 0.010, 0.006,
+                           0.001) for i in range(50)]
+    figures = window_figures(batches)
+    assert abs(figures["samples_per_s"] - 3200) < 50
+    assert abs(figures["input_wait_frac"] - 0.2) < 0.02 and abs(figures["step_ms"] - 8.0) < 0.01
+    assert abs(figures["worker_busy_frac"] - 0.7) < 0.03  # one worker, 7 of every 10 ms
+    summary = summary_from_batches("train", {"rank": 1, "world_size": 2, "local_rank": 1,
+                                             "node_rank": 0, "job_id": "j"}, "h", 7, "ok",
+                                   0.5, batches)
+    assert summary.rank == 1 and summary.batches == 50 and summary.node_cpu_pct is None
+    view = job_view([(0.0, summary), (0.0, replace(summary, rank=0))], 1.0, False)
+    assert [r.state for r in view.ranks] == ["finished", "finished"] and view.straggler is None

@@ -4,10 +4,11 @@ from what torchrun tells each rank; every rank's run lands in the history, group
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from engine import RunStore
+from engine import RunStore, job_view
 from engine.watcher.ranks import RankIdentity, rank_identity
 
 from .browser import free_port
@@ -58,3 +59,104 @@ def test_every_rank_of_a_torchrun_job_is_recorded_with_its_place(tmp_path):
     assert {run.rank["node_rank"] for run in runs} == {0}
     assert len({run.rank["job_id"] for run in runs}) == 1  # one job
     assert len({run.pid for run in runs}) == 2 and all(run.status == "ok" for run in runs)
+
+
+JOB = """
+import os, signal, sys, time
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+from engine import watch
+
+class Samples(Dataset):
+    def __init__(self, delay):
+        self.delay = delay
+    def __len__(self):
+        return 100_000
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return torch.tensor([float(i)])
+
+db, slow_rank, kill_rank, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+loader = watch(DataLoader(Samples(0.002 if rank == slow_rank else 0.0), batch_size=4),
+               name="train", db=db)
+for i, batch in enumerate(loader):
+    dist.all_reduce(batch.sum())  # the ranks meet at every step, as in data-parallel training
+    time.sleep(0.002)
+    if rank == kill_rank and i == batches // 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if i + 1 == batches:
+        break
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp_path, folder: str, args: list[str], job_args: list) -> subprocess.Popen:
+    """One torchrun launch on loopback only, in its own folder (a "node")."""
+    where = tmp_path / folder
+    where.mkdir()
+    script = where / "train.py"
+    script.write_text(JOB)
+    env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1", *args,
+         str(script), *map(str, job_args)],
+        cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_two_nodes_rank_0_gathers_both_through_the_job_s_store_and_names_the_slow_rank(
+        tmp_path):
+    """Two torchrun launches (--nnodes 2, --node-rank 0 and 1) on 127.0.0.1, each with a
+    history of its own, as two machines would have: node 0's history shows both ranks, and
+    rank 1, whose samples are slow on purpose, as the straggler."""
+    port = free_port()
+    launches = [_torchrun(tmp_path, f"node{n}", [
+        "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+        "--master-addr", "127.0.0.1", "--master-port", str(port)],
+        [tmp_path / f"node{n}" / "runs.sqlite", 1, -1, 400]) for n in (0, 1)]
+    outputs = [launch.communicate(timeout=240)[0] for launch in launches]
+    assert [launch.returncode for launch in launches] == [0, 0], outputs
+    node0, node1 = (RunStore(str(tmp_path / f"node{n}" / "runs.sqlite")) for n in (0, 1))
+    [run0] = node0.list_runs()
+    [run1] = node1.list_runs()
+    assert (run0.rank["rank"], run1.rank["rank"]) == (0, 1)
+    assert run0.rank["job_id"] == run1.rank["job_id"]
+    latest = node0.rank_reports(run0.id)
+    assert [(s.rank, s.node, s.status) for _, s in latest] == [(0, 0, "ok"), (1, 1, "ok")]
+    assert latest[1][1].pid == run1.pid and latest[1][1].batches == 400
+    assert node1.rank_reports(run1.id) == []  # only rank 0 gathers
+    view = job_view(latest, run0.ended_at, collecting=False)
+    assert view.straggler is not None and view.straggler[0] == 1, view
+    assert "starved" in view.straggler[1]
+    assert [n.node for n in view.nodes] == [0, 1] and all(n.cpus for n in view.nodes)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_shown_lost_while_the_job_s_other_records_survive(tmp_path):
+    port = free_port()
+    db = tmp_path / "node0" / "runs.sqlite"
+    launch = _torchrun(tmp_path, "node0", [
+        "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}"], [db, -1, 1, 2000])
+    output = launch.communicate(timeout=240)[0]
+    assert launch.returncode != 0  # torchrun reports the failed rank
+    store = RunStore(str(db))
+    deadline = time.monotonic() + 15
+    while store.mark_lost_runs() == [] and time.monotonic() < deadline:
+        if {run.status for run in store.list_runs()} - {"running"} == {"lost"}:
+            break
+        time.sleep(0.5)
+    runs = {run.rank["rank"]: run for run in store.list_runs()}
+    assert set(runs) == {0, 1}, (store.list_runs(), output[-3000:])
+    assert runs[1].status == "lost", output[-3000:]
+    assert runs[0].status in ("stopped", "error"), output[-3000:]  # ended by torchrun
+    assert len(store.batches(runs[1].id)) >= 900  # its records up to its last flush
+    assert len(store.batches(runs[0].id)) >= 900
+    latest = store.rank_reports(runs[0].id)
+    ended = max(at for at, _ in latest)
+    states = {s.summary.rank: s for s in job_view(latest, ended, collecting=False).ranks}
+    assert states[1].state == "lost" and states[0].state in ("stopped", "failed")

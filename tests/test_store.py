@@ -1,12 +1,17 @@
 """The run history is written while a run goes, not only at the end."""
 
+import os
+import subprocess
+import sys
 import time
+
+import pytest
 
 from engine import protocol
 from engine.run.runner import RunHandle, RunRequest, RunState
 from engine.run.store import DB_ENV, RunStore, default_db_path
 
-from .conftest import dataset_path
+from .conftest import ROOT, dataset_path
 
 
 def test_batches_are_in_the_database_while_the_run_is_going(db_path):
@@ -75,3 +80,29 @@ def test_a_history_file_from_before_private_memory_is_upgraded(tmp_path):
     run_id = store.create_run("profile", "t.py", {})
     store.record_event(run_id, _sample(1.0, 7.0))
     assert store.resources(run_id)[0]["dirty_mb"] == 7.0
+
+
+OPEN_AT = """
+import sys, time
+from engine.run.store import RunStore
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+RunStore(sys.argv[1]).create_run("watch", "train.py", {}, label="train")
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_job_can_open_a_new_history_at_the_same_moment(tmp_path):
+    """8 ranks on a node open the default history together: switching a new file to WAL waits
+    for no busy handler, and without a retry some got "database is locked" (and trained
+    unwatched)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for trial in range(6):
+        path = str(tmp_path / f"runs{trial}.sqlite")
+        start = time.time() + 0.8
+        ranks = [subprocess.Popen([sys.executable, "-c", OPEN_AT, path, str(start)], env=env,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        errors = [rank.communicate(timeout=60)[1] for rank in ranks]
+        assert [rank.returncode for rank in ranks] == [0] * 4, errors
+        assert len(RunStore(path).list_runs()) == 4

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
@@ -70,9 +71,13 @@ def test_it_iterates_like_the_loader(db_path):
     first = next(iter(watched))  # a loop that breaks early...
     assert first.shape == (10, 1)
     assert sorted(int(i) for b in watched for i in b.flatten()) == list(range(96))  # ...restarts
+    for i, _batch in enumerate(watched):  # the last batch of a loop that breaks is recorded
+        if i == 4:
+            break
     watched.close()
     runs = RunStore(db_path).list_runs()
     assert runs[0].kind == "watch" and runs[0].status == "ok" and runs[0].label == "loader"
+    assert len(RunStore(db_path).batches(watched.run_id)) == 1 + 10 + 5
 
 
 def test_an_iterable_and_a_subclass_are_counted_from_the_batches(db_path):
@@ -172,6 +177,43 @@ def test_a_killed_job_leaves_a_readable_run_marked_lost(db_path):
     assert len(store.batches(run.id)) > 0  # the data up to the last flush is kept
 
 
+TERMINATED = """
+import sys, time
+from torch.utils.data import DataLoader
+from engine import watch
+loader = watch(DataLoader(list(range(64)), batch_size=8, num_workers=2, persistent_workers=True),
+               name="train", db=sys.argv[1])
+while True:
+    for batch in loader:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_stopped_with_sigterm_ends_its_run_as_stopped(db_path):
+    """torchrun stops a failed job's other ranks with SIGTERM (schedulers do, on preemption):
+    the run ends "stopped", written, instead of being found lost later; the job still dies of
+    the signal, and its workers with it."""
+    store = RunStore(db_path)
+    job = subprocess.Popen([sys.executable, "-c", TERMINATED, db_path], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=ROOT), stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        run = wait_for_batches(store, job)
+        workers = psutil.Process(job.pid).children()
+        assert len(workers) == 2
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == -signal.SIGTERM  # the signal's own ending, as without the tool
+    stopped = store.get_run(run.id)
+    assert stopped.status == "stopped" and stopped.result.batches >= 8
+    assert psutil.wait_procs(workers, timeout=10)[1] == []  # its workers went too
+
+
 def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     code = ("import torch\n"
             "from torch.utils.data import DataLoader\n"
@@ -186,7 +228,9 @@ def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     run = RunStore(db_path).list_runs()[0]
     assert run.status == "error" and run.error["type"] == "watched_job_failed"
     assert "ValueError: loss is nan" in run.error["message"]
-    assert len(RunStore(db_path).batches(run.id)) == 3  # the batches stepped through
+    # The batches handed to the loop: three stepped through, and the fourth, whose step raised
+    # (recorded when the loop let go of the loader).
+    assert len(RunStore(db_path).batches(run.id)) == 4
 
 
 def test_a_failed_write_is_retried_not_lost(db_path, monkeypatch, capsys):

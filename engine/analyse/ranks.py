@@ -1,16 +1,23 @@
-"""A distributed job's ranks side by side, and which one holds the others back.
+"""A distributed job seen whole: each rank's loader, each node's load, and which rank holds the
+others back.
 
-Every rank waits for the slowest at the next collective, so the job runs at the pace of its
-slowest rank. From each rank's own watched run: its rate, its input wait (the share of its loop
-spent in ``next()``) and its step; the slowest rank is named when it is clearly slower than the
-median (beyond SLOWER_THAN_MEDIAN), with the cause its own numbers show: a starved loader (its
-input wait well above the others') or slower steps.
+Each rank of a watched torchrun job reports a ``RankSummary`` of its loader every few seconds
+(watcher/job_report.py sends them through the job's own torch.distributed store; rank 0 writes
+them to its history). From those: each rank's state (running, finished, silent, lost, stalled),
+each node's CPU and /dev/shm use, and the straggler.
+
+Every rank waits for the slowest at the next collective, so in a synchronised job every rank
+runs at the same rate and the rate cannot name the straggler: its *input wait* does. The rank
+whose loader starves waits in ``next()`` while the others wait for it inside their step (their
+all-reduce), so its input wait stands out. Ranks that do not synchronise (no collectives each
+step) show it in their rates as well.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 from engine.analyse import metrics
@@ -18,50 +25,239 @@ from engine.analyse.metrics import BatchRecord
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause
+SILENT_S = 10.0  # no report for this long while the job runs: the rank is hung hard or dead
+STALLED_S = 30.0  # no batch for this long while the other ranks get theirs: the rank is stuck
+SATURATED_CPU_PCT = 90.0  # a node this busy has no CPU left for its loaders' workers
+GROWING_MB_PER_MIN = 50.0  # memory growth that is named (with at least MIN_GROWTH_MB in all)
+MIN_GROWTH_MB = 200.0
+# A rank's last word, and the state it puts the rank in ("lost": its run in a shared history
+# was marked so, watcher/recorder.py).
+FINAL = {"ok": "finished", "error": "failed", "stopped": "stopped", "lost": "lost"}
 
 
 @dataclass(frozen=True)
-class RankFigures:
+class RankSummary:
+    """One rank's loader as it reports itself to the job (~600 bytes of JSON): the figures are
+    over its most recent batches; node_* as this rank saw its node."""
+
+    loader: str  # the name given to watch()
     rank: int
+    world_size: int
+    local_rank: int
     node: int
+    host: str
+    pid: int
+    seq: int  # counts this rank's reports: a rank whose count stops moving is silent
+    status: str  # "running" or one of FINAL
+    elapsed_s: float
+    batches: int  # handed to the training loop so far
+    last_batch_age_s: float | None  # since its loop last got a batch
     samples_per_s: float | None
-    input_wait_frac: float | None  # share of the loop's time spent waiting in next()
+    input_wait_frac: float | None  # share of its loop's time spent waiting in next()
     step_ms: float | None  # median step
+    worker_busy_frac: float | None  # its loader's workers: share of their time making batches
+    memory_mb: float | None  # main process + its loader's workers (PSS where readable)
+    node_cpu_pct: float | None
+    node_cpus: int | None
+    shm_used_mb: float | None
+    shm_total_mb: float | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "RankSummary":
+        data = json.loads(text)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def rank_figures(rank: int, node: int, batches: Sequence[BatchRecord],
-                 warmup: int = 1) -> RankFigures:
-    steady = metrics.steady_state(list(batches), warmup)
-    measured = list(batches)[warmup:]
-    idle = metrics.consumer_idle_fraction(list(batches), steady) if steady else None
-    return RankFigures(rank, node, steady.samples_per_s if steady else None, idle,
-                       metrics.percentile([b.step_s * 1000 for b in measured], 50)
-                       if measured else None)
+def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict:
+    """samples/s, input wait and median step over ``batches`` (a rank's recent ones), and how
+    busy the workers that made them were."""
+    batches = list(batches)
+    steady = metrics.steady_state(batches, warmup)
+    measured = batches[warmup:]
+    busy = None
+    workers = {b.worker_id for b in measured if b.worker_id >= 0}
+    if steady is not None and workers and steady.seconds > 0:
+        making = sum(b.fetch_s + b.collate_s for b in measured)
+        busy = min(1.0, making / (steady.seconds * len(workers)))
+    return {
+        "samples_per_s": steady.samples_per_s if steady else None,
+        "input_wait_frac": metrics.consumer_idle_fraction(batches, steady) if steady else None,
+        "step_ms": metrics.percentile([b.step_s * 1000 for b in measured], 50)
+        if measured else None,
+        "worker_busy_frac": busy,
+    }
 
 
-def slowest_rank(figures: Sequence[RankFigures]) -> tuple[int, str] | None:
-    """(rank, why) when one rank is clearly the slowest, else None."""
-    rated = [f for f in figures if f.samples_per_s]
+@dataclass(frozen=True)
+class RankState:
+    summary: RankSummary
+    state: str  # "running" | "finished" | "failed" | "stopped" | "silent" | "lost" | "stalled"
+    note: str
+    last_report_s: float  # seconds between its last report and ``now``
+
+
+def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
+                collecting: bool) -> list[RankState]:
+    """Each rank's state from its last report and when it was received (``(received_at,
+    summary)``). ``collecting``: the rank that gathers the reports is still doing so (else
+    ``now`` is when it stopped, and a rank without a final report ended without one)."""
+    ages = [s.last_batch_age_s for _, s in latest
+            if s.status == "running" and s.last_batch_age_s is not None]
+    states = []
+    for received, s in sorted(latest, key=lambda item: item[1].rank):
+        silent = max(0.0, now - received)
+        if s.status == "lost":
+            state, note = "lost", (f"its process ended without a goodbye (killed, or crashed "
+                                   f"hard) at {s.batches} batches")
+        elif s.status in FINAL:
+            state, note = FINAL[s.status], f"{s.batches} batches"
+        elif silent > SILENT_S and collecting:
+            state, note = "silent", (f"no report for {silent:.0f} s: hung hard or dead (its last "
+                                     f"report: {s.batches} batches)")
+        elif not collecting:
+            # Rank 0 waits for every rank's final report before it stops gathering; each rank
+            # sends one when its loader ends, on an exception and on torchrun's SIGTERM.
+            state, note = "lost", (f"sent no final report: killed, crashed or its node went "
+                                   f"down (or still running after rank 0 ended); last heard "
+                                   f"{silent:.0f} s before rank 0 stopped, at {s.batches} "
+                                   "batches")
+        elif (s.last_batch_age_s is not None and s.last_batch_age_s > STALLED_S
+              and len(ages) > 1 and statistics.median(ages) < STALLED_S / 3):
+            state, note = "stalled", (f"no batch for {s.last_batch_age_s:.0f} s while the other "
+                                      "ranks get theirs: stuck in its loader or its step")
+        else:
+            state, note = "running", f"{s.batches} batches"
+        states.append(RankState(s, state, note, silent))
+    return states
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    node: int
+    host: str
+    ranks: tuple[int, ...]
+    cpu_pct: float | None
+    cpus: int | None
+    shm_used_mb: float | None
+    shm_total_mb: float | None
+    memory_mb: float | None  # its ranks' loaders together
+
+    @property
+    def saturated(self) -> bool:
+        return self.cpu_pct is not None and self.cpu_pct >= SATURATED_CPU_PCT
+
+
+def node_loads(summaries: Sequence[RankSummary]) -> list[NodeLoad]:
+    """Per node: what its ranks last saw of it (the freshest report's CPU and /dev/shm)."""
+    nodes: dict[int, list[RankSummary]] = {}
+    for s in summaries:
+        nodes.setdefault(s.node, []).append(s)
+    loads = []
+    for node, members in sorted(nodes.items()):
+        fresh = max(members, key=lambda s: s.elapsed_s)
+        memory = [s.memory_mb for s in members if s.memory_mb is not None]
+        loads.append(NodeLoad(node, fresh.host, tuple(sorted(s.rank for s in members)),
+                              fresh.node_cpu_pct, fresh.node_cpus, fresh.shm_used_mb,
+                              fresh.shm_total_mb, sum(memory) if memory else None))
+    return loads
+
+
+def memory_growth(series: Sequence[RankSummary]) -> float | None:
+    """MB per minute a rank's loader memory grew over its reports, when it clearly did (a
+    steady climb of at least MIN_GROWTH_MB), else None."""
+    points = [(s.elapsed_s, s.memory_mb) for s in series if s.memory_mb is not None]
+    if len(points) < 8 or points[-1][0] - points[0][0] < 30:
+        return None
+    quarter = max(1, len(points) // 4)
+    # The first and last quarters' medians: a spike is not a climb.
+    early, late = points[:quarter], points[-quarter:]
+    rise = statistics.median(m for _, m in late) - statistics.median(m for _, m in early)
+    minutes = (statistics.median(t for t, _ in late) - statistics.median(t for t, _ in early)) / 60
+    rate = rise / minutes
+    return rate if rise >= MIN_GROWTH_MB and rate >= GROWING_MB_PER_MIN else None
+
+
+def slowest_rank(summaries: Sequence[RankSummary],
+                 series: dict[int, Sequence[RankSummary]] | None = None) -> tuple[int, str] | None:
+    """(rank, why) when one rank holds the others back, else None. ``series``: each rank's
+    reports over time, for the memory trend."""
+    rated = [s for s in summaries if s.samples_per_s]
     if len(rated) < 2:
         return None
-    median = statistics.median(f.samples_per_s for f in rated)
-    slowest = min(rated, key=lambda f: f.samples_per_s)
+    median = statistics.median(s.samples_per_s for s in rated)
+    waiting = [s for s in rated if s.input_wait_frac is not None]
+    if len(waiting) >= 2:
+        starved = max(waiting, key=lambda s: s.input_wait_frac)
+        typical = statistics.median(s.input_wait_frac for s in waiting if s is not starved)
+        if starved.input_wait_frac > typical + STARVED_MARGIN:
+            return starved.rank, (
+                f"rank {starved.rank} is starved for data: it waits for batches "
+                f"{starved.input_wait_frac:.0%} of its time against {typical:.0%} on the other "
+                f"ranks, which wait for it at each collective instead. "
+                + _starved_because(starved, summaries, (series or {}).get(starved.rank, ())))
+    slowest = min(rated, key=lambda s: s.samples_per_s)
     if slowest.samples_per_s > (1 - SLOWER_THAN_MEDIAN) * median:
         return None
-    others = [f for f in rated if f is not slowest]
-    pace = (f"{slowest.samples_per_s:.0f} samples/s against a median of {median:.0f}: every "
-            "rank waits for it at each collective")
-    waits = [f.input_wait_frac for f in others if f.input_wait_frac is not None]
-    if slowest.input_wait_frac is not None and waits:
-        typical = statistics.median(waits)
-        if slowest.input_wait_frac > typical + STARVED_MARGIN:
-            return slowest.rank, (f"rank {slowest.rank} is starved for data: it waits for "
-                                  f"batches {slowest.input_wait_frac:.0%} of its time against "
-                                  f"{typical:.0%} on the other ranks ({pace}). Its loader (or "
-                                  f"node {slowest.node}'s CPUs) is the bottleneck.")
-    steps = [f.step_ms for f in others if f.step_ms is not None]
+    pace = f"{slowest.samples_per_s:.0f} samples/s against a median of {median:.0f}"
+    steps = [s.step_ms for s in rated if s is not slowest and s.step_ms is not None]
     if slowest.step_ms is not None and steps:
-        return slowest.rank, (f"rank {slowest.rank}'s steps are slower: {slowest.step_ms:.1f} "
-                              f"ms against {statistics.median(steps):.1f} ms on the other ranks "
+        return slowest.rank, (f"rank {slowest.rank}'s steps are slower: {slowest.step_ms:.1f} ms "
+                              f"against {statistics.median(steps):.1f} ms on the other ranks "
                               f"({pace}); its input wait is like theirs.")
     return slowest.rank, f"rank {slowest.rank} is the slowest ({pace})."
+
+
+def _starved_because(rank: RankSummary, summaries: Sequence[RankSummary],
+                     series: Sequence[RankSummary]) -> str:
+    """Why its loader falls behind, where the numbers say."""
+    loads = {load.node: load for load in node_loads(summaries)}
+    mine = loads.get(rank.node)
+    others = [load.cpu_pct for node, load in loads.items()
+              if node != rank.node and load.cpu_pct is not None]
+    if mine is not None and mine.saturated and (not others or max(others) < mine.cpu_pct - 10):
+        return (f"Its node {rank.node} ({mine.host}) has no CPU to spare ({mine.cpu_pct:.0f}% "
+                f"busy{' against ' + format(max(others), '.0f') + '% on the others' if others else ''}"
+                "): fewer workers per rank there, or lighter decoding, would help.")
+    growth = memory_growth(series)
+    if growth is not None:
+        return (f"Its loader's memory is growing ({growth:.0f} MB a minute): swapping or a "
+                "leak in its dataset or collate can slow it down.")
+    if rank.worker_busy_frac is not None and rank.worker_busy_frac > 0.9:
+        return (f"Its workers are busy {rank.worker_busy_frac:.0%} of the time: more workers "
+                f"on node {rank.node}, or cheaper samples, would feed it.")
+    return f"Its loader (or node {rank.node}'s CPUs) is the bottleneck."
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A torchrun job's loader, whole: what the dashboard shows."""
+
+    ranks: list[RankState]
+    nodes: list[NodeLoad]
+    straggler: tuple[int, str] | None  # (rank, why)
+
+
+def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting: bool,
+             series: dict[int, Sequence[RankSummary]] | None = None) -> JobView:
+    """``latest``: each rank's last report with when it was received (rank_states)."""
+    summaries = [s for _, s in latest]
+    return JobView(rank_states(latest, now, collecting), node_loads(summaries),
+                   slowest_rank(summaries, series))
+
+
+def summary_from_batches(loader: str, rank: dict, host: str, pid: int, status: str,
+                         elapsed_s: float, batches: Sequence[BatchRecord]) -> RankSummary:
+    """A rank's summary made from its own run in a shared history (the ranks of a job on one
+    machine, without the reports gathered by rank 0): no node figures."""
+    batches = list(batches)
+    last = batches[-1] if batches else None
+    return RankSummary(
+        loader=loader, rank=rank["rank"], world_size=rank["world_size"],
+        local_rank=rank["local_rank"], node=rank["node_rank"], host=host, pid=pid, seq=0,
+        status=status, elapsed_s=elapsed_s, batches=last.seq + 1 if last else 0,
+        last_batch_age_s=None, **window_figures(batches), memory_mb=None, node_cpu_pct=None,
+        node_cpus=None, shm_used_mb=None, shm_total_mb=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import sqlite3
 import threading
@@ -23,6 +24,7 @@ import psutil
 from engine import protocol
 from engine.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
+from engine.analyse.ranks import RankSummary
 from engine.analyse.results import Result, result_from_dict
 from engine.system import SystemSnapshot
 
@@ -115,6 +117,11 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     t REAL, util_percent REAL, memory_used_mb REAL
 );
+CREATE TABLE IF NOT EXISTS rank_reports (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank INTEGER, seq INTEGER, received_at REAL, body_json TEXT
+);
+CREATE INDEX IF NOT EXISTS rank_reports_run ON rank_reports(run_id, rank, seq);
 CREATE TABLE IF NOT EXISTS run_events (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     kind TEXT, body_json TEXT
@@ -146,7 +153,7 @@ class RunStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=10)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.row_factory = sqlite3.Row
@@ -185,6 +192,16 @@ class RunStore:
             conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
                              "WHERE run_id = ? AND seq = ?",
                              [(ms, other, run_id, seq) for seq, ms, other in copies])
+
+    def record_rank_reports(self, run_id: int,
+                            reports: list[tuple[float, RankSummary]]) -> None:
+        """Reports of a torchrun job's ranks, gathered by the rank that writes ``run_id``
+        (watcher/job_report.py), each with when it was received."""
+        with self._conn() as conn:
+            conn.executemany(
+                "INSERT INTO rank_reports (run_id, rank, seq, received_at, body_json) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(run_id, s.rank, s.seq, at, s.to_json()) for at, s in reports])
 
     def request_tune(self, run_id: int) -> None:
         """Ask a watched job to tune this loader in place (the dashboard's button); the job
@@ -316,6 +333,21 @@ class RunStore:
         ).fetchall()
         return [dict(r) for r in rows]
 
+    def rank_reports(self, run_id: int, latest: bool = True,
+                     since: float | None = None) -> list[tuple[float, RankSummary]]:
+        """(received_at, report) gathered into ``run_id``: each rank's latest, or all of them
+        by rank and in order (those received from ``since`` on, if given)."""
+        where, args = "run_id = ?", [run_id]
+        if since is not None:
+            where, args = where + " AND received_at >= ?", args + [since]
+        if latest:
+            where += (" AND seq = (SELECT MAX(seq) FROM rank_reports r WHERE r.run_id = "
+                      "rank_reports.run_id AND r.rank = rank_reports.rank)")
+        rows = self._conn().execute(
+            f"SELECT received_at, body_json FROM rank_reports WHERE {where} ORDER BY rank, seq",
+            args).fetchall()
+        return [(row[0], RankSummary.from_json(row[1])) for row in rows]
+
     def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
         """The run's events other than batches and resource samples (which have tables)."""
         query = "SELECT body_json FROM run_events WHERE run_id = ?"
@@ -346,6 +378,23 @@ class RunStore:
 
 
 INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
+
+
+def _use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
+    """WAL mode (readers never block the writer), once per file: it persists. Switching waits
+    for no busy handler, so the ranks of a torchrun job opening a new history together would
+    get "database is locked" from all but one: they retry until one has switched."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.01, 0.05))
 
 
 def _alive(pid: int, since: float) -> bool:

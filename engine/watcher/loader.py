@@ -18,7 +18,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict
@@ -36,6 +38,7 @@ from engine.run.store import RunStore
 from engine.settings import settings_file
 from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
 from engine.watcher.inplace import InPlaceSearch, Setting
+from engine.watcher.job_report import RankReporter
 from engine.watcher.ranks import rank_identity
 from engine.watcher.rebuild import config_of, copy_kwargs, instrumented
 from engine.watcher.recorder import Recorder, process_identity
@@ -88,6 +91,9 @@ class WatchedLoader:
                                   rank=self.rank.to_dict() if self.rank else None)
         self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
+        # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
+        self.reporter = (RankReporter(self.rank, self.name, self.recorder, store, run_id).start()
+                         if self.rank else None)
         if tune:
             self._start_tuning()
         self.gaps = StepGaps.create()  # None without CUDA
@@ -97,6 +103,7 @@ class WatchedLoader:
         self._epoch = 0
         self._seen_pids: set[int] = set()
         _watched.append(self)
+        _end_runs_on_sigterm()
 
     @property
     def run_id(self) -> int:
@@ -166,7 +173,10 @@ class WatchedLoader:
                  f"({measured} setting(s) measured to the end); the job kept "
                  f"num_workers={self.search.current.num_workers}. A longer job, or more epochs, "
                  "lets it finish.")
-        return self.recorder.finish(status, error)
+        result = self.recorder.finish(status, error)
+        if self.reporter is not None:
+            self.reporter.finish(status)
+        return result
 
     @property
     def result(self):
@@ -213,10 +223,12 @@ class WatchedLoader:
             if seq == first:
                 events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
             self._handed = seq  # the batch loader.to() copies
-            yield batch
-            rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
-                         samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
-                         collate_s, fetch_cpu_s, None, None, None))
+            try:
+                yield batch
+            finally:  # also the last batch of a loop that breaks off (the generator closed)
+                rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
+                             samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
+                             collate_s, fetch_cpu_s, None, None, None))
 
     def _tuned_batches(self):
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -272,12 +284,15 @@ class WatchedLoader:
                 if seq == first:
                     events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
                 self._handed = seq  # the batch loader.to() copies
-                yield batch
-                t_back = clock()
+                try:
+                    yield batch
+                finally:  # also the last batch of a loop that breaks off (see _batches)
+                    t_back = clock()
+                    rows.append((seq, epoch, t_request - t0, t_ready - t_request,
+                                 t_back - t_ready, samples, nbytes, worker_id, pid,
+                                 fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, None, None,
+                                 None))
                 taken += 1
-                rows.append((seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready,
-                             samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
-                             collate_s, fetch_cpu_s, None, None, None))
                 switch = search.after_batch(samples, t_back - t_request)
                 if len(search.decisions) > self._logged:
                     self._log_decisions()
@@ -454,3 +469,40 @@ def _end_all() -> None:
                          type="watched_job_failed").to_dict()
     for watched in list(_watched):
         watched.close("error" if error else "ok", error)
+
+
+_sigterm_owner: int | None = None  # the process whose SIGTERM handler ends its watched runs
+
+
+def _end_runs_on_sigterm() -> None:
+    """torchrun stops a job's other ranks with SIGTERM when one fails (as do schedulers
+    preempting a job, and ``kill``). Python's default dies on the spot, without atexit, leaving
+    runs to be marked lost later. Where the job has no SIGTERM handler of its own, the watched
+    runs end "stopped" (written, and reported to the job), then the signal takes its default
+    course. A job that sets its own handler later replaces this one."""
+    global _sigterm_owner
+    if (_sigterm_owner == os.getpid() or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return
+    _sigterm_owner = os.getpid()
+    signal.signal(signal.SIGTERM, _stop_watched_runs)
+
+
+def _stop_watched_runs(signum, frame) -> None:
+    if os.getpid() == _sigterm_owner:
+        for watched in list(_watched):
+            watched.close("stopped")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _default_sigterm_in_child() -> None:
+    """A forked DataLoader worker terminated by its loader dies at once, as without the tool."""
+    if _sigterm_owner is not None:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # forked from a thread Python does not count as main
+            pass
+
+
+os.register_at_fork(after_in_child=_default_sigterm_in_child)

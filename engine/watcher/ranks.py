@@ -37,6 +37,9 @@ def rank_identity(environ: dict | None = None) -> RankIdentity | None:
         node_rank = int(env.get("GROUP_RANK", env.get("NODE_RANK", rank // max(local_world, 1))))
     except ValueError:
         return None
-    job = (env.get("TORCHELASTIC_RUN_ID")
-           or f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}")
+    # torchrun's run id is "none" unless --rdzv-id is given: then the store's address (its
+    # port is picked afresh for each job) tells jobs apart.
+    job = env.get("TORCHELASTIC_RUN_ID", "")
+    if job in ("", "none"):
+        job = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
     return RankIdentity(rank, world, local_rank, local_world, node_rank, job)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import replace
 from typing import Callable
 
@@ -31,6 +32,7 @@ RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s, as in the engine'
 # every batch is still written to the history.
 KEPT_BATCHES = 100_000
 MAX_BACKLOG = 100_000  # rows kept for a retry while the history cannot be written
+RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_report.py)
 
 
 class Recorder:
@@ -43,6 +45,8 @@ class Recorder:
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
+        self.recent: deque = deque(maxlen=RECENT_ROWS)  # rows written, the newest last
+        self.last_resources: protocol.Resources | None = None
         self.result: ProfileResult | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or finish's)
@@ -84,8 +88,10 @@ class Recorder:
                     self.store.record_event(self.run_id, protocol.Batches(rows))
                     del self.rows[:len(rows)]
                     self._written_seq = rows[-1][0]
+                    self.recent.extend(rows)
                 if sample:
-                    self.store.record_event(self.run_id, self._resources())
+                    self.last_resources = self._resources()
+                    self.store.record_event(self.run_id, self.last_resources)
                 self._write_gaps()
                 self.store.heartbeat(self.run_id)
                 if not self.tune_requested:

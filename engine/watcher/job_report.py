@@ -1,0 +1,167 @@
+"""Every rank's loader reported to one place, through the job's own torch.distributed store.
+
+Under torchrun each watched rank writes a ``RankSummary`` of its loader (analyse/ranks.py, ~600
+bytes of JSON) to the job's key-value store every REPORT_S, under a key of its own: a ``set``,
+which waits on no other rank (no collective, no barrier). Rank 0 reads every rank's key
+(``check`` first, so never a blocking ``get``) and writes the reports it has not seen into its
+run history: the dashboard on rank 0's machine shows the whole job, every node.
+
+The store is the job's own: torchrun's (its agent hosts it at MASTER_ADDR:MASTER_PORT when it
+tells the ranks TORCHELASTIC_USE_AGENT_STORE=True) or, under another launcher, the default
+process group's store once the job has made its process group. No port or service of ours.
+
+All of it on a thread of its own: a slow or vanished store delays reports, never training.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import psutil
+
+from engine import system
+from engine.analyse.metrics import BatchRecord
+from engine.analyse.ranks import FINAL, RankSummary, window_figures
+from engine.run.store import RunStore
+from engine.watcher.ranks import RankIdentity
+from engine.watcher.recorder import Recorder
+
+REPORT_S = 2.0
+STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
+FINAL_WAIT_S = 3.0  # rank 0, at its end, waits this long for the other ranks' final reports
+COLLECTOR_RANK = 0
+
+
+def job_store():
+    """The job's key-value store, or None while there is none to use (a launcher other than
+    torchrun, before the job has made its process group)."""
+    from torch import distributed as dist
+
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and addr and port:
+        # torchrun's agent serves it for the whole job: a client connection, as the job's own
+        # init_process_group makes.
+        return dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=STORE_TIMEOUT_S))
+    if dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()
+    return None
+
+
+def report_key(loader: str, rank: int) -> str:
+    # A restarted job (torchrun --max-restarts) reports afresh: its attempt is in the key.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"dataloader-tuner/{attempt}/{loader}/{rank}"
+
+
+class RankReporter:
+    """Reports this rank's loader every REPORT_S; on rank 0 also gathers every rank's reports
+    into ``history`` (run ``run_id``)."""
+
+    def __init__(self, identity: RankIdentity, loader: str, recorder: Recorder,
+                 history: RunStore, run_id: int, connect=job_store) -> None:
+        self.identity, self.loader, self.recorder = identity, loader, recorder
+        self.history, self.run_id, self.connect = history, run_id, connect
+        self.collects = identity.rank == COLLECTOR_RANK
+        self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
+        self.seen: dict[int, int] = {}  # rank -> seq of its last report written to the history
+        self.latest: dict[int, RankSummary] = {}
+        self._store = None
+        self._seq = 0
+        self._failed = False
+        self._finished = False
+        self._host = socket.gethostname()
+        psutil.cpu_percent(None)  # primes the node's CPU counter
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dataloader-tuner-rank",
+                                        daemon=True)
+
+    def start(self) -> "RankReporter":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(REPORT_S):
+            self.report("running")
+
+    def report(self, status: str) -> None:
+        """One round: this rank's report, and on rank 0 the gathering."""
+        try:
+            store = self._store = self._store or self.connect()
+            if store is None:
+                return
+            self._seq += 1
+            store.set(self.keys[self.identity.rank], self.summary(status).to_json())
+            if self.collects:
+                self.gather(store)
+        except Exception as exc:  # noqa: BLE001 - reporting is never the job's problem
+            self._store = None  # reconnect next round
+            if not self._failed:
+                self._failed = True
+                sys.stderr.write(f"[dataloader-tuner] rank {self.identity.rank}: cannot report "
+                                 f"to the job's store ({type(exc).__name__}: {exc}); its loader "
+                                 "is still recorded in its own history\n")
+
+    def gather(self, store) -> None:
+        received = time.time()
+        fresh = []
+        for rank, key in enumerate(self.keys):
+            if rank not in self.latest and not store.check([key]):
+                continue  # not reported yet (still starting)
+            summary = RankSummary.from_json(store.get(key))
+            self.latest[rank] = summary
+            if self.seen.get(rank) != summary.seq:
+                self.seen[rank] = summary.seq
+                fresh.append((received, summary))
+        if fresh:
+            self.history.record_rank_reports(self.run_id, fresh)
+
+    def summary(self, status: str) -> RankSummary:
+        recorder, me = self.recorder, self.identity
+        rows = list(recorder.recent)
+        batches = [BatchRecord(*row) for row in rows]
+        elapsed = time.monotonic() - recorder.t0
+        last = batches[-1] if batches else None
+        resources = recorder.last_resources
+        memory = (sum(p["rss_mb"] for p in resources.procs if p.get("rss_mb") is not None)
+                  if resources is not None else None)
+        shm = system.shm_usage()
+        return RankSummary(
+            loader=self.loader, rank=me.rank, world_size=me.world_size,
+            local_rank=me.local_rank, node=me.node_rank, host=self._host, pid=os.getpid(),
+            seq=self._seq, status=status, elapsed_s=round(elapsed, 3),
+            batches=last.seq + 1 if last else 0,
+            last_batch_age_s=round(elapsed - (last.t_ready + last.step_s) if last else elapsed, 3),
+            **{k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()},
+            memory_mb=None if memory is None else round(memory, 1),
+            node_cpu_pct=psutil.cpu_percent(None), node_cpus=system.usable_cpus(),
+            shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
+            shm_total_mb=None if shm is None else round(shm["total_mb"], 1))
+
+    def finish(self, status: str) -> None:
+        """The final report; rank 0 gathers until every rank has sent its own (or
+        FINAL_WAIT_S). Once: a SIGTERM arriving while rank 0 waits does not report again."""
+        if self._finished:
+            return
+        self._finished = True
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(STORE_TIMEOUT_S)
+        self.report(status)
+        if not self.collects:
+            return
+        deadline = time.monotonic() + FINAL_WAIT_S
+        while time.monotonic() < deadline and self._store is not None:
+            if (len(self.latest) == len(self.keys)
+                    and all(s.status in FINAL for s in self.latest.values())):
+                return
+            time.sleep(0.2)
+            try:
+                self.gather(self._store)
+            except Exception:  # noqa: BLE001
+                return
