@@ -44,6 +44,7 @@ def rank_of(rank: int, tmp_path, port: int, step_s: float = 0.004):
 def test_rank_0_gathers_every_rank_s_reports_into_its_history(tmp_path, server):
     history0, run0, rank0 = rank_of(0, tmp_path, server.port)
     history1, run1, rank1 = rank_of(1, tmp_path, server.port)
+    rank1.recorder.asking_since = time.monotonic() - 5.0  # its loop has sat in next() 5 s
     rank0.report("running")  # before rank 1 has said anything: only its own
     assert [s.rank for _, s in history0.rank_reports(run0)] == [0]
     rank1.report("running")
@@ -54,6 +55,7 @@ def test_rank_0_gathers_every_rank_s_reports_into_its_history(tmp_path, server):
     one = latest[1][1]
     assert one.batches == 100 and abs(one.input_wait_frac - 0.008 / 0.012) < 0.02
     assert one.node_cpus >= 1 and one.pid > 0 and one.shm_total_mb > 0
+    assert 5.0 <= one.waiting_for_batch_s < 6.0 and latest[0][1].waiting_for_batch_s is None
     rank0.report("running")  # rank 1 said nothing new: its report is not written twice
     assert [s.rank for _, s in history0.rank_reports(run0, latest=False)] == [0, 0, 0, 1]
     view = job_view(latest, time.time(), collecting=True)

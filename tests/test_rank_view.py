@@ -84,6 +84,21 @@ def test_states_silent_lost_stalled_and_final():
     assert {s.state for s in rank_states(idle, now, True)} == {"running"}
 
 
+def test_a_rank_stuck_in_its_loader_is_told_from_the_ranks_waiting_for_it():
+    """One rank's loader hangs: it sits in next(), the others sit in their all-reduce. Every
+    rank's last batch is equally old; where each one waits tells them apart."""
+    now = 1000.0
+    latest = [(now, report(0, last_batch_age_s=50.0)),
+              (now, report(1, last_batch_age_s=50.0, waiting_for_batch_s=49.0)),
+              (now, report(2, last_batch_age_s=50.0))]
+    states = {s.summary.rank: s for s in rank_states(latest, now, True)}
+    assert states[1].state == "stalled" and "waiting for a batch for 49 s" in states[1].note
+    assert states[0].state == "running" and "in its step for 50 s" in states[0].note
+    rank, why = slowest_rank([s for _, s in latest])
+    assert rank == 1 and "waiting 49 s for a batch" in why
+    assert slowest_rank([s for _, s in latest], stalled_s=60.0) is None  # not yet that long
+
+
 def test_nodes_are_seen_through_their_ranks_reports():
     loads = node_loads([report(0, 0, elapsed_s=10.0, node_cpu_pct=30.0),
                         report(1, 0, elapsed_s=12.0, node_cpu_pct=95.0, memory_mb=1000.0),

@@ -2,6 +2,7 @@
 from what torchrun tells each rank; every rank's run lands in the history, grouped by job."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,19 +70,20 @@ from torch.utils.data import DataLoader, Dataset
 from engine import watch
 
 class Samples(Dataset):
-    def __init__(self, delay):
-        self.delay = delay
+    def __init__(self, delay, hang):
+        self.delay, self.hang = delay, hang
     def __len__(self):
         return 100_000
     def __getitem__(self, i):
-        time.sleep(self.delay)
+        time.sleep(600 if self.hang and i >= 800 else self.delay)
         return torch.tensor([float(i)])
 
 db, slow_rank, kill_rank, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+hang_rank = int(sys.argv[5]) if len(sys.argv) > 5 else -1
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
-loader = watch(DataLoader(Samples(0.002 if rank == slow_rank else 0.0), batch_size=4),
-               name="train", db=db)
+loader = watch(DataLoader(Samples(0.002 if rank == slow_rank else 0.0, rank == hang_rank),
+                          batch_size=4), name="train", db=db)
 for i, batch in enumerate(loader):
     dist.all_reduce(batch.sum())  # the ranks meet at every step, as in data-parallel training
     time.sleep(0.002)
@@ -160,3 +162,37 @@ def test_a_killed_rank_is_shown_lost_while_the_job_s_other_records_survive(tmp_p
     ended = max(at for at, _ in latest)
     states = {s.summary.rank: s for s in job_view(latest, ended, collecting=False).ranks}
     assert states[1].state == "lost" and states[0].state in ("stopped", "failed")
+
+
+@pytest.mark.slow
+def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
+    """Rank 1's dataset hangs at its 200th batch: rank 1 sits in next(), rank 0 in its
+    all-reduce. Rank 0's history names rank 1 as stuck in its loader; stopping the job
+    (SIGTERM to torchrun, as Ctrl-C or a scheduler would) ends both runs "stopped"."""
+    port = free_port()
+    db = tmp_path / "node0" / "runs.sqlite"
+    launch = _torchrun(tmp_path, "node0", [
+        "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}"], [db, -1, -1, 100_000, 1])
+    view = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and launch.poll() is None:
+            time.sleep(1.0)
+            store = RunStore(str(db)) if db.exists() else None
+            runs = store.list_runs() if store else []
+            gatherer = next((run for run in runs if run.rank["rank"] == 0), None)
+            latest = store.rank_reports(gatherer.id) if gatherer else []
+            view = job_view(latest, time.time(), collecting=True, stalled_s=3.0)
+            if view.straggler:
+                break
+        assert view is not None and view.straggler is not None, launch.poll()
+        assert view.straggler[0] == 1 and "waiting" in view.straggler[1]
+        states = {r.summary.rank: r.state for r in view.ranks}
+        assert states == {0: "running", 1: "stalled"}
+    finally:
+        launch.send_signal(signal.SIGTERM)
+        output = launch.communicate(timeout=120)[0]
+    runs = {run.rank["rank"]: run for run in RunStore(str(db)).list_runs()}
+    assert {r: run.status for r, run in runs.items()} == {0: "stopped", 1: "stopped"}, output
+    assert runs[1].result.batches == 200

@@ -61,6 +61,9 @@ class RankSummary:
     node_cpus: int | None
     shm_used_mb: float | None
     shm_total_mb: float | None
+    # Seconds its loop has been inside next() right now (None: it is not): a rank stuck there
+    # is held up by its loader, the others wait for it inside their step.
+    waiting_for_batch_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -101,7 +104,7 @@ class RankState:
 
 
 def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
-                collecting: bool) -> list[RankState]:
+                collecting: bool, stalled_s: float = STALLED_S) -> list[RankState]:
     """Each rank's state from its last report and when it was received (``(received_at,
     summary)``). ``collecting``: the rank that gathers the reports is still doing so (else
     ``now`` is when it stopped, and a rank without a final report ended without one)."""
@@ -125,10 +128,17 @@ def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
                                    f"down (or still running after rank 0 ended); last heard "
                                    f"{silent:.0f} s before rank 0 stopped, at {s.batches} "
                                    "batches")
-        elif (s.last_batch_age_s is not None and s.last_batch_age_s > STALLED_S
-              and len(ages) > 1 and statistics.median(ages) < STALLED_S / 3):
+        elif s.waiting_for_batch_s is not None and s.waiting_for_batch_s > stalled_s:
+            state, note = "stalled", (f"waiting for a batch for {s.waiting_for_batch_s:.0f} s: "
+                                      "its loader is stuck (a hung worker or file system, a "
+                                      "deadlock in the dataset)")
+        elif (s.last_batch_age_s is not None and s.last_batch_age_s > stalled_s
+              and len(ages) > 1 and statistics.median(ages) < stalled_s / 3):
             state, note = "stalled", (f"no batch for {s.last_batch_age_s:.0f} s while the other "
-                                      "ranks get theirs: stuck in its loader or its step")
+                                      "ranks get theirs: stuck in its step")
+        elif s.last_batch_age_s is not None and s.last_batch_age_s > stalled_s:
+            state, note = "running", (f"in its step for {s.last_batch_age_s:.0f} s (waiting for "
+                                      "another rank at a collective, or validating)")
         else:
             state, note = "running", f"{s.batches} batches"
         states.append(RankState(s, state, note, silent))
@@ -182,9 +192,17 @@ def memory_growth(series: Sequence[RankSummary]) -> float | None:
 
 
 def slowest_rank(summaries: Sequence[RankSummary],
-                 series: dict[int, Sequence[RankSummary]] | None = None) -> tuple[int, str] | None:
+                 series: dict[int, Sequence[RankSummary]] | None = None,
+                 stalled_s: float = STALLED_S) -> tuple[int, str] | None:
     """(rank, why) when one rank holds the others back, else None. ``series``: each rank's
     reports over time, for the memory trend."""
+    stuck = [s for s in summaries if s.status == "running"
+             and (s.waiting_for_batch_s or 0) > stalled_s]
+    if stuck:
+        worst = max(stuck, key=lambda s: s.waiting_for_batch_s)
+        return worst.rank, (f"rank {worst.rank} has been waiting {worst.waiting_for_batch_s:.0f} "
+                            "s for a batch: its loader is stuck, and the other ranks wait for it "
+                            "at their next collective.")
     rated = [s for s in summaries if s.samples_per_s]
     if len(rated) < 2:
         return None
@@ -242,11 +260,12 @@ class JobView:
 
 
 def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting: bool,
-             series: dict[int, Sequence[RankSummary]] | None = None) -> JobView:
+             series: dict[int, Sequence[RankSummary]] | None = None,
+             stalled_s: float = STALLED_S) -> JobView:
     """``latest``: each rank's last report with when it was received (rank_states)."""
     summaries = [s for _, s in latest]
-    return JobView(rank_states(latest, now, collecting), node_loads(summaries),
-                   slowest_rank(summaries, series))
+    return JobView(rank_states(latest, now, collecting, stalled_s), node_loads(summaries),
+                   slowest_rank(summaries, series, stalled_s))
 
 
 def summary_from_batches(loader: str, rank: dict, host: str, pid: int, status: str,

@@ -131,6 +131,7 @@ class RankReporter:
         memory = (sum(p["rss_mb"] for p in resources.procs if p.get("rss_mb") is not None)
                   if resources is not None else None)
         shm = system.shm_usage()
+        asking = recorder.asking_since
         return RankSummary(
             loader=self.loader, rank=me.rank, world_size=me.world_size,
             local_rank=me.local_rank, node=me.node_rank, host=self._host, pid=os.getpid(),
@@ -141,7 +142,8 @@ class RankReporter:
             memory_mb=None if memory is None else round(memory, 1),
             node_cpu_pct=psutil.cpu_percent(None), node_cpus=system.usable_cpus(),
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
-            shm_total_mb=None if shm is None else round(shm["total_mb"], 1))
+            shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
+            waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3))
 
     def finish(self, status: str) -> None:
         """The final report; rank 0 gathers until every rank has sent its own (or

@@ -192,15 +192,19 @@ class WatchedLoader:
         first = self._seq
         self._epoch += 1
         epoch_start = clock()
+        recorder = self.recorder
         while True:
             t_request = clock()
+            recorder.asking_since = t_request  # a rank stuck in next() shows it (job_report)
             if gaps is not None:
                 gaps.asking()
             try:
                 item = next(iterator)
             except StopIteration:
+                recorder.asking_since = None
                 return
             t_ready = clock()
+            recorder.asking_since = None
             # Numbered as handed out, on the loader itself: a loop that breaks off, or two
             # iterators at once, never reuse a number.
             seq = self._seq
@@ -250,11 +254,13 @@ class WatchedLoader:
         try:
             while taken < len(plan):
                 t_request = clock()
+                self.recorder.asking_since = t_request
                 if gaps is not None:
                     gaps.asking()
                 try:
                     batch, meta = next(source)
                 except StopIteration:
+                    self.recorder.asking_since = None
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
                     setting = search.current
@@ -269,6 +275,7 @@ class WatchedLoader:
                     source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
                 t_ready = clock()
+                self.recorder.asking_since = None
                 seq = self._seq  # numbered as handed out (see _batches)
                 self._seq = seq + 1
                 if gaps is not None:

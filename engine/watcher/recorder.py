@@ -47,6 +47,7 @@ class Recorder:
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.recent: deque = deque(maxlen=RECENT_ROWS)  # rows written, the newest last
         self.last_resources: protocol.Resources | None = None
+        self.asking_since: float | None = None  # the loop is in next() since (time.monotonic)
         self.result: ProfileResult | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or finish's)
