@@ -205,8 +205,10 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
         traces.append(go.Scatter(x=[recommended_workers], y=[y],
                                  mode="markers", name="recommended",
                                  marker={"size": 16, "symbol": "star", "color": COLORS[2]}))
+    ranks = max((t.get("ranks_measured") or 1 for t in trials), default=1)
+    per = f" per rank, {ranks} loaders at once" if ranks > 1 else ""
     return _figure(traces, "Tune: throughput against num_workers", _axis("num_workers"),
-                   _axis("samples/s (steady state)", rangemode="tozero"))
+                   _axis(f"samples/s (steady state){per}", rangemode="tozero"))
 
 
 def throughput_over_time(batches: Sequence[BatchRecord], bin_s: float | None = None

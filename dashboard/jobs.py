@@ -182,7 +182,8 @@ def tune_request(target: str, controls: dict) -> RunRequest:
     """Tune from the controls; the controls' own settings are the baseline it reports against."""
     request = request_from_controls(target, controls, kind="tune")
     return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
-                               max_workers=int(controls["max_workers"]))
+                               max_workers=int(controls["max_workers"]),
+                               local_world_size=int(controls.get("local_world_size", 1)))
 
 
 

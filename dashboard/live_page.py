@@ -29,7 +29,8 @@ WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (anoth
 CONTROL_DEFAULTS = {
     "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
     "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": 30.0,
-    "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "verify_seconds": 5.0,
+    "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "local_world_size": 1,
+    "verify_seconds": 5.0,
 }
 CONSUMERS = {
     "train_step": "the module's train_step",
@@ -150,6 +151,11 @@ def _sidebar(consumer_options: list[str]) -> None:
     bar.header("Tuning")
     bar.number_input("Tuning budget (s)", min_value=5.0, max_value=900.0, key="ctl_budget_s")
     bar.number_input("Most workers to try", min_value=1, max_value=512, key="ctl_max_workers")
+    bar.number_input("Ranks on this machine", min_value=1, max_value=64,
+                     key="ctl_local_world_size",
+                     help="A torchrun job's ranks per node (--nproc-per-node): every trial runs "
+                          "this many loaders at once, so the pick is per rank under the "
+                          "contention of all of them.")
     bar.number_input("Seconds per verification run", min_value=1.0, max_value=600.0,
                      key="ctl_verify_seconds",
                      help="Apply measures the old and the new settings twice each, A B A B.")

@@ -59,7 +59,7 @@ def _run_view(run_id: int) -> None:
     if running:
         requested = store.tune_requested(run_id)
         st.button("Tune this job" if not requested else "Tuning requested", key=f"tune-{run_id}",
-                  disabled=requested, on_click=store.request_tune, args=(run_id,),
+                  disabled=requested, on_click=_request_tune, args=(run,),
                   help="The job tries worker counts in place from its next epoch, judged by its "
                        "own training loop, keeps the best and saves it (dataloader-tuner-"
                        "NAME.json in its working folder). What the model sees does not change.")
@@ -76,6 +76,17 @@ def _run_view(run_id: int) -> None:
     views.warnings_list(result.warnings)
     st.markdown("**System**")
     views.system_panel(result.system, live=running)
+
+
+def _request_tune(run: StoredRun) -> None:
+    """A torchrun job's loader is tuned by node, its ranks together (local rank 0 leads): every
+    rank of the job in this history is asked."""
+    store = get_jobs().store
+    ranks = [other.id for other in store.list_runs(500)
+             if run.rank and other.rank and other.status == "running"
+             and other.rank["job_id"] == run.rank["job_id"] and other.label == run.label]
+    for run_id in ranks or [run.id]:
+        store.request_tune(run_id)
 
 
 def _tuning_log(trials: list[dict]) -> None:

@@ -92,6 +92,7 @@ ERROR_CODES = {
     "cuda_in_fork": "CUDA was initialised before forking workers",
     "hang": "no batch arrived within the timeout",
     "no_steady_state": "no tune trial ran long enough to be measured",
+    "companion_failed": "a loader run as another rank of the node (--local-world-size) failed",
     "tune_incomplete": "the tuner stopped before reaching a recommendation",
     # a watched training job (engine.watch)
     "watched_job_failed": "the training script being watched ended with an exception",

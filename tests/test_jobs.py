@@ -41,6 +41,9 @@ def test_tune_reports_against_the_controls_settings():
     request = tune_request("t.py", controls(num_workers=3, budget_s=12, max_workers=8))
     assert request.kind == "tune" and request.budget_s == 12 and request.max_workers == 8
     assert request.settings["num_workers"] == 3  # the baseline is the settings it starts from
+    assert request.local_world_size == 1
+    node = tune_request("t.py", controls(local_world_size=4))  # "Ranks on this machine"
+    assert node.local_world_size == 4
 
 
 def test_self_batching_control_sends_batch_size_none():

@@ -15,6 +15,7 @@ import psutil
 from engine.analyse import metrics
 from engine.config import LoaderConfig
 from engine.errors import RunError
+from engine.child.companions import Companions
 from engine.child.measure import Consumer, Measurement
 from engine.analyse.diagnostic import Diagnostic
 from engine.protocol import RunRequest
@@ -25,6 +26,7 @@ from engine.child.target import ResolvedTarget
 from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
 from engine.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
+TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 MIN_WINDOW_S = 0.6
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
@@ -81,20 +83,30 @@ class TrialClock:
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
-                  attempts: list | None = None) -> TrialResult | None:
+                  attempts: list | None = None,
+                  companions: Companions | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
-    collects a line per trial that reached no steady state, for the error that explains it."""
+    collects a line per trial that reached no steady state, for the error that explains it.
+    ``companions``: the node's other ranks, running the same settings all the while."""
     warmup = config.warmup_batches
     records: list = []
+    if companions is not None:
+        companions.start({key: getattr(config, key) for key in TUNED_KEYS})
     clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
     cpu_before = time.process_time()
     measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
                               clock.enough)
+    others = None
     try:
         measurement.run()
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
     finally:
+        if companions is not None:  # stopped before this loader's workers are
+            steady = metrics.steady_state(records, warmup)
+            window = ((measurement.t0 + steady.start, measurement.t0 + steady.end) if steady
+                      else (clock.started, time.monotonic()))
+            others = companions.stop(*window)
         measurement.close()
     seconds = time.monotonic() - clock.started
     trial = summarize_trial(
@@ -105,6 +117,9 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
         phase=phase, repeat=repeat,
     )
+    if trial is not None and others is not None:
+        trial = replace(trial, ranks_measured=1 + companions.count,
+                        node_samples_per_s=others.node_total(trial.samples_per_s))
     if trial is None and attempts is not None and phase != "prewarm":
         each = f", {seconds / len(records):.2f} s per batch" if records else ""
         attempts.append(f"num_workers={config.num_workers}: {len(records)} batch(es) in "
@@ -134,29 +149,38 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         trial_config = search_config.replace(num_workers=spec.num_workers,
                                              persistent_workers=spec.num_workers > 0)
         return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
-                             attempts=attempts)
+                             attempts=attempts, companions=companions)
 
     started = time.monotonic()
     # The first batches in a fresh process pay for page faults, allocator growth and lazy
     # imports; an untimed pass keeps that out of the first probe.
     measure_trial(resolved, search_config, consumer, "prewarm", 0, max_trial_s=PREWARM_S)
-    tuner = Tuner(measure, limits, system, has_consumer=consumer.kind != "none",
-                  step_on_cpu=consumer.kind == "train_step",
-                  budget_s=float(request.budget_s),
-                  batch_size=config.batch_size, on_trial=on_trial)
+    # A node of N ranks: every trial runs N loaders at once (companions.py).
+    companions = (Companions(request.target, request.settings, request.step_ms,
+                             request.local_world_size - 1)
+                  if request.local_world_size > 1 else None)
     try:
-        outcome = tuner.run()
-    except NoSteadyState as exc:
-        raise no_steady_state_error(attempts, config) from exc
-    outcome = _measure_final(resolved, config, consumer, outcome, on_trial)
-    baseline = _baseline(resolved, config, consumer, outcome, on_trial,
-                         source=_baseline_source(resolved, request))
+        tuner = Tuner(measure, limits, system, has_consumer=consumer.kind != "none",
+                      step_on_cpu=consumer.kind == "train_step",
+                      budget_s=float(request.budget_s),
+                      batch_size=config.batch_size, on_trial=on_trial)
+        try:
+            outcome = tuner.run()
+        except NoSteadyState as exc:
+            raise no_steady_state_error(attempts, config) from exc
+        outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
+        baseline = _baseline(resolved, config, consumer, outcome, on_trial,
+                             _baseline_source(resolved, request), companions)
+    finally:
+        if companions is not None:
+            companions.close()
     return tune_document(outcome, baseline, config, time.monotonic() - started,
                          snippet_names(resolved, config))
 
 
 def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                   outcome: TuneOutcome, on_trial: Callable[[TrialResult], None]) -> TuneOutcome:
+                   outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
+                   companions: Companions | None = None) -> TuneOutcome:
     """Measure the recommendation with all its settings when the search did not (a deeper
     prefetch, workers restarted each epoch): the outcome, expecting what that measured."""
     rec = outcome.recommendation
@@ -164,7 +188,7 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     if not final.num_workers or any(t.key == final.tuned_key and t.phase != "baseline"
                                     for t in outcome.trials):
         return outcome  # the search measured exactly these settings
-    trial = measure_trial(resolved, final, consumer, "final", 0)
+    trial = measure_trial(resolved, final, consumer, "final", 0, companions=companions)
     if trial is None:
         return outcome
     on_trial(trial)
@@ -201,12 +225,14 @@ def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
 
 
 def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str) -> dict:
+              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str,
+              companions: Companions | None = None) -> dict:
     """What the recommendation is compared with: the settings the run started from (the
     module's own, with the caller's choices on top; see settings.py). Measured, unless a search
     trial already measured exactly those settings."""
     same = [t for t in outcome.trials if t.key == config.tuned_key and t.phase != "prewarm"]
-    trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0)
+    trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0,
+                                               companions=companions)
     if trial is not None and not same:
         outcome.trials.append(trial)
         on_trial(trial)

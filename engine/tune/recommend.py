@@ -275,7 +275,12 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
     if limits.memory_binds:
         reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
                        "(worker memory plus batches in flight against free RAM and /dev/shm).")
-    if limits.local_world_size > 1:
+    nodes = [t.node_samples_per_s for t in chosen if t.node_samples_per_s]
+    if limits.local_world_size > 1 and nodes:
+        reasons.append(f"Measured with {limits.local_world_size} loaders running at once, one "
+                       f"per rank as on a node of {limits.local_world_size} ranks: {rate:.0f} "
+                       f"samples/s per rank, {statistics.median(nodes):.0f} for the node.")
+    elif limits.local_world_size > 1:
         reasons.append(f"The machine's CPUs are shared by {limits.local_world_size} ranks: "
                        f"{limits.cpu_budget:g} CPU(s) for this one.")
     pin, pin_reason = pin_memory_decision(chosen, limits)

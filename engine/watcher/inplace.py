@@ -118,6 +118,12 @@ class InPlaceSearch:
     def current(self) -> Setting:
         return self.trial.setting if not self.finished else self.best.setting
 
+    def epoch_started(self, epoch: int) -> None:
+        """(A node's coordinated search times its switches by epoch and batch: node_tuning.py.)"""
+
+    def close(self) -> None:
+        """(A node's coordinated search stops its store thread: node_tuning.py.)"""
+
     def loader_started(self) -> None:
         """A new loader runs ``current`` (an epoch began): its first batches come from the
         prefetch, after the workers' start-up, and are not timed."""

@@ -38,7 +38,8 @@ from engine.run.store import RunStore
 from engine.settings import settings_file
 from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
 from engine.watcher.inplace import InPlaceSearch, Setting
-from engine.watcher.job_report import RankReporter
+from engine.watcher.job_report import RankReporter, job_store
+from engine.watcher.node_tuning import FollowerSearch, LeaderSearch
 from engine.watcher.ranks import rank_identity
 from engine.watcher.rebuild import config_of, copy_kwargs, instrumented
 from engine.watcher.recorder import Recorder, process_identity
@@ -131,8 +132,17 @@ class WatchedLoader:
         prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
         # The node's CPUs are shared by its ranks' loaders (each rank searches on its own).
         sharing = self.rank.local_world_size if self.rank else 1
-        self.search = InPlaceSearch(Setting(workers, prefetch), self.max_workers
-                                    or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+        start = Setting(workers, prefetch)
+        search = InPlaceSearch(start, self.max_workers
+                               or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+        if self.rank is not None and self.rank.local_world_size > 1:
+            # The node's ranks switch together, local rank 0 leading (node_tuning.py).
+            node, local = self.rank.node_rank, self.rank.local_rank
+            search = (LeaderSearch(search, self.name, node, self.rank.local_world_size,
+                                   job_store) if local == 0 else
+                      FollowerSearch(start, self.name, node, local, job_store))
+            search.start()
+        self.search = search
         # persistent_workers keep the probed copy's workers alive between epochs: not while
         # the search runs its own.
         _shutdown(getattr(self.probed, "_iterator", None))
@@ -173,6 +183,8 @@ class WatchedLoader:
                  f"({measured} setting(s) measured to the end); the job kept "
                  f"num_workers={self.search.current.num_workers}. A longer job, or more epochs, "
                  "lets it finish.")
+        if self.search is not None:
+            self.search.close()
         result = self.recorder.finish(status, error)
         if self.reporter is not None:
             self.reporter.finish(status)
@@ -250,6 +262,7 @@ class WatchedLoader:
         first, taken, segment = self._seq, 0, 0
         self._epoch += 1
         epoch_start = clock()
+        search.epoch_started(epoch)
         source = self._open(plan, 0, search.current, base_seed, segment)
         try:
             while taken < len(plan):
@@ -301,7 +314,10 @@ class WatchedLoader:
                                  None))
                 taken += 1
                 switch = search.after_batch(samples, t_back - t_request)
-                if len(search.decisions) > self._logged:
+                # (A node's leader finishes when the node switches to its choice, after the
+                # decision was logged: node_tuning.py.)
+                if len(search.decisions) > self._logged or (
+                        search.finished and not getattr(self, "_saved", False)):
                     self._log_decisions()
                 if switch is not None and taken < len(plan):
                     _shutdown(source)
@@ -381,6 +397,9 @@ class WatchedLoader:
                                                  recommended["persistent_workers"],
                                                  loader.generator))
         self.probed = instrumented(chosen_loader)[0] or self.probed
+        if isinstance(search, FollowerSearch):  # the node's leader saves it, once
+            _say(f"{self.name}: runs the node's choice: {result.snippet}")
+            return
         try:
             with open(self.settings_out, "w", encoding="utf-8") as f:
                 json.dump(settings_file(result), f, indent=2)

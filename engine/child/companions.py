@@ -1,0 +1,166 @@
+"""The other ranks of a node, for tuning with ``--local-world-size N``.
+
+A node's ranks each run their own DataLoader, and their workers compete for the same cores,
+memory bandwidth and /dev/shm. Dividing the CPUs by N guesses at that; this measures it: N-1
+companion processes, each a fresh interpreter that loads the target itself (as a rank would),
+run the very loader a trial measures, at the same time. The measured loader's rate is then one
+rank's under the real contention of N, and each companion's rate over the same window is
+counted for the node's total.
+
+Companions live for the whole tune (torch is imported once per companion) and take orders
+over a pipe: run these settings, stop and hand back your batch times, exit. They are children
+of the engine's child, in its process group: stopping a run stops them too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import dataclass
+
+from engine.errors import RunError
+
+START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
+LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
+
+
+@dataclass(frozen=True)
+class CompanionRates:
+    """Each companion's samples/s over the measured loader's steady window."""
+
+    rates: tuple[float, ...]
+
+    def node_total(self, own: float) -> float:
+        return own + sum(self.rates)
+
+
+class Companions:
+    def __init__(self, target: str, settings: dict, step_ms: float | None, count: int) -> None:
+        self.count = count
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter, as a rank's
+        self.pipes, self.processes = [], []
+        for _ in range(count):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=companion_main,
+                                      args=(target, settings, step_ms, theirs),
+                                      name="dataloader-tuner-companion")
+            process.start()
+            theirs.close()
+            self.pipes.append(mine)
+            self.processes.append(process)
+        try:
+            for pipe in self.pipes:
+                self._expect(pipe, "loaded", LOAD_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, tuned: dict) -> None:
+        """Every companion runs these settings (num_workers, pin_memory, prefetch_factor,
+        persistent_workers over the target's own); returns once each has its first batch."""
+        for pipe in self.pipes:
+            pipe.send(("run", tuned))
+        for pipe in self.pipes:
+            self._expect(pipe, "started", START_TIMEOUT_S)
+
+    def stop(self, window_start: float, window_end: float) -> CompanionRates:
+        """Stop them all; each one's samples/s between two ``time.monotonic()`` instants (the
+        clock is the machine's: the same in every process)."""
+        for pipe in self.pipes:
+            pipe.send(("stop", None))
+        rates = []
+        seconds = max(window_end - window_start, 1e-9)
+        for pipe in self.pipes:
+            rows = self._expect(pipe, "rows", START_TIMEOUT_S)
+            rates.append(sum(n for t, n in rows if window_start < t <= window_end) / seconds)
+        return CompanionRates(tuple(rates))
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(("exit", None))
+            except OSError:
+                pass
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        for pipe in self.pipes:
+            pipe.close()
+
+    def _expect(self, pipe, kind: str, timeout_s: float):
+        if not pipe.poll(timeout_s):
+            raise RunError(f"A companion loader (one of the {self.count} other ranks measured "
+                           f"with --local-world-size) did not answer within {timeout_s:g} s.",
+                           type="companion_failed")
+        try:
+            got, body = pipe.recv()
+        except EOFError:
+            raise RunError("A companion loader (another rank measured with --local-world-size) "
+                           "died.", type="companion_failed") from None
+        if got == "error":
+            raise RunError(f"A companion loader (another rank measured with "
+                           f"--local-world-size) failed: {body}", type="companion_failed")
+        return body
+
+
+def companion_main(target: str, settings: dict, step_ms: float | None, pipe) -> None:
+    """One companion: load the target, then run settings as told until told to exit."""
+    import traceback
+
+    # Started by spawn, this process would start its DataLoader workers by spawn too (an
+    # import of torch each, seconds per worker); a rank torchrun starts uses the platform's
+    # default, as the measured loader in the engine's child does.
+    multiprocessing.set_start_method(None, force=True)
+
+    from engine.child.measure import Consumer, Measurement
+    from engine.child.target import resolve
+    from engine.settings import starting_config
+
+    try:
+        resolved = resolve(target)
+        base = starting_config(resolved, settings)
+        consumer = Consumer.choose(step_ms, resolved.train_step is not None)
+        pipe.send(("loaded", None))
+        while True:
+            order, tuned = pipe.recv()
+            if order != "run":
+                return
+            rows = _run_until_stopped(resolved, base.replace(**tuned), consumer, pipe,
+                                      Measurement)
+            pipe.send(("rows", rows))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return  # the tune ended
+    except Exception as exc:  # noqa: BLE001 - told to the tune, which names it
+        try:
+            pipe.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except OSError:
+            pass
+
+
+def _run_until_stopped(resolved, config, consumer, pipe, Measurement) -> list:
+    rows: list = []
+    started = [False]
+    next_look = [0.0]
+
+    def on_batch(record) -> None:
+        rows.append((measurement.t0 + record.t_request + record.wait_s, record.samples))
+        if not started[0]:
+            started[0] = True
+            pipe.send(("started", None))
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if now < next_look[0]:
+            return False
+        next_look[0] = now + 0.01  # a pipe poll per batch would load tiny batches
+        return pipe.poll()
+
+    measurement = Measurement(resolved, config, consumer, 24 * 3600.0, on_batch, should_stop)
+    try:
+        measurement.run()
+    finally:
+        measurement.close()
+    pipe.recv()  # the "stop"
+    return rows

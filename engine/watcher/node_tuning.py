@@ -1,0 +1,251 @@
+"""Tune in place a node at a time: the ranks of a node switch settings together.
+
+A node's ranks share its cores, memory bandwidth and /dev/shm: a worker count tried on one rank
+while the others keep theirs is measured under the wrong contention, and ranks searching on
+their own end on different settings. So under torchrun, with ``tune=True`` and the job's store
+reachable (job_report.job_store), local rank 0 of each node leads: it runs the search
+(inplace.py) on its own loop's rate and announces each switch to its node's other ranks through
+the job's store, as a ``NodePlan``: the setting and the batch of the epoch from which it runs,
+PLAN_LEAD_S ahead at the loop's pace, so every rank switches at the same batch. In a
+data-parallel job every rank's loop runs at the pace of the slowest (they meet at each
+all-reduce), so the leader's rate is the node's slowest rank's. The other ranks follow the
+plan (at once if they learn of it late) and never search themselves; one whose tried setting
+fails goes back to the job's own and tells the leader, which drops that setting for the node.
+
+``LeaderSearch`` and ``FollowerSearch`` answer the loader as ``InPlaceSearch`` does (the
+loader's swapping of batches between settings is unchanged, loader.py); the store is read and
+written on a thread of their own, never by the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+
+from engine.watcher.inplace import Decision, InPlaceSearch, Setting, Trial
+from engine.watcher.job_report import report_key
+
+PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
+POLL_S = 0.2  # how often the node's plan (followers) or failures (the leader) are read
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    version: int  # one more with each announcement
+    epoch: int  # the loader's epoch ...
+    from_batch: int  # ... and its batch from which ``setting`` runs
+    setting: Setting
+    finished: bool  # the search is over: this is the node's choice
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "setting": asdict(self.setting)})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "NodePlan":
+        data = json.loads(text)
+        return cls(**{**data, "setting": Setting(**data["setting"])})
+
+
+def plan_key(loader: str, node: int) -> str:
+    return report_key(loader, f"node{node}/plan")
+
+
+def failure_key(loader: str, node: int, local_rank: int) -> str:
+    return report_key(loader, f"node{node}/failed/{local_rank}")
+
+
+class _StoreThread:
+    """Reads and writes the node's keys every POLL_S on a thread of its own."""
+
+    def __init__(self, connect, name: str) -> None:
+        self.connect, self._store = connect, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self._store = self._store or self.connect()
+                if self._store is not None:
+                    self.exchange(self._store)
+            except Exception:  # noqa: BLE001 - the node's ranks keep their settings meanwhile
+                self._store = None
+
+    def exchange(self, store) -> None:
+        raise NotImplementedError
+
+
+class LeaderSearch(_StoreThread):
+    """Local rank 0's search, announced to its node."""
+
+    def __init__(self, search: InPlaceSearch, loader: str, node: int, local_world_size: int,
+                 connect) -> None:
+        super().__init__(connect, "dataloader-tuner-node-leader")
+        self.search, self.loader, self.node = search, loader, node
+        self.local_world_size = local_world_size
+        self.epoch, self.index = 0, 0  # the batch of the epoch the loop is at
+        self.pending: NodePlan | None = None  # announced, not yet reached
+        self.version = 0
+        self._outbox: list[NodePlan] = []
+        self._failures: list[tuple[Setting, str]] = []  # reported by followers
+        self._seen_failures: set[str] = set()
+        self._running = search.current  # what this rank's loader runs now
+        self._cycles: list[float] = []
+
+    # -- what loader.py asks ----------------------------------------------------------------
+
+    @property
+    def current(self) -> Setting:
+        return self._running
+
+    baseline = property(lambda self: self.search.baseline)
+    finished = property(lambda self: self.search.finished and self.pending is None)
+    decisions = property(lambda self: self.search.decisions)
+    measured = property(lambda self: self.search.measured)
+    best = property(lambda self: self.search.best)
+
+    def epoch_started(self, epoch: int) -> None:
+        self.epoch, self.index = epoch, 0
+        if self.pending is not None:  # announced for the last epoch's end: from its start
+            self._running, self.pending = self.pending.setting, None
+
+    def loader_started(self) -> None:
+        self.search.loader_started()
+
+    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+        self.index += 1
+        self._cycles.append(cycle_s)
+        del self._cycles[:-32]
+        running = self._running
+        while self._failures:  # failed on another rank: the node leaves it at once
+            setting, why = self._failures.pop(0)
+            if setting not in self.search.failed:
+                self.setting_failed(setting, why)
+        if self._running != running:
+            return self._running
+        if self.pending is not None:
+            if self.index < self.pending.from_batch:
+                return None  # the old setting runs until the node switches together
+            self._running, self.pending = self.pending.setting, None
+            return self._running
+        if self.search.finished:
+            return None
+        switch = self.search.after_batch(samples, cycle_s)
+        if self.search.finished and switch is None:
+            self._publish(self._running)  # the choice is what runs now: the node keeps it
+        elif switch is not None:
+            self._announce(switch)
+        return None
+
+    def setting_failed(self, setting: Setting, why: str) -> Setting:
+        fallback = self.search.setting_failed(setting, why)
+        self._running, self.pending = fallback, None
+        self._publish(fallback)  # from now on, on every rank of the node
+        return fallback
+
+    # -- announcing ------------------------------------------------------------------------
+
+    def _announce(self, setting: Setting) -> None:
+        """A switch for the whole node, PLAN_LEAD_S ahead."""
+        per_batch = sum(self._cycles) / len(self._cycles) if self._cycles else 0.0
+        lead = max(2, round(PLAN_LEAD_S / per_batch)) if per_batch > 0 else 2
+        self.pending = self._publish(setting, lead)
+
+    def _publish(self, setting: Setting, lead: int = 0) -> NodePlan:
+        self.version += 1
+        plan = NodePlan(self.version, self.epoch, self.index + lead, setting,
+                        self.search.finished)
+        self._outbox.append(plan)
+        return plan
+
+    def exchange(self, store) -> None:
+        while self._outbox:
+            store.set(plan_key(self.loader, self.node), self._outbox[0].to_json())
+            self._outbox.pop(0)
+        for local_rank in range(1, self.local_world_size):
+            key = failure_key(self.loader, self.node, local_rank)
+            if store.check([key]):
+                text = store.get(key).decode()
+                if text not in self._seen_failures:
+                    self._seen_failures.add(text)
+                    report = json.loads(text)
+                    self._failures.append((Setting(**report["setting"]),
+                                           f"on local rank {local_rank}: {report['why']}"))
+
+
+class FollowerSearch(_StoreThread):
+    """Any other rank of the node: runs what the node's plan says, when it says."""
+
+    def __init__(self, baseline: Setting, loader: str, node: int, local_rank: int,
+                 connect) -> None:
+        super().__init__(connect, "dataloader-tuner-node-follower")
+        self.baseline, self.loader, self.node, self.local_rank = baseline, loader, node, local_rank
+        self.epoch, self.index = 0, 0
+        self.latest: NodePlan | None = None  # the newest plan read from the store
+        self.applied = 0  # the version of the plan running
+        self._running = baseline
+        self.decisions: list[Decision] = []
+        self.measured: list[Trial] = []
+        self.finished = False
+        self.best: Trial | None = None
+        self._outbox: list[str] = []
+
+    @property
+    def current(self) -> Setting:
+        return self._running
+
+    def epoch_started(self, epoch: int) -> None:
+        self.epoch, self.index = epoch, 0
+        plan = self.latest
+        if plan is not None and plan.version > self.applied and plan.epoch < epoch:
+            self._apply(plan)
+
+    def loader_started(self) -> None:
+        pass
+
+    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+        self.index += 1
+        plan = self.latest
+        if self.finished or plan is None or plan.version <= self.applied:
+            return None
+        if plan.epoch > self.epoch or (plan.epoch == self.epoch and self.index < plan.from_batch):
+            return None
+        return self._apply(plan)
+
+    def setting_failed(self, setting: Setting, why: str) -> Setting:
+        self._outbox.append(json.dumps({"setting": asdict(setting), "why": why}))
+        self.decisions.append(Decision(asdict(setting), None, None,
+                                       f"failed on this rank ({why}); back to the job's own "
+                                       "setting until the node's leader announces another"))
+        self._running = self.baseline
+        return self.baseline
+
+    def _apply(self, plan: NodePlan) -> Setting | None:
+        self.applied = plan.version
+        changed = plan.setting != self._running
+        self._running = plan.setting
+        verdict = (f"chosen by the node's local rank 0: num_workers={plan.setting.num_workers}"
+                   if plan.finished else
+                   f"switched with the node (local rank 0 leads the search), epoch {plan.epoch} "
+                   f"batch {plan.from_batch}")
+        self.decisions.append(Decision(asdict(plan.setting), None, None, verdict))
+        if plan.finished:
+            self.finished, self.best = True, Trial(plan.setting)
+        return plan.setting if changed else None
+
+    def exchange(self, store) -> None:
+        while self._outbox:
+            store.set(failure_key(self.loader, self.node, self.local_rank), self._outbox[0])
+            self._outbox.pop(0)
+        key = plan_key(self.loader, self.node)
+        if store.check([key]):
+            plan = NodePlan.from_json(store.get(key))
+            if self.latest is None or plan.version > self.latest.version:
+                self.latest = plan
