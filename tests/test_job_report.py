@@ -57,7 +57,9 @@ def test_rank_0_gathers_every_rank_s_reports_into_its_history(tmp_path, server):
     assert one.node_cpus >= 1 and one.pid > 0 and one.shm_total_mb > 0
     assert 5.0 <= one.waiting_for_batch_s < 6.0 and latest[0][1].waiting_for_batch_s is None
     rank0.report("running")  # rank 1 said nothing new: its report is not written twice
-    assert [s.rank for _, s in history0.rank_reports(run0, latest=False)] == [0, 0, 0, 1]
+    assert [(s.rank, s.seq) for _, s in history0.rank_reports(run0)] == [(0, 3), (1, 1)]
+    # The kept series: a rank's report every 30 s (and its final one), for trends.
+    assert [s.rank for _, s in history0.rank_reports(run0, latest=False)] == [0, 1]
     view = job_view(latest, time.time(), collecting=True)
     assert view.straggler[0] == 1 and "starved" in view.straggler[1]
     assert [n.node for n in view.nodes] == [0, 1]

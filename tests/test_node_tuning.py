@@ -10,7 +10,7 @@ from torch.distributed import TCPStore
 
 from engine.watcher import inplace
 from engine.watcher.inplace import InPlaceSearch, Setting
-from engine.watcher.node_tuning import FollowerSearch, LeaderSearch, NodePlan
+from engine.watcher.node_tuning import UNHEARD_EPOCHS, FollowerSearch, LeaderSearch, NodePlan
 
 
 @pytest.fixture
@@ -91,6 +91,31 @@ def test_a_setting_that_fails_on_a_follower_is_dropped_for_the_node(store):
     assert tried in leader.search.failed
     assert "on local rank 1" in leader.decisions[-1].verdict
     assert leader.current == Setting(0) and follower.current == Setting(0)
+
+
+def test_a_follower_that_hears_no_plan_stops_following(store):
+    """No store, or local rank 0 not tuning: after UNHEARD_EPOCHS the rank runs its own
+    setting untuned (not a plan-holding tuned loader for the rest of the job)."""
+    follower = FollowerSearch(Setting(2), "train", 0, 1, lambda: None)
+    for epoch in range(UNHEARD_EPOCHS):
+        follower.epoch_started(epoch)
+        assert not follower.finished
+    follower.epoch_started(UNHEARD_EPOCHS)
+    assert follower.finished and follower.current == Setting(2) and follower.done()
+    assert "no plan from the node's local rank 0" in follower.decisions[-1].verdict
+
+
+def test_a_late_failure_of_a_setting_measured_before_only_bars_it(store):
+    """A follower reports a failure of a setting the leader has already moved on from: the
+    leader keeps measuring what runs now and never tries that setting again."""
+    leader, (follower,) = node(store)
+    leader.epoch_started(0)
+    follower.epoch_started(0)
+    leader._failures.append((Setting(6), "on local rank 1: worker killed"))
+    running = leader.current
+    assert leader.after_batch(8, 0.01) is None and leader.current == running
+    assert Setting(6) in leader.search.failed
+    assert "not tried again" in leader.decisions[-1].verdict
 
 
 def test_the_store_threads_start_and_stop(store):

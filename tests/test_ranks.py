@@ -196,3 +196,25 @@ def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
     runs = {run.rank["rank"]: run for run in RunStore(str(db)).list_runs()}
     assert {r: run.status for r, run in runs.items()} == {0: "stopped", 1: "stopped"}, output
     assert runs[1].result.batches == 200
+
+
+def test_two_loaders_of_one_name_report_under_keys_of_their_own(tmp_path, monkeypatch):
+    """Every rank watches its loaders in the same order, so the n-th loader of a name has the
+    same key on every rank; two both left unnamed ("loader") do not overwrite each other."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from engine import watch
+
+    for name, value in {"RANK": 1, "WORLD_SIZE": 2, "LOCAL_RANK": 1, "LOCAL_WORLD_SIZE": 2,
+                        "GROUP_RANK": 0}.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    db = str(tmp_path / "runs.sqlite")
+    first, second = (watch(DataLoader(torch.arange(8.0), batch_size=4), db=db) for _ in range(2))
+    try:
+        assert first.job_key != second.job_key
+        assert first.reporter.keys[1] != second.reporter.keys[1]
+    finally:
+        first.close()
+        second.close()

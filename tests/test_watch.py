@@ -214,6 +214,41 @@ def test_a_job_stopped_with_sigterm_ends_its_run_as_stopped(db_path):
     assert psutil.wait_procs(workers, timeout=10)[1] == []  # its workers went too
 
 
+BLOCKED_IN_C = """
+import ctypes, sys
+from torch.utils.data import DataLoader
+from engine import watch
+loader = watch(DataLoader(list(range(64)), batch_size=8), name="train", db=sys.argv[1])
+for batch in loader:
+    pass
+for batch in loader:  # blocked in C (as in a collective waiting for a dead peer): glibc's
+    ctypes.CDLL(None).system(b"sleep 120")  # system() waits on, through signals
+"""
+
+
+@pytest.mark.slow
+def test_a_job_blocked_in_c_code_still_stops_on_sigterm(db_path):
+    """Python runs a SIGTERM handler only between bytecodes: a main thread blocked in C would
+    have outlived torchrun's SIGTERM until its SIGKILL 30 s later. The signal also wakes a
+    thread that ends the runs and the process within a few seconds."""
+    store = RunStore(db_path)
+    job = subprocess.Popen([sys.executable, "-c", BLOCKED_IN_C, db_path], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=ROOT), stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        run = wait_for_batches(store, job)
+        time.sleep(1.0)  # in the system() call by now
+        job.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        job.wait(timeout=20)
+        took = time.monotonic() - started
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the orphaned "sleep 120"
+        job.wait()
+    assert job.returncode == -signal.SIGKILL and took < 10
+    assert store.get_run(run.id).status == "stopped"
+
+
 def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     code = ("import torch\n"
             "from torch.utils.data import DataLoader\n"

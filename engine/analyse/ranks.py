@@ -26,6 +26,10 @@ from engine.analyse.metrics import BatchRecord
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause
 SILENT_S = 10.0  # no report for this long while the job runs: the rank is hung hard or dead
+# Ranks report every REPORT_S; rank 0 gathers for FINAL_WAIT_S more at its end (longer), so a
+# rank still alive then was heard within REPORT_S of the end, and one silent longer was lost.
+REPORT_S = 2.0
+FINAL_WAIT_S = 3.0
 STALLED_S = 30.0  # no batch for this long while the other ranks get theirs: the rank is stuck
 SATURATED_CPU_PCT = 90.0  # a node this busy has no CPU left for its loaders' workers
 GROWING_MB_PER_MIN = 50.0  # memory growth that is named (with at least MIN_GROWTH_MB in all)
@@ -121,13 +125,15 @@ def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
         elif silent > SILENT_S and collecting:
             state, note = "silent", (f"no report for {silent:.0f} s: hung hard or dead (its last "
                                      f"report: {s.batches} batches)")
-        elif not collecting:
+        elif not collecting and silent > REPORT_S + 0.5:
             # Rank 0 waits for every rank's final report before it stops gathering; each rank
             # sends one when its loader ends, on an exception and on torchrun's SIGTERM.
             state, note = "lost", (f"sent no final report: killed, crashed or its node went "
-                                   f"down (or still running after rank 0 ended); last heard "
-                                   f"{silent:.0f} s before rank 0 stopped, at {s.batches} "
-                                   "batches")
+                                   f"down; last heard {silent:.0f} s before rank 0 stopped "
+                                   f"gathering, at {s.batches} batches")
+        elif not collecting:
+            state, note = "running", (f"still running when rank 0 stopped gathering ({s.batches} "
+                                      "batches then): no final report reached it")
         elif s.waiting_for_batch_s is not None and s.waiting_for_batch_s > stalled_s:
             state, note = "stalled", (f"waiting for a batch for {s.waiting_for_batch_s:.0f} s: "
                                       "its loader is stuck (a hung worker or file system, a "
@@ -162,17 +168,21 @@ class NodeLoad:
 
 
 def node_loads(summaries: Sequence[RankSummary]) -> list[NodeLoad]:
-    """Per node: what its ranks last saw of it (the freshest report's CPU and /dev/shm)."""
+    """Per node, from its ranks' last reports: the median of their CPU readings, the most
+    /dev/shm any of them saw in use."""
     nodes: dict[int, list[RankSummary]] = {}
     for s in summaries:
         nodes.setdefault(s.node, []).append(s)
     loads = []
     for node, members in sorted(nodes.items()):
-        fresh = max(members, key=lambda s: s.elapsed_s)
-        memory = [s.memory_mb for s in members if s.memory_mb is not None]
-        loads.append(NodeLoad(node, fresh.host, tuple(sorted(s.rank for s in members)),
-                              fresh.node_cpu_pct, fresh.node_cpus, fresh.shm_used_mb,
-                              fresh.shm_total_mb, sum(memory) if memory else None))
+        def known(values):
+            return [v for v in values if v is not None]
+        cpu, shm = known(s.node_cpu_pct for s in members), known(s.shm_used_mb for s in members)
+        memory = known(s.memory_mb for s in members)
+        loads.append(NodeLoad(node, members[0].host, tuple(sorted(s.rank for s in members)),
+                              statistics.median(cpu) if cpu else None,
+                              members[0].node_cpus, max(shm) if shm else None,
+                              members[0].shm_total_mb, sum(memory) if memory else None))
     return loads
 
 

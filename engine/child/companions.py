@@ -76,18 +76,20 @@ class Companions:
         return CompanionRates(tuple(rates))
 
     def close(self) -> None:
+        """Each told to exit and its pipe closed (a companion still running a trial sees the
+        end of its pipe), then joined; one that does not go is killed."""
         for pipe in self.pipes:
             try:
                 pipe.send(("exit", None))
             except OSError:
                 pass
+            pipe.close()
+        deadline = time.monotonic() + 10
         for process in self.processes:
-            process.join(10)
+            process.join(max(0.1, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join(5)
-        for pipe in self.pipes:
-            pipe.close()
 
     def _expect(self, pipe, kind: str, timeout_s: float):
         if not pipe.poll(timeout_s):
@@ -102,6 +104,9 @@ class Companions:
         if got == "error":
             raise RunError(f"A companion loader (another rank measured with "
                            f"--local-world-size) failed: {body}", type="companion_failed")
+        if got != kind:
+            raise RunError(f"A companion loader answered {got!r} where {kind!r} was due.",
+                           type="companion_failed")
         return body
 
 
@@ -129,6 +134,8 @@ def companion_main(target: str, settings: dict, step_ms: float | None, pipe) -> 
                 return
             rows = _run_until_stopped(resolved, base.replace(**tuned), consumer, pipe,
                                       Measurement)
+            if rows is None:  # told to exit mid-trial
+                return
             pipe.send(("rows", rows))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return  # the tune ended
@@ -162,5 +169,5 @@ def _run_until_stopped(resolved, config, consumer, pipe, Measurement) -> list:
         measurement.run()
     finally:
         measurement.close()
-    pipe.recv()  # the "stop"
-    return rows
+    order, _ = pipe.recv()  # "stop", or "exit" if the tune is ending
+    return rows if order == "stop" else None

@@ -90,24 +90,30 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     ``companions``: the node's other ranks, running the same settings all the while."""
     warmup = config.warmup_batches
     records: list = []
-    if companions is not None:
-        companions.start({key: getattr(config, key) for key in TUNED_KEYS})
-    clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
-    cpu_before = time.process_time()
-    measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
-                              clock.enough)
-    others = None
+    others = measurement = None
+    started = False
     try:
+        if companions is not None:
+            companions.start({key: getattr(config, key) for key in TUNED_KEYS})
+            started = True
+        clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
+        cpu_before = time.process_time()
+        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
+                                  clock.enough)
         measurement.run()
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
     finally:
-        if companions is not None:  # stopped before this loader's workers are
-            steady = metrics.steady_state(records, warmup)
-            window = ((measurement.t0 + steady.start, measurement.t0 + steady.end) if steady
-                      else (clock.started, time.monotonic()))
-            others = companions.stop(*window)
-        measurement.close()
+        try:
+            if started:  # the companions stopped before this loader's workers are
+                steady = metrics.steady_state(records, warmup)
+                t0 = measurement.t0 if measurement is not None else time.monotonic()
+                window = ((t0 + steady.start, t0 + steady.end) if steady
+                          else (t0, time.monotonic()))
+                others = companions.stop(*window)
+        finally:
+            if measurement is not None:
+                measurement.close()
     seconds = time.monotonic() - clock.started
     trial = summarize_trial(
         records, warmup,

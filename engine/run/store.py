@@ -117,11 +117,16 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     t REAL, util_percent REAL, memory_used_mb REAL
 );
+CREATE TABLE IF NOT EXISTS rank_latest (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank INTEGER, received_at REAL, body_json TEXT,
+    PRIMARY KEY (run_id, rank)
+);
 CREATE TABLE IF NOT EXISTS rank_reports (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     rank INTEGER, seq INTEGER, received_at REAL, body_json TEXT
 );
-CREATE INDEX IF NOT EXISTS rank_reports_run ON rank_reports(run_id, rank, seq);
+CREATE INDEX IF NOT EXISTS rank_reports_time ON rank_reports(run_id, received_at);
 CREATE TABLE IF NOT EXISTS run_events (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     kind TEXT, body_json TEXT
@@ -193,15 +198,19 @@ class RunStore:
                              "WHERE run_id = ? AND seq = ?",
                              [(ms, other, run_id, seq) for seq, ms, other in copies])
 
-    def record_rank_reports(self, run_id: int,
-                            reports: list[tuple[float, RankSummary]]) -> None:
+    def record_rank_reports(self, run_id: int, latest: list[tuple[float, RankSummary]],
+                            series: list[tuple[float, RankSummary]] = ()) -> None:
         """Reports of a torchrun job's ranks, gathered by the rank that writes ``run_id``
-        (watcher/job_report.py), each with when it was received."""
+        (watcher/job_report.py), each with when it was received: ``latest`` replace each
+        rank's last one; ``series`` are kept (a sparser record over time, for trends)."""
         with self._conn() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO rank_latest (run_id, rank, received_at, body_json) "
+                "VALUES (?, ?, ?, ?)", [(run_id, s.rank, at, s.to_json()) for at, s in latest])
             conn.executemany(
                 "INSERT INTO rank_reports (run_id, rank, seq, received_at, body_json) "
                 "VALUES (?, ?, ?, ?, ?)",
-                [(run_id, s.rank, s.seq, at, s.to_json()) for at, s in reports])
+                [(run_id, s.rank, s.seq, at, s.to_json()) for at, s in series])
 
     def request_tune(self, run_id: int) -> None:
         """Ask a watched job to tune this loader in place (the dashboard's button); the job
@@ -335,18 +344,17 @@ class RunStore:
 
     def rank_reports(self, run_id: int, latest: bool = True,
                      since: float | None = None) -> list[tuple[float, RankSummary]]:
-        """(received_at, report) gathered into ``run_id``: each rank's latest, or all of them
-        by rank and in order (those received from ``since`` on, if given)."""
-        where, args = "run_id = ?", [run_id]
-        if since is not None:
-            where, args = where + " AND received_at >= ?", args + [since]
+        """(received_at, report) gathered into ``run_id``: each rank's latest, or the kept
+        series by rank and in order (those received from ``since`` on, if given)."""
         if latest:
-            where += (" AND seq = (SELECT MAX(seq) FROM rank_reports r WHERE r.run_id = "
-                      "rank_reports.run_id AND r.rank = rank_reports.rank)")
-        rows = self._conn().execute(
-            f"SELECT received_at, body_json FROM rank_reports WHERE {where} ORDER BY rank, seq",
-            args).fetchall()
-        return [(row[0], RankSummary.from_json(row[1])) for row in rows]
+            query, args = ("SELECT received_at, body_json FROM rank_latest WHERE run_id = ? "
+                           "ORDER BY rank", (run_id,))
+        else:
+            query, args = ("SELECT received_at, body_json FROM rank_reports WHERE run_id = ? "
+                           "AND received_at >= ? ORDER BY rank, received_at",
+                           (run_id, since if since is not None else float("-inf")))
+        return [(row[0], RankSummary.from_json(row[1]))
+                for row in self._conn().execute(query, args).fetchall()]
 
     def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
         """The run's events other than batches and resource samples (which have tables)."""
@@ -389,6 +397,7 @@ def _use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
         try:
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
                 return
+            # A file system without WAL support answers with the mode it keeps: used as is.
             conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:

@@ -26,14 +26,13 @@ import psutil
 
 from engine import system
 from engine.analyse.metrics import BatchRecord
-from engine.analyse.ranks import FINAL, RankSummary, window_figures
+from engine.analyse.ranks import FINAL, FINAL_WAIT_S, REPORT_S, RankSummary, window_figures
 from engine.run.store import RunStore
 from engine.watcher.ranks import RankIdentity
 from engine.watcher.recorder import Recorder
 
-REPORT_S = 2.0
 STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
-FINAL_WAIT_S = 3.0  # rank 0, at its end, waits this long for the other ranks' final reports
+SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often
 COLLECTOR_RANK = 0
 
 
@@ -70,13 +69,14 @@ class RankReporter:
         self.collects = identity.rank == COLLECTOR_RANK
         self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
         self.seen: dict[int, int] = {}  # rank -> seq of its last report written to the history
+        self.series_at: dict[int, float] = {}  # rank -> when its last report joined the series
         self.latest: dict[int, RankSummary] = {}
         self._store = None
         self._seq = 0
         self._failed = False
         self._finished = False
         self._host = socket.gethostname()
-        psutil.cpu_percent(None)  # primes the node's CPU counter
+        self._cpu_times = psutil.cpu_times()  # the node's CPU, read as a difference
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dataloader-tuner-rank",
                                         daemon=True)
@@ -109,7 +109,7 @@ class RankReporter:
 
     def gather(self, store) -> None:
         received = time.time()
-        fresh = []
+        fresh, series = [], []
         for rank, key in enumerate(self.keys):
             if rank not in self.latest and not store.check([key]):
                 continue  # not reported yet (still starting)
@@ -118,8 +118,12 @@ class RankReporter:
             if self.seen.get(rank) != summary.seq:
                 self.seen[rank] = summary.seq
                 fresh.append((received, summary))
+                if (summary.status in FINAL
+                        or received - self.series_at.get(rank, 0.0) >= SERIES_EVERY_S):
+                    self.series_at[rank] = received
+                    series.append((received, summary))
         if fresh:
-            self.history.record_rank_reports(self.run_id, fresh)
+            self.history.record_rank_reports(self.run_id, fresh, series)
 
     def summary(self, status: str) -> RankSummary:
         recorder, me = self.recorder, self.identity
@@ -140,10 +144,20 @@ class RankReporter:
             last_batch_age_s=round(elapsed - (last.t_ready + last.step_s) if last else elapsed, 3),
             **{k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()},
             memory_mb=None if memory is None else round(memory, 1),
-            node_cpu_pct=psutil.cpu_percent(None), node_cpus=system.usable_cpus(),
+            node_cpu_pct=self._node_cpu_pct(), node_cpus=system.usable_cpus(),
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
             shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
             waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3))
+
+    def _node_cpu_pct(self) -> float | None:
+        """The whole node's CPU busy since this reporter's last look (its own baseline: psutil's
+        shared one is reset by every other caller in the process)."""
+        now = psutil.cpu_times()
+        before, self._cpu_times = self._cpu_times, now
+        total = sum(now) - sum(before)
+        idle = (now.idle + getattr(now, "iowait", 0.0)) - (before.idle
+                                                            + getattr(before, "iowait", 0.0))
+        return round(100.0 * (1 - idle / total), 1) if total > 0 else None
 
     def finish(self, status: str) -> None:
         """The final report; rank 0 gathers until every rank has sent its own (or
@@ -161,9 +175,12 @@ class RankReporter:
         while time.monotonic() < deadline and self._store is not None:
             if (len(self.latest) == len(self.keys)
                     and all(s.status in FINAL for s in self.latest.values())):
-                return
+                break
             time.sleep(0.2)
             try:
                 self.gather(self._store)
             except Exception:  # noqa: BLE001
-                return
+                break
+        # Rank 0's last report, again: its time is when gathering ended (the page judges the
+        # other ranks' silence against it, ranks.rank_states).
+        self.report(status)

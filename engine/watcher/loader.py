@@ -47,6 +47,7 @@ from engine.watcher.recorder import Recorder, process_identity
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
+_names_taken: dict[str, int] = {}  # loaders watched under each name in this process
 
 
 def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
@@ -93,8 +94,12 @@ class WatchedLoader:
         self.recorder = Recorder(store, run_id, self.t0)
         self.recorder.start(self._ready)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
-        self.reporter = (RankReporter(self.rank, self.name, self.recorder, store, run_id).start()
-                         if self.rank else None)
+        # Its name in the job's store: the same on every rank (the same script watches its
+        # loaders in the same order), and two loaders both called "loader" kept apart.
+        taken = _names_taken[self.name] = _names_taken.get(self.name, 0) + 1
+        self.job_key = self.name if taken == 1 else f"{self.name}#{taken}"
+        self.reporter = (RankReporter(self.rank, self.job_key, self.recorder, store,
+                                      run_id).start() if self.rank else None)
         if tune:
             self._start_tuning()
         self.gaps = StepGaps.create()  # None without CUDA
@@ -138,9 +143,9 @@ class WatchedLoader:
         if self.rank is not None and self.rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (node_tuning.py).
             node, local = self.rank.node_rank, self.rank.local_rank
-            search = (LeaderSearch(search, self.name, node, self.rank.local_world_size,
+            search = (LeaderSearch(search, self.job_key, node, self.rank.local_world_size,
                                    job_store) if local == 0 else
-                      FollowerSearch(start, self.name, node, local, job_store))
+                      FollowerSearch(start, self.job_key, node, local, job_store))
             search.start()
         self.search = search
         # persistent_workers keep the probed copy's workers alive between epochs: not while
@@ -175,8 +180,23 @@ class WatchedLoader:
 
     def close(self, status: str = "ok", error: dict | None = None):
         """End the run now (else it ends when the program exits); returns its ProfileResult."""
+        global _closing, _sigterm_pending
         if self in _watched:
             _watched.remove(self)
+        _closing += 1
+        try:
+            return self._close(status, error)
+        finally:
+            _closing -= 1
+            if _closing == 0 and _sigterm_pending:  # a SIGTERM came while this run ended
+                _sigterm_pending = False
+                try:
+                    for watched in list(_watched):
+                        watched.close("stopped")
+                finally:
+                    _die_of_sigterm()
+
+    def _close(self, status: str, error: dict | None):
         if self.search is not None and not self.search.finished:
             measured = len(self.search.measured)
             _say(f"{self.name}: tuning in place did not finish before the loader's run ended "
@@ -185,10 +205,12 @@ class WatchedLoader:
                  "lets it finish.")
         if self.search is not None:
             self.search.close()
-        result = self.recorder.finish(status, error)
         if self.reporter is not None:
+            # Before the run ends: rank 0's run stays "running" while it gathers the other
+            # ranks' final reports, and its own report counts every batch.
+            self.recorder.flush()
             self.reporter.finish(status)
-        return result
+        return self.recorder.finish(status, error)
 
     @property
     def result(self):
@@ -215,6 +237,9 @@ class WatchedLoader:
             except StopIteration:
                 recorder.asking_since = None
                 return
+            except BaseException:  # the job may catch it and go on: it is not waiting now
+                recorder.asking_since = None
+                raise
             t_ready = clock()
             recorder.asking_since = None
             # Numbered as handed out, on the loader itself: a loop that breaks off, or two
@@ -276,6 +301,7 @@ class WatchedLoader:
                     self.recorder.asking_since = None
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
+                    self.recorder.asking_since = None
                     setting = search.current
                     if setting == search.baseline:
                         raise  # the job's own settings: its own error, as without the tool
@@ -398,7 +424,6 @@ class WatchedLoader:
                                                  loader.generator))
         self.probed = instrumented(chosen_loader)[0] or self.probed
         if isinstance(search, FollowerSearch):  # the node's leader saves it, once
-            _say(f"{self.name}: runs the node's choice: {result.snippet}")
             return
         try:
             with open(self.settings_out, "w", encoding="utf-8") as f:
@@ -498,6 +523,10 @@ def _end_all() -> None:
 
 
 _sigterm_owner: int | None = None  # the process whose SIGTERM handler ends its watched runs
+_stopping = threading.Event()  # its watched runs are being ended for a SIGTERM
+_closing = 0  # runs being ended right now (close() is running)
+_sigterm_pending = False  # a SIGTERM arrived during a close(): honoured once it is done
+BACKSTOP_S = 2.0  # the main thread's handler did not run by then: ended from a thread
 
 
 def _end_runs_on_sigterm() -> None:
@@ -505,28 +534,86 @@ def _end_runs_on_sigterm() -> None:
     preempting a job, and ``kill``). Python's default dies on the spot, without atexit, leaving
     runs to be marked lost later. Where the job has no SIGTERM handler of its own, the watched
     runs end "stopped" (written, and reported to the job), then the signal takes its default
-    course. A job that sets its own handler later replaces this one."""
+    course. A job that sets its own handler later replaces this one.
+
+    Python runs a handler only when the main thread is back in the interpreter: a rank blocked
+    in a C call (a collective waiting for a dead peer) would not die until torchrun's SIGKILL,
+    30 s later. So the signal also wakes a thread (signal.set_wakeup_fd, where the job does not
+    use it already) that, if the handler has not run within BACKSTOP_S, ends the runs itself and
+    kills the process."""
     global _sigterm_owner
     if (_sigterm_owner == os.getpid() or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         return
     _sigterm_owner = os.getpid()
+    _stopping.clear()
     signal.signal(signal.SIGTERM, _stop_watched_runs)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        previous = None
+    if previous is None or previous != -1:  # the job's own (asyncio, ...): left as it was
+        if previous not in (None, -1):
+            signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return
+    threading.Thread(target=_backstop, args=(read_end,), name="dataloader-tuner-sigterm",
+                     daemon=True).start()
 
 
 def _stop_watched_runs(signum, frame) -> None:
-    if os.getpid() == _sigterm_owner:
-        for watched in list(_watched):
-            watched.close("stopped")
+    global _sigterm_pending
+    if os.getpid() == _sigterm_owner and _closing:
+        # Ending a run already (the job's own end, or an exception's at exit): that close
+        # ends the others too and then dies of the signal (see close).
+        _stopping.set()
+        _sigterm_pending = True
+        return
+    try:
+        if os.getpid() == _sigterm_owner and not _stopping.is_set():
+            _stopping.set()
+            for watched in list(_watched):
+                watched.close("stopped")
+    finally:
+        _die_of_sigterm()
+
+
+def _die_of_sigterm() -> None:
+    """As the signal's default would have: the process ends with it."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _backstop(read_end: int) -> None:
+    """Reads the signal numbers Python's C handler writes; on SIGTERM, gives the main thread
+    BACKSTOP_S to run its handler, else ends the runs here and kills the process."""
+    while True:
+        try:
+            got = os.read(read_end, 64)
+        except OSError:
+            return
+        if not got:
+            return
+        if signal.getsignal(signal.SIGTERM) is not _stop_watched_runs:
+            return  # the job put a handler of its own: SIGTERM is its business now
+        if signal.SIGTERM in got and not _stopping.wait(BACKSTOP_S):
+            _stopping.set()
+            try:
+                for watched in list(_watched):
+                    watched.close("stopped")
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _default_sigterm_in_child() -> None:
     """A forked DataLoader worker terminated by its loader dies at once, as without the tool."""
-    if _sigterm_owner is not None:
+    if _sigterm_owner is not None and signal.getsignal(signal.SIGTERM) is _stop_watched_runs:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
         except (ValueError, OSError):  # forked from a thread Python does not count as main
             pass
 

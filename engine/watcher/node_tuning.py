@@ -28,6 +28,9 @@ from engine.watcher.job_report import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
 POLL_S = 0.2  # how often the node's plan (followers) or failures (the leader) are read
+# A follower that has heard no plan by its third tuned epoch (no store, or local rank 0 is not
+# tuning) stops following and runs the job's own setting as an untuned loader.
+UNHEARD_EPOCHS = 2
 
 
 @dataclass(frozen=True)
@@ -68,15 +71,24 @@ class _StoreThread:
 
     def close(self) -> None:
         self._stop.set()
+        self._round()  # what is left to say (the leader's last plan), once more
 
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                self._store = self._store or self.connect()
-                if self._store is not None:
-                    self.exchange(self._store)
-            except Exception:  # noqa: BLE001 - the node's ranks keep their settings meanwhile
-                self._store = None
+        while not self._stop.wait(POLL_S) and not self.done():
+            self._round()
+        self._round()
+
+    def _round(self) -> None:
+        try:
+            self._store = self._store or self.connect()
+            if self._store is not None:
+                self.exchange(self._store)
+        except Exception:  # noqa: BLE001 - the node's ranks keep their settings meanwhile
+            self._store = None
+
+    def done(self) -> bool:
+        """Nothing more to read or say: the thread ends."""
+        raise NotImplementedError
 
     def exchange(self, store) -> None:
         raise NotImplementedError
@@ -124,10 +136,17 @@ class LeaderSearch(_StoreThread):
         self._cycles.append(cycle_s)
         del self._cycles[:-32]
         running = self._running
-        while self._failures:  # failed on another rank: the node leaves it at once
+        while self._failures:  # failed on another rank
             setting, why = self._failures.pop(0)
-            if setting not in self.search.failed:
-                self.setting_failed(setting, why)
+            if setting in self.search.failed:
+                continue
+            pending = self.pending.setting if self.pending is not None else None
+            if setting in (self._running, pending, self.search.current):
+                self.setting_failed(setting, why)  # the node leaves it at once
+            else:  # a setting measured before: never tried again
+                self.search.failed.add(setting)
+                self.search.decisions.append(Decision(asdict(setting), None, None,
+                                                      f"failed {why}; not tried again"))
         if self._running != running:
             return self._running
         if self.pending is not None:
@@ -165,6 +184,9 @@ class LeaderSearch(_StoreThread):
         self._outbox.append(plan)
         return plan
 
+    def done(self) -> bool:
+        return self.search.finished and self.pending is None and not self._outbox
+
     def exchange(self, store) -> None:
         while self._outbox:
             store.set(plan_key(self.loader, self.node), self._outbox[0].to_json())
@@ -196,6 +218,7 @@ class FollowerSearch(_StoreThread):
         self.finished = False
         self.best: Trial | None = None
         self._outbox: list[str] = []
+        self._epochs = 0  # tuned epochs begun
 
     @property
     def current(self) -> Setting:
@@ -203,9 +226,17 @@ class FollowerSearch(_StoreThread):
 
     def epoch_started(self, epoch: int) -> None:
         self.epoch, self.index = epoch, 0
+        self._epochs += 1
         plan = self.latest
         if plan is not None and plan.version > self.applied and plan.epoch < epoch:
             self._apply(plan)
+        elif self.latest is None and self._epochs > UNHEARD_EPOCHS:
+            self.finished, self.best = True, Trial(self.baseline)
+            self._running = self.baseline
+            self.decisions.append(Decision(asdict(self.baseline), None, None,
+                                           f"no plan from the node's local rank 0 in "
+                                           f"{UNHEARD_EPOCHS} epochs (no store, or it is not "
+                                           "tuning): the job's own setting, untuned"))
 
     def loader_started(self) -> None:
         pass
@@ -239,6 +270,9 @@ class FollowerSearch(_StoreThread):
         if plan.finished:
             self.finished, self.best = True, Trial(plan.setting)
         return plan.setting if changed else None
+
+    def done(self) -> bool:
+        return self.finished and not self._outbox
 
     def exchange(self, store) -> None:
         while self._outbox:
