@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from .conftest import ROOT, dataset_path
+from .test_watch import reap_orphans
 
 
 def companions_alive() -> list[psutil.Process]:
@@ -55,6 +56,7 @@ def test_a_companion_that_cannot_load_the_target_is_named_and_stopped():
     process for the life of a process that has spawned)."""
     run = subprocess.run([sys.executable, "-c", BROKEN_COMPANION, dataset_path("syntax_error.py")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    reap_orphans()  # multiprocessing's resource tracker outlives it by a moment
     assert run.returncode == 0, run.stderr[-2000:]
     failure = json.loads(run.stdout)
     assert failure["type"] == "companion_failed" and "SyntaxError" in failure["message"]

@@ -93,6 +93,24 @@ def test_a_setting_that_fails_on_a_follower_is_dropped_for_the_node(store):
     assert leader.current == Setting(0) and follower.current == Setting(0)
 
 
+def test_the_node_is_judged_by_its_slowest_rank(store):
+    """Ranks that do not synchronise: rank 1 takes twice as long per batch under the same
+    setting; the leader's search counts its own batches at rank 1's pace."""
+    leader, (follower,) = node(store)
+    leader.epoch_started(0)
+    follower.epoch_started(0)
+    for _ in range(400):
+        leader.after_batch(8, 0.005)
+        follower.after_batch(8, 0.010)
+        follower.exchange(store)
+        leader.exchange(store)
+        if leader.search.measured:
+            break
+    first = leader.search.measured[0]
+    assert abs(leader.slowest_factor() - 2.0) < 0.05
+    assert abs(first.samples_per_s - 8 / 0.010) / 800 < 0.1  # rank 1's pace, not 1600/s
+
+
 def test_a_follower_that_hears_no_plan_stops_following(store):
     """No store, or local rank 0 not tuning: after UNHEARD_EPOCHS the rank runs its own
     setting untuned (not a plan-holding tuned loader for the rest of the job)."""

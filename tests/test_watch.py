@@ -245,6 +245,7 @@ def test_a_job_blocked_in_c_code_still_stops_on_sigterm(db_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the orphaned "sleep 120"
         job.wait()
+        reap_orphans()
     assert job.returncode == -signal.SIGKILL and took < 10
     assert store.get_run(run.id).status == "stopped"
 

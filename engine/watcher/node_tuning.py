@@ -8,9 +8,11 @@ reachable (job_report.job_store), local rank 0 of each node leads: it runs the s
 the job's store, as a ``NodePlan``: the setting and the batch of the epoch from which it runs,
 PLAN_LEAD_S ahead at the loop's pace, so every rank switches at the same batch. In a
 data-parallel job every rank's loop runs at the pace of the slowest (they meet at each
-all-reduce), so the leader's rate is the node's slowest rank's. The other ranks follow the
-plan (at once if they learn of it late) and never search themselves; one whose tried setting
-fails goes back to the job's own and tells the leader, which drops that setting for the node.
+all-reduce), so the leader's rate is the node's slowest rank's; ranks that do not
+synchronise report their pace under each setting (their time per steady batch), and the leader
+counts each of its batches at the slowest rank's pace. The other ranks follow the plan (at once
+if they learn of it late) and never search themselves; one whose tried setting fails goes back
+to the job's own and tells the leader, which drops that setting for the node.
 
 ``LeaderSearch`` and ``FollowerSearch`` answer the loader as ``InPlaceSearch`` does (the
 loader's swapping of batches between settings is unchanged, loader.py); the store is read and
@@ -56,6 +58,30 @@ def plan_key(loader: str, node: int) -> str:
 
 def failure_key(loader: str, node: int, local_rank: int) -> str:
     return report_key(loader, f"node{node}/failed/{local_rank}")
+
+
+def pace_key(loader: str, node: int, local_rank: int) -> str:
+    return report_key(loader, f"node{node}/pace/{local_rank}")
+
+
+class Pace:
+    """A rank's loop under the setting it runs: steady batches (after each loader's warm-up)
+    and the seconds they took, for the plan version that setting came with."""
+
+    def __init__(self) -> None:
+        self.version, self.batches, self.seconds, self.seen = 0, 0, 0.0, 0
+
+    def restart(self, version: int) -> None:
+        self.version, self.batches, self.seconds, self.seen = version, 0, 0.0, 0
+
+    def add(self, cycle_s: float, warmup: int) -> None:
+        self.seen += 1
+        if self.seen > warmup:
+            self.batches += 1
+            self.seconds += cycle_s
+
+    def per_batch(self) -> float | None:
+        return self.seconds / self.batches if self.batches >= 3 else None
 
 
 class _StoreThread:
@@ -110,6 +136,8 @@ class LeaderSearch(_StoreThread):
         self._seen_failures: set[str] = set()
         self._running = search.current  # what this rank's loader runs now
         self._cycles: list[float] = []
+        self.pace = Pace()  # this rank's, under the plan version running
+        self.paces: dict[int, tuple[int, int, float]] = {}  # follower -> (version, n, seconds)
 
     # -- what loader.py asks ----------------------------------------------------------------
 
@@ -126,15 +154,32 @@ class LeaderSearch(_StoreThread):
     def epoch_started(self, epoch: int) -> None:
         self.epoch, self.index = epoch, 0
         if self.pending is not None:  # announced for the last epoch's end: from its start
-            self._running, self.pending = self.pending.setting, None
+            self._switch(self.pending)
 
     def loader_started(self) -> None:
         self.search.loader_started()
+        self.pace.seen = 0
+
+    def _switch(self, plan: NodePlan) -> Setting:
+        self._running, self.pending = plan.setting, None
+        self.pace.restart(plan.version)
+        return self._running
+
+    def slowest_factor(self) -> float:
+        """How much slower the node's slowest rank runs this setting than this one (1 when
+        none is slower, or too little is known): the search judges the node by it."""
+        own = self.pace.per_batch()
+        theirs = [seconds / batches for version, batches, seconds in self.paces.values()
+                  if version == self.pace.version and batches >= 3]
+        if own is None or not theirs:
+            return 1.0
+        return max(1.0, max(theirs) / own)
 
     def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
         self.index += 1
         self._cycles.append(cycle_s)
         del self._cycles[:-32]
+        self.pace.add(cycle_s, self._running.warmup_batches)
         running = self._running
         while self._failures:  # failed on another rank
             setting, why = self._failures.pop(0)
@@ -152,11 +197,11 @@ class LeaderSearch(_StoreThread):
         if self.pending is not None:
             if self.index < self.pending.from_batch:
                 return None  # the old setting runs until the node switches together
-            self._running, self.pending = self.pending.setting, None
-            return self._running
+            return self._switch(self.pending)
         if self.search.finished:
             return None
-        switch = self.search.after_batch(samples, cycle_s)
+        # Each batch counted at the pace of the node's slowest rank under this setting.
+        switch = self.search.after_batch(samples, cycle_s * self.slowest_factor())
         if self.search.finished and switch is None:
             self._publish(self._running)  # the choice is what runs now: the node keeps it
         elif switch is not None:
@@ -165,8 +210,7 @@ class LeaderSearch(_StoreThread):
 
     def setting_failed(self, setting: Setting, why: str) -> Setting:
         fallback = self.search.setting_failed(setting, why)
-        self._running, self.pending = fallback, None
-        self._publish(fallback)  # from now on, on every rank of the node
+        self._switch(self._publish(fallback))  # from now on, on every rank of the node
         return fallback
 
     # -- announcing ------------------------------------------------------------------------
@@ -192,6 +236,10 @@ class LeaderSearch(_StoreThread):
             store.set(plan_key(self.loader, self.node), self._outbox[0].to_json())
             self._outbox.pop(0)
         for local_rank in range(1, self.local_world_size):
+            key = pace_key(self.loader, self.node, local_rank)
+            if store.check([key]):
+                pace = json.loads(store.get(key))
+                self.paces[local_rank] = (pace["version"], pace["batches"], pace["seconds"])
             key = failure_key(self.loader, self.node, local_rank)
             if store.check([key]):
                 text = store.get(key).decode()
@@ -219,6 +267,8 @@ class FollowerSearch(_StoreThread):
         self.best: Trial | None = None
         self._outbox: list[str] = []
         self._epochs = 0  # tuned epochs begun
+        self.pace = Pace()  # reported to the leader, who judges the node by its slowest
+        self._pace_sent: tuple | None = None
 
     @property
     def current(self) -> Setting:
@@ -239,10 +289,11 @@ class FollowerSearch(_StoreThread):
                                            "tuning): the job's own setting, untuned"))
 
     def loader_started(self) -> None:
-        pass
+        self.pace.seen = 0
 
     def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
         self.index += 1
+        self.pace.add(cycle_s, self._running.warmup_batches)
         plan = self.latest
         if self.finished or plan is None or plan.version <= self.applied:
             return None
@@ -260,6 +311,7 @@ class FollowerSearch(_StoreThread):
 
     def _apply(self, plan: NodePlan) -> Setting | None:
         self.applied = plan.version
+        self.pace.restart(plan.version)
         changed = plan.setting != self._running
         self._running = plan.setting
         verdict = (f"chosen by the node's local rank 0: num_workers={plan.setting.num_workers}"
@@ -278,6 +330,11 @@ class FollowerSearch(_StoreThread):
         while self._outbox:
             store.set(failure_key(self.loader, self.node, self.local_rank), self._outbox[0])
             self._outbox.pop(0)
+        pace = (self.pace.version, self.pace.batches, round(self.pace.seconds, 6))
+        if pace != self._pace_sent and not self.finished:
+            store.set(pace_key(self.loader, self.node, self.local_rank),
+                      json.dumps(dict(zip(("version", "batches", "seconds"), pace))))
+            self._pace_sent = pace
         key = plan_key(self.loader, self.node)
         if store.check([key]):
             plan = NodePlan.from_json(store.get(key))
