@@ -124,14 +124,14 @@ def tune_in_place(loader: DataLoader, step_s: float, db: str, max_workers: int,
     return watched.search.best.setting.num_workers, seen
 
 
-def offline_pick(target: str, step_ms: float, db: str, max_workers: int) -> int:
+def offline_pick(target: str, step_ms: float, db: str, max_workers: int) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "engine", "tune", target, "--step-ms", str(step_ms),
          "--max-workers", str(max_workers), "--budget-s", "40", "--json", "--db", db],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=ROOT))
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["recommended"]["num_workers"]
+    return json.loads(done.stdout)
 
 
 class Labelled(torch.utils.data.Dataset):
@@ -164,11 +164,19 @@ def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, 
     chosen, seen = tune_in_place(loader, step_ms / 1000, db_path, max_workers)
     for epoch in seen[:-1]:  # every finished epoch: each sample exactly once
         assert sorted(epoch) == list(range(len(dataset)))
-    offline = offline_pick(os.path.join(ROOT, target), step_ms, db_path, max_workers)
+    tuned = offline_pick(os.path.join(ROOT, target), step_ms, db_path, max_workers)
+    offline = tuned["recommended"]["num_workers"]
     # The same rule on the same loop: the same count, or its neighbour on the climb's path
-    # where two counts are within the noise of each other.
+    # where two counts are within the noise of each other; or, on a plateau (a step that 4
+    # workers already feed: the offline tuner's "fed" rule may go on to 12), a count the
+    # offline search itself measured at the rate of its pick.
     path = sorted({0, 1, 2, 3, 4, 6, 9, 13, offline, chosen})
-    assert abs(path.index(chosen) - path.index(offline)) <= 1, (chosen, offline)
+    rates = {t["num_workers"]: t["samples_per_s"] for t in tuned["trials"]
+             if t["phase"] not in ("prewarm", "baseline", "final") and t["samples_per_s"]}
+    on_plateau = (chosen in rates and offline in rates
+                  and rates[chosen] >= 0.95 * rates[offline])
+    assert abs(path.index(chosen) - path.index(offline)) <= 1 or on_plateau, (
+        chosen, offline, rates)
 
 
 def fail_in_third_worker(worker_id: int) -> None:

@@ -110,10 +110,15 @@ class RankReporter:
     def gather(self, store) -> None:
         received = time.time()
         fresh, series = [], []
-        for rank, key in enumerate(self.keys):
-            if rank not in self.latest and not store.check([key]):
-                continue  # not reported yet (still starting)
-            summary = RankSummary.from_json(store.get(key))
+        if len(self.latest) == len(self.keys) and hasattr(store, "multi_get"):
+            # Every rank has reported once (its key stays): one round trip for all, where the
+            # store has multi_get, not two per rank.
+            texts = dict(enumerate(store.multi_get(self.keys)))
+        else:
+            texts = {rank: store.get(key) for rank, key in enumerate(self.keys)
+                     if rank in self.latest or store.check([key])}  # else: still starting
+        for rank, text in texts.items():
+            summary = RankSummary.from_json(text)
             self.latest[rank] = summary
             if self.seen.get(rank) != summary.seq:
                 self.seen[rank] = summary.seq
