@@ -41,7 +41,7 @@ FINAL = {"ok": "finished", "error": "failed", "stopped": "stopped", "lost": "los
 
 @dataclass(frozen=True)
 class RankSummary:
-    """One rank's loader as it reports itself to the job (~600 bytes of JSON): the figures are
+    """One rank's loader as it reports itself to the job (~420 bytes of JSON): the figures are
     over its most recent batches; node_* as this rank saw its node."""
 
     loader: str  # the name given to watch()

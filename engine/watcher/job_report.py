@@ -1,6 +1,6 @@
 """Every rank's loader reported to one place, through the job's own torch.distributed store.
 
-Under torchrun each watched rank writes a ``RankSummary`` of its loader (analyse/ranks.py, ~600
+Under torchrun each watched rank writes a ``RankSummary`` of its loader (analyse/ranks.py, ~420
 bytes of JSON) to the job's key-value store every REPORT_S, under a key of its own: a ``set``,
 which waits on no other rank (no collective, no barrier). Rank 0 reads every rank's key
 (``check`` first, so never a blocking ``get``) and writes the reports it has not seen into its
