@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from engine import (JobView, LiveRun, RankSummary, StoredRun, job_view,
-                    summary_from_batches)
+                    summary_from_batches, window_figures)
 
 from . import views
 from .shared import get_jobs
@@ -29,11 +29,24 @@ def _label(run: StoredRun) -> str:
     return f"#{run.id} {run.label or 'loader'} [{run.status}] {when}: {_job_of(run)}"
 
 
+RATE_WINDOW_BATCHES = 500  # a running run's samples/s in the table: its latest batches
+
+
+def _rate(run: StoredRun) -> float | None:
+    """The result's samples/s; while the run goes (its result comes at its end), the rate of
+    its latest batches."""
+    rate = run.samples_per_s
+    if rate is None and run.status == "running":
+        rate = window_figures(get_jobs().store.batches(run.id, RATE_WINDOW_BATCHES))[
+            "samples_per_s"]
+    return None if rate is None else round(rate, 1)
+
+
 def _table(runs: list[StoredRun]) -> None:
     st.dataframe([{
         "run": run.id, "loader": run.label, "status": run.status, "job": _job_of(run),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
-        "samples/s": None if run.samples_per_s is None else round(run.samples_per_s, 1),
+        "samples/s": _rate(run),
     } for run in runs], hide_index=True)
 
 

@@ -17,7 +17,8 @@ and, shared by all: protocol (request and events), wire, errors, system, config,
 
 from engine.analyse.diagnostic import Diagnostic
 from engine.analyse.metrics import BatchRecord, busy_timeline
-from engine.analyse.ranks import JobView, RankSummary, job_view, summary_from_batches
+from engine.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
+                                  window_figures)
 from engine.analyse.report import fmt, speedup_text
 from engine.analyse.results import ProfileResult, Result, TuneResult
 from engine.analyse.trace import chrome_trace
@@ -56,7 +57,7 @@ __all__ = [
     "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord",
     "busy_timeline", "chrome_trace", "fmt", "speedup_text",
     # a torchrun job's ranks
-    "RankSummary", "JobView", "job_view", "summary_from_batches",
+    "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     # errors
     "EngineError", "ConfigError", "RunError", "TargetError",
 ]

@@ -267,6 +267,8 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     assert "**train**" in page and "**running**" in page and "pid" in page
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["samples/s"].rstrip("k")) > 0
+    listed = at.dataframe[0].value  # the jobs table: a running run's rate from its batches
+    assert list(listed["status"]) == ["running"] and listed["samples/s"][0] > 0
     watched.close()
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert "**ok**" in " ".join(m.value for m in at.markdown)
