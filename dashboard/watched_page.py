@@ -144,11 +144,15 @@ def _job_view(ranks: list[StoredRun]) -> tuple[JobView, str] | None:
     """The job from rank 0's gathered reports (every node) or, without them, from the runs
     of its ranks in this history (the ranks on this machine)."""
     store = get_jobs().store
-    gatherer = next((run for run in ranks if run.rank["rank"] == 0
-                     and store.rank_reports(run.id)), None)
+    gatherer, latest = None, []
+    for run in ranks:
+        if run.rank["rank"] == 0:
+            latest = store.rank_reports(run.id)
+            if latest:
+                gatherer = run
+                break
     if gatherer is not None:
         collecting = gatherer.status == "running"
-        latest = store.rank_reports(gatherer.id)
         # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
         now = time.time() if collecting else max(
             [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])

@@ -280,13 +280,15 @@ def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting
 
 def summary_from_batches(loader: str, rank: dict, host: str, pid: int, status: str,
                          elapsed_s: float, batches: Sequence[BatchRecord]) -> RankSummary:
-    """A rank's summary made from its own run in a shared history (the ranks of a job on one
-    machine, without the reports gathered by rank 0): no node figures."""
+    """A rank's summary from its batches alone (no node figures): what a rank reports starts
+    from it (job_report.py), and a job's ranks in a shared history without rank 0's gathered
+    reports are shown from it."""
     batches = list(batches)
     last = batches[-1] if batches else None
     return RankSummary(
         loader=loader, rank=rank["rank"], world_size=rank["world_size"],
         local_rank=rank["local_rank"], node=rank["node_rank"], host=host, pid=pid, seq=0,
         status=status, elapsed_s=elapsed_s, batches=last.seq + 1 if last else 0,
-        last_batch_age_s=None, **window_figures(batches), memory_mb=None, node_cpu_pct=None,
-        node_cpus=None, shm_used_mb=None, shm_total_mb=None)
+        last_batch_age_s=None,
+        **{k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()},
+        memory_mb=None, node_cpu_pct=None, node_cpus=None, shm_used_mb=None, shm_total_mb=None)

@@ -20,13 +20,15 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import psutil
 
 from engine import system
 from engine.analyse.metrics import BatchRecord
-from engine.analyse.ranks import FINAL, FINAL_WAIT_S, REPORT_S, RankSummary, window_figures
+from engine.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
+                                  summary_from_batches)
 from engine.run.store import RunStore
 from engine.watcher.ranks import RankIdentity
 from engine.watcher.recorder import Recorder
@@ -131,9 +133,8 @@ class RankReporter:
             self.history.record_rank_reports(self.run_id, fresh, series)
 
     def summary(self, status: str) -> RankSummary:
-        recorder, me = self.recorder, self.identity
-        rows = list(recorder.recent)
-        batches = [BatchRecord(*row) for row in rows]
+        recorder = self.recorder
+        batches = [BatchRecord(*row) for row in list(recorder.recent)]
         elapsed = time.monotonic() - recorder.t0
         last = batches[-1] if batches else None
         resources = recorder.last_resources
@@ -141,13 +142,11 @@ class RankReporter:
                   if resources is not None else None)
         shm = system.shm_usage()
         asking = recorder.asking_since
-        return RankSummary(
-            loader=self.loader, rank=me.rank, world_size=me.world_size,
-            local_rank=me.local_rank, node=me.node_rank, host=self._host, pid=os.getpid(),
-            seq=self._seq, status=status, elapsed_s=round(elapsed, 3),
-            batches=last.seq + 1 if last else 0,
+        return replace(
+            summary_from_batches(self.loader, self.identity.to_dict(), self._host, os.getpid(),
+                                 status, round(elapsed, 3), batches),
+            seq=self._seq,
             last_batch_age_s=round(elapsed - (last.t_ready + last.step_s) if last else elapsed, 3),
-            **{k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()},
             memory_mb=None if memory is None else round(memory, 1),
             node_cpu_pct=self._node_cpu_pct(), node_cpus=system.usable_cpus(),
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),

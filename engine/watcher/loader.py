@@ -84,6 +84,7 @@ class WatchedLoader:
         self.max_workers = max_workers
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
         self._logged = 0  # decisions of the search already written to the run
+        self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
         who = process_identity()
         self.t0 = time.monotonic()
@@ -283,7 +284,7 @@ class WatchedLoader:
             generator=loader.generator).item())
         plan = list(sampler_iter)
         clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seen, gaps = self._epoch, self._seen_pids, self.gaps
+        epoch, seen, gaps, recorder = self._epoch, self._seen_pids, self.gaps, self.recorder
         first, taken, segment = self._seq, 0, 0
         self._epoch += 1
         epoch_start = clock()
@@ -292,16 +293,16 @@ class WatchedLoader:
         try:
             while taken < len(plan):
                 t_request = clock()
-                self.recorder.asking_since = t_request
+                recorder.asking_since = t_request
                 if gaps is not None:
                     gaps.asking()
                 try:
                     batch, meta = next(source)
                 except StopIteration:
-                    self.recorder.asking_since = None
+                    recorder.asking_since = None
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
-                    self.recorder.asking_since = None
+                    recorder.asking_since = None
                     setting = search.current
                     if setting == search.baseline:
                         raise  # the job's own settings: its own error, as without the tool
@@ -314,7 +315,7 @@ class WatchedLoader:
                     source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
                 t_ready = clock()
-                self.recorder.asking_since = None
+                recorder.asking_since = None
                 seq = self._seq  # numbered as handed out (see _batches)
                 self._seq = seq + 1
                 if gaps is not None:
@@ -342,8 +343,8 @@ class WatchedLoader:
                 switch = search.after_batch(samples, t_back - t_request)
                 # (A node's leader finishes when the node switches to its choice, after the
                 # decision was logged: node_tuning.py.)
-                if len(search.decisions) > self._logged or (
-                        search.finished and not getattr(self, "_saved", False)):
+                if len(search.decisions) > self._logged or (search.finished
+                                                             and not self._saved):
                     self._log_decisions()
                 if switch is not None and taken < len(plan):
                     _shutdown(source)
@@ -393,7 +394,7 @@ class WatchedLoader:
             _say(f"{self.name}: num_workers={decision.setting['num_workers']}: {rate}{ci}: "
                  f"{decision.verdict}")
         self._logged = len(search.decisions)
-        if search.finished and not getattr(self, "_saved", False):
+        if search.finished and not self._saved:
             self._saved = True
             self._save_choice()
 
