@@ -1,5 +1,5 @@
 """DataLoader Tuner dashboard: `streamlit run app.py` (serves on 127.0.0.1, see .streamlit/)."""
 
-from dashboard.streamlit_app import run
+from dataloader_tuner.dashboard.streamlit_app import run
 
 run()

@@ -25,11 +25,11 @@ sys.path.insert(0, ROOT)
 
 from torch.distributed import TCPStore  # noqa: E402
 
-from engine.analyse.ranks import RankSummary  # noqa: E402
-from engine.run.store import RunStore  # noqa: E402
-from engine.watcher.job_report import RankReporter, report_key  # noqa: E402
-from engine.watcher.ranks import RankIdentity  # noqa: E402
-from engine.watcher.recorder import Recorder  # noqa: E402
+from dataloader_tuner.analyse.ranks import RankSummary  # noqa: E402
+from dataloader_tuner.store import RunStore  # noqa: E402
+from dataloader_tuner.watcher.job_report import RankReporter, report_key  # noqa: E402
+from dataloader_tuner.watcher.rank_identity import RankIdentity  # noqa: E402
+from dataloader_tuner.record.recorder import Recorder  # noqa: E402
 
 SAMPLE = RankSummary(
     loader="train", rank=0, world_size=1, local_rank=0, node=0, host="node-000.cluster.local",

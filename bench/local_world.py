@@ -2,7 +2,7 @@
 
 For each workload and N = 1, 2, 4, in one run:
   1. the tuner through the real engine with ``local_world_size=N`` (every trial runs N loaders
-     at once, engine/child/companions.py): its num_workers per rank;
+     at once, engine/tune/companions.py): its num_workers per rank;
   2. a grid of num_workers per rank, each point measured as N ranks would run: N processes (a
      fresh interpreter each, as torchrun starts them), each a plain DataLoader loop, all timed
      over the same window; the point's figure is their total samples/s. Passes alternate the
@@ -27,8 +27,8 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
-from engine.system import usable_cpus  # noqa: E402
+from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
+from dataloader_tuner.system import usable_cpus  # noqa: E402
 
 WORKLOADS = ["examples/cpu_bound.py", "examples/latency_bound.py"]
 RANKS = (1, 2, 4)
@@ -47,9 +47,9 @@ def plain_rank(target: str, pipe) -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from torch.utils.data import DataLoader
 
-    from engine.child.probes import samples_in
-    from engine.child.target import resolve
-    from engine.settings import starting_config
+    from dataloader_tuner.instrument.probes import samples_in
+    from dataloader_tuner.child.target import resolve
+    from dataloader_tuner.settings import starting_config
 
     resolved = resolve(target)
     base = starting_config(resolved)

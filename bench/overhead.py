@@ -31,20 +31,20 @@ sys.path.insert(0, ROOT)
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from engine.config import LoaderConfig  # noqa: E402
-from engine.child.measure import Consumer, Measurement  # noqa: E402
-from engine.settings import starting_config  # noqa: E402
-from engine.analyse.metrics import warmup_batches  # noqa: E402
-from engine.child.probes import samples_in  # noqa: E402
-from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
-from engine.child.target import resolve  # noqa: E402
+from dataloader_tuner.config import LoaderConfig  # noqa: E402
+from dataloader_tuner.child.measure import Consumer, Measurement  # noqa: E402
+from dataloader_tuner.settings import starting_config  # noqa: E402
+from dataloader_tuner.analyse.metrics import warmup_batches  # noqa: E402
+from dataloader_tuner.instrument.probes import samples_in  # noqa: E402
+from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
+from dataloader_tuner.child.target import resolve  # noqa: E402
 
 CASES = [
     ("examples/cpu_bound.py", 2),
     ("examples/latency_bound.py", 8),
     ("examples/tiny_in_memory.py", 0),
     ("examples/large_tensors.py", 2),
-    ("examples/with_train_step.py", 2),
+    ("dataloader_tuner.demo", 2),
 ]
 
 

@@ -64,7 +64,7 @@ sys.path.insert(0, ROOT)
 
 import psutil  # noqa: E402
 
-from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
+from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
 from tests.real.plain_loop import load_module  # noqa: E402
 
 MODULES = ["detection", "detectron2_style", "jpeg_folder", "webdataset_style",
@@ -181,7 +181,7 @@ def effective(settings: dict) -> tuple:
 
 def recommended_overrides(own: dict, rec: dict) -> dict:
     """The module's settings with the recommendation on top; worker-only settings it leaves
-    out return to DataLoader's defaults (as engine.child.tune_session.recommended_config does)."""
+    out return to DataLoader's defaults (as dataloader_tuner.tune.offline.recommended_config does)."""
     n = rec["num_workers"]
     return {"batch_size": rec.get("batch_size", own["batch_size"]), "num_workers": n,
             "pin_memory": bool(rec.get("pin_memory")),

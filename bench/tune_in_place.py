@@ -25,8 +25,8 @@ sys.path.insert(0, ROOT)
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from engine import watch  # noqa: E402
-from engine.child.target import resolve  # noqa: E402
+from dataloader_tuner import watch  # noqa: E402
+from dataloader_tuner.child.target import resolve  # noqa: E402
 
 # name, target, step ms, starting num_workers, max workers, grid, epochs
 CASES = [

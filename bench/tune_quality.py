@@ -33,20 +33,20 @@ sys.path.insert(0, ROOT)
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from engine.config import LoaderConfig  # noqa: E402
-from engine.settings import starting_config  # noqa: E402
-from engine.analyse.metrics import warmup_batches  # noqa: E402
-from engine.child.probes import samples_in  # noqa: E402
-from engine.run.runner import RunRequest, run_to_completion  # noqa: E402
-from engine.system import usable_cpus  # noqa: E402
-from engine.child.target import resolve  # noqa: E402
+from dataloader_tuner.config import LoaderConfig  # noqa: E402
+from dataloader_tuner.settings import starting_config  # noqa: E402
+from dataloader_tuner.analyse.metrics import warmup_batches  # noqa: E402
+from dataloader_tuner.instrument.probes import samples_in  # noqa: E402
+from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
+from dataloader_tuner.system import usable_cpus  # noqa: E402
+from dataloader_tuner.child.target import resolve  # noqa: E402
 
 WORKLOADS = [
     "examples/cpu_bound.py",
     "examples/latency_bound.py",
     "examples/tiny_in_memory.py",
     "examples/large_tensors.py",
-    "examples/with_train_step.py",
+    "dataloader_tuner.demo",
 ]
 FED_TOLERANCE = 0.02
 # torch warns about every worker count above the CPU count; the grid asks for them on purpose.

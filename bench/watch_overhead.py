@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from engine import watch  # noqa: E402
+from dataloader_tuner import watch  # noqa: E402
 
 # name, num_workers, step in seconds, batches per epoch
 CASES = [

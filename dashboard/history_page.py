@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from engine import StoredRun, chrome_trace
+from dataloader_tuner import StoredRun, chrome_trace
 
 from . import charts, views
 from .shared import get_jobs
@@ -59,7 +59,7 @@ def render() -> None:
     runs = store.list_runs(500)
     if not runs:
         st.info("No runs saved yet. Start one on the Live page, or run "
-                "`python -m engine profile TARGET`.")
+                "`python -m dataloader_tuner profile TARGET`.")
         return
     _table(runs)
     measured = {r.id: r for r in runs if r.kind in MEASURED_KINDS}

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from engine import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore, Verification,
+from dataloader_tuner import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore, Verification,
                     inspect_target, recommended_settings)
 
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
@@ -82,7 +82,7 @@ class Jobs:
             return self.tune
 
     def apply(self, before: RunRequest, after: RunRequest, rounds: int = 2) -> Verification:
-        """Start measuring the old settings against the new ones (see engine.run.verify)."""
+        """Start measuring the old settings against the new ones (see dataloader_tuner.run.verify)."""
         with self._lock:
             self._stop_jobs()
             self.applied = {"before": dict(before.settings), "after": dict(after.settings),

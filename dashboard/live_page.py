@@ -14,22 +14,23 @@ import time
 
 import streamlit as st
 
-from engine import RunHandle, check_claim, settings_file, speedup_text
+from dataloader_tuner import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS, DEFAULT_TIMEOUT_S,
+                              RunHandle, check_claim, settings_file, speedup_text)
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,
                    verification_requests)
 from .shared import get_jobs
 
-DEMO_TARGET = os.path.join("examples", "with_train_step.py")
+DEMO_TARGET = "dataloader_tuner.demo"  # ships with the package: the page opens on it anywhere
 AUTOSTART_ENV = "DLTUNER_AUTOSTART"  # "0": do not start the demo run on first open (tests)
 REFRESH_S = 1.0
 WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
 
 CONTROL_DEFAULTS = {
     "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
-    "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": 30.0,
-    "timeout_s": 60.0, "budget_s": 30.0, "max_workers": 32, "local_world_size": 1,
+    "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
+    "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S, "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1,
     "verify_seconds": 5.0,
 }
 CONSUMERS = {
@@ -254,7 +255,7 @@ def _recommendation_block(jobs: Jobs) -> None:
                               json.dumps(settings_file(tuned), indent=2),
                               file_name="dataloader_settings.json", mime="application/json")
     st.caption(f"Tuned in {tuned.tuning_seconds:.1f} s with {len(tuned.trials)} measured "
-               "trials. Load the file with `engine.load_settings(path)`.")
+               "trials. Load the file with `dataloader_tuner.load_settings(path)`.")
 
 
 def _tune_progress(tune: RunHandle) -> None:

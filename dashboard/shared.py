@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import RunStore
+from dataloader_tuner import RunStore
 
 from .jobs import Jobs
 

@@ -3,7 +3,7 @@ dashboard`` once installed (which runs this file)."""
 
 import streamlit as st
 
-from dashboard import history_page, live_page, watched_page
+from dataloader_tuner.dashboard import history_page, live_page, watched_page
 
 
 def run() -> None:

@@ -1,4 +1,4 @@
-"""Training jobs watched with ``engine.watch(loader)``: the runs other processes write into the
+"""Training jobs watched with ``dataloader_tuner.watch(loader)``: the runs other processes write into the
 history, listed by job and followed live in the same view as the engine's own runs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from engine import (JobView, LiveRun, RankSummary, StoredRun, job_view,
+from dataloader_tuner import (JobView, LiveRun, RankSummary, StoredRun, job_view,
                     summary_from_batches, window_figures)
 
 from . import views
@@ -221,7 +221,7 @@ def render() -> None:
     store = get_jobs().store
     st.title("Training jobs")
     st.caption("Add one line to your training script, `loader = watch(loader, name=\"train\")` "
-               "(`from engine import watch`), and its loaders appear here while it trains.")
+               "(`from dataloader_tuner import watch`), and its loaders appear here while it trains.")
     store.mark_lost_runs()
     runs = [run for run in store.list_runs(500) if run.kind == "watch"]
     st.fragment(_watch_for_changes, run_every=WATCH_S)(store.statuses("watch"))

@@ -10,27 +10,28 @@ The packages behind it:
     engine/child/    the engine's child process: the target, measuring loop, probes, GPU, tune
     engine/tune/     the search for settings (pure: measurements come in through a function)
     engine/analyse/  pure reading of measurements: metrics, diagnostics, results, traces
-    engine/cli/      python -m engine
+    engine/cli/      python -m dataloader_tuner
     engine/watcher/  watch(loader): a user's training job, measured in its own process
 and, shared by all: protocol (request and events), wire, errors, system, config, settings.
 """
 
-from engine.analyse.diagnostic import Diagnostic
-from engine.analyse.metrics import BatchRecord, busy_timeline
-from engine.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.metrics import BatchRecord, busy_timeline
+from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                   window_figures)
-from engine.analyse.report import fmt, speedup_text
-from engine.analyse.results import ProfileResult, Result, TuneResult
-from engine.analyse.trace import chrome_trace
-from engine.config import LoaderConfig
-from engine.errors import ConfigError, EngineError, RunError, TargetError
-from engine.protocol import RunRequest
-from engine.run.live import LiveRun
-from engine.run.runner import RunHandle, RunState, inspect_target, run_to_completion
-from engine.run.store import RunStore, StoredRun, default_db_path
-from engine.run.verify import Verification, check_claim
-from engine.settings import load_settings, recommended_settings, settings_file
-from engine.system import SystemSnapshot
+from dataloader_tuner.analyse.report import fmt, speedup_text
+from dataloader_tuner.analyse.results import ProfileResult, Result, TuneResult
+from dataloader_tuner.analyse.trace import chrome_trace
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.errors import ConfigError, EngineError, RunError, TargetError
+from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
+                                       DEFAULT_TIMEOUT_S, RunRequest)
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.run.runner import RunHandle, RunState, inspect_target, run_to_completion
+from dataloader_tuner.store import RunStore, StoredRun, default_db_path
+from dataloader_tuner.run.verify import Verification, check_claim
+from dataloader_tuner.settings import load_settings, recommended_settings, settings_file
+from dataloader_tuner.system import SystemSnapshot
 
 
 def watch(loader, name: str | None = None, db: str | None = None, tune: bool = False,
@@ -38,7 +39,7 @@ def watch(loader, name: str | None = None, db: str | None = None, tune: bool = F
     """Measure a training job's own DataLoader as it trains: ``loader = watch(loader)``;
     ``tune=True`` also tunes it in place. See engine/watcher/loader.py. (Imported here on
     first use: it needs torch.)"""
-    from engine.watcher.loader import watch as watch_loader
+    from dataloader_tuner.watcher.loader import watch as watch_loader
 
     return watch_loader(loader, name, db, tune, max_workers, settings_out)
 
@@ -47,7 +48,7 @@ __all__ = [
     # watch a training job
     "watch",
     # start and follow runs
-    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
+    "RunRequest", "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
     "Verification", "check_claim",
     # the run history
     "RunStore", "StoredRun", "default_db_path",

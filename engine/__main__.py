@@ -1,6 +1,6 @@
 import sys
 
-from engine.cli.main import main
+from dataloader_tuner.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

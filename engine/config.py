@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.errors import ConfigError
-from engine.analyse.metrics import warmup_batches
+from dataloader_tuner.errors import ConfigError
+from dataloader_tuner.analyse.metrics import warmup_batches
 
 # Settings the tuner searches and that a settings file carries (JSON-serialisable values).
 TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")

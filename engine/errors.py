@@ -94,6 +94,6 @@ ERROR_CODES = {
     "no_steady_state": "no tune trial ran long enough to be measured",
     "companion_failed": "a loader run as another rank of the node (--local-world-size) failed",
     "tune_incomplete": "the tuner stopped before reaching a recommendation",
-    # a watched training job (engine.watch)
+    # a watched training job (dataloader_tuner.watch)
     "watched_job_failed": "the training script being watched ended with an exception",
 }

@@ -5,7 +5,7 @@ dispatching on the type, never on a string.
 
 NOTE [ Engine process protocol ]
 
-    parent (CLI / dashboard)                    child: python -m engine.child
+    parent (CLI / dashboard)                    child: python -m dataloader_tuner.child
     ------------------------                    -----------------------------------------
     Popen(start_new_session=True) ------------> reads RunRequest.to_json() from stdin
                                                 resolves the target  --(error)--> exit 1
@@ -35,14 +35,15 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
-from engine.system import SystemSnapshot
-from engine.wire import pack_rows, unpack_rows
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
 # Defaults a run starts from, named once: the CLI's flags and the dashboard read them here.
-DEFAULT_SECONDS = 10.0
+DEFAULT_SECONDS = 15.0
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUDGET_S = 45.0
 DEFAULT_MAX_WORKERS = 32
+EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 RUN_KINDS = ("profile", "tune", "verify", "inspect")
 
 
@@ -134,7 +135,7 @@ class Batches:
 @dataclass(frozen=True)
 class Resources:
     """One sample: per process ``{pid, role, worker_id, cpu_percent, rss_mb, threads, uss_mb,
-    pss_mb, dirty_mb}`` (child.resources.ResourceSampler), and NVML's figures on a GPU."""
+    pss_mb, dirty_mb}`` (instrument.resources.ResourceSampler), and NVML's figures on a GPU."""
 
     kind: ClassVar[str] = "resources"
     t: float
@@ -188,7 +189,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class Tuned:
-    """The tuner's recommendation (tune_session.tune_document); the parent completes it into a
+    """The tuner's recommendation (tune/offline.py's tune_document); the parent completes it into a
     results.TuneResult."""
 
     kind: ClassVar[str] = "tune_result"

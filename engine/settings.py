@@ -19,11 +19,11 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from engine.config import WORKER_ONLY, LoaderConfig
-from engine.errors import ConfigError
+from dataloader_tuner.config import WORKER_ONLY, LoaderConfig
+from dataloader_tuner.errors import ConfigError
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
-    from engine.analyse.results import TuneResult
-    from engine.child.target import ResolvedTarget
+    from dataloader_tuner.analyse.results import TuneResult
+    from dataloader_tuner.child.target import ResolvedTarget
 
 DEFAULT_BATCH_SIZE = 32
 KNOWN_KEYS = frozenset(f.name for f in dataclasses.fields(LoaderConfig))
@@ -133,7 +133,7 @@ def settings_file(result: "TuneResult") -> dict:
         "baseline": result.baseline,
         "reasons": list(result.reasons),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_with": "from engine import load_settings; DataLoader(ds, <your other settings: "
+        "load_with": "from dataloader_tuner import load_settings; DataLoader(ds, <your other settings: "
                      "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
         "snippet": result.snippet,
     }
@@ -153,7 +153,7 @@ def load_settings(path: str) -> dict:
                           type="invalid_settings") from exc
     except ValueError as exc:
         raise ConfigError(f"{path} is not a settings file (not valid JSON: {exc}). Write one "
-                          "with `python -m engine tune TARGET --out FILE`.",
+                          "with `python -m dataloader_tuner tune TARGET --out FILE`.",
                           type="invalid_settings") from exc
     settings = document.get("dataloader_kwargs", document) if isinstance(document, dict) else None
     if not isinstance(settings, dict):

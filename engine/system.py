@@ -115,7 +115,7 @@ def shm_usage() -> dict | None:
 
 def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:
     """Everything the tuner and the user need to judge what the machine can give the loader."""
-    from engine.child import gpu  # torch: in the child only
+    from dataloader_tuner.instrument import gpu  # torch: in the child only
 
     memory = psutil.virtual_memory()
     return SystemSnapshot(

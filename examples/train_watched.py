@@ -5,7 +5,7 @@
 The one line that matters is ``watch(...)`` around each DataLoader: the training loop itself is
 unchanged. While it trains, the dashboard (``streamlit run app.py``, History page) lists the job
 with its two loaders ("train" and "val") and shows their input wait, step time and workers live.
-At the end each run's headline is printed, and ``python -m engine runs`` lists them.
+At the end each run's headline is printed, and ``python -m dataloader_tuner runs`` lists them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 try:
-    from engine import watch
+    from dataloader_tuner import watch
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from engine import watch
+    from dataloader_tuner import watch
 
 
 class BrightSquare(Dataset):

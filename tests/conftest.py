@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import sys
 import time
@@ -10,6 +11,20 @@ DATASETS = os.path.join(ROOT, "tests", "datasets")
 EXAMPLES = os.path.join(ROOT, "examples")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def _package_is_this_checkout() -> None:
+    """The tests run the package installed from this checkout (``pip install -e .``, as
+    scripts/test.sh does), never another copy of dataloader_tuner."""
+    spec = importlib.util.find_spec("dataloader_tuner")
+    where = os.path.dirname(spec.origin) if spec and spec.origin else None
+    if where is None or not os.path.samefile(where, os.path.join(ROOT, "engine")):
+        pytest.exit(f"dataloader_tuner is {'found at ' + where if where else 'not installed'}, "
+                    f"not this checkout's engine/: run `pip install -e {ROOT}` "
+                    "(bash scripts/test.sh does it)", returncode=4)
+
+
+_package_is_this_checkout()
 
 
 def dataset_path(name: str) -> str:

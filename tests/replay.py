@@ -20,8 +20,8 @@ import subprocess
 import threading
 import time
 
-from engine import protocol
-from engine.protocol import RunRequest
+from dataloader_tuner import protocol
+from dataloader_tuner.protocol import RunRequest
 
 RECORDINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recordings")
 
@@ -101,7 +101,7 @@ def library_starter(recordings: dict[tuple[str, str], str], pace: float = 0.0):
     """A ``runner.child_starter`` choosing a recording by (the target's file name, the request's
     kind), e.g. ``{("small_map.py", "inspect"): "small_map-inspect"}``; a verify run replays
     the profile recording. Anything else starts the real child."""
-    from engine.run import runner
+    from dataloader_tuner.run import runner
 
     real = runner.EngineChild.start
     loaded = {key: load(name) for key, name in recordings.items()}
@@ -121,7 +121,7 @@ def library_starter(recordings: dict[tuple[str, str], str], pace: float = 0.0):
 def record(name: str, request: RunRequest) -> str:
     """Run ``request`` for real and save what its child sent: the events with the time each
     arrived (``_at``), what it printed and how it exited."""
-    from engine.run.runner import RunHandle
+    from dataloader_tuner.run.runner import RunHandle
 
     handle = RunHandle(request)
     started = time.monotonic()
@@ -140,10 +140,10 @@ def record(name: str, request: RunRequest) -> str:
     return recording_path(name)
 
 
-# The recordings the page tests replay: (name, target from the repository root, kind, request
+# The recordings the page tests replay: (name, target from the repository root or a module, kind, request
 # fields). ``python -m tests.replay record-all`` makes them again (after a protocol change).
 MANIFEST = [
-    ("with_train_step-inspect", "examples/with_train_step.py", "inspect", {}),
+    ("with_train_step-inspect", "dataloader_tuner.demo", "inspect", {}),
     ("small_map-inspect", "tests/datasets/small_map.py", "inspect", {}),
     ("small_map-profile", "tests/datasets/small_map.py", "profile",
      {"seconds": 2.0, "step_ms": 2.0, "settings": {"num_workers": 2}}),
@@ -197,7 +197,8 @@ def main() -> None:
     if args.command == "record-all":
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for name, target, kind, fields in MANIFEST:
-            print(record(name, RunRequest(os.path.join(root, target), kind=kind, **fields)),
+            path = os.path.join(root, target) if target.endswith(".py") else target  # else a module
+            print(record(name, RunRequest(path, kind=kind, **fields)),
                   flush=True)
         return
     request = RunRequest(args.target, settings=json.loads(args.settings), kind=args.kind,

@@ -17,14 +17,14 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from dashboard.shared import get_jobs
-from engine import RunRequest, RunStore, run_to_completion
-from engine.run import runner
+from dataloader_tuner.dashboard.shared import get_jobs
+from dataloader_tuner import RunRequest, RunStore, run_to_completion
+from dataloader_tuner.run import runner
 
 from .conftest import ROOT, dataset_path
 from .replay import replayed_starter
 
-HISTORY_SCRIPT = "from dashboard import history_page\nhistory_page.render()\n"
+HISTORY_SCRIPT = "from dataloader_tuner.dashboard import history_page\nhistory_page.render()\n"
 
 
 @pytest.fixture(params=["replay"])
@@ -91,7 +91,7 @@ def test_live_page_opens_on_the_demo_dataset(app_env):
     at = live_app()
     assert not at.exception
     assert at.text_input(key="target").label == "Dataset module"
-    assert at.text_input(key="target").value.endswith("with_train_step.py")
+    assert at.text_input(key="target").value == "dataloader_tuner.demo"
     assert "FeatureDataset" in at.success[0].value
     assert "No run yet" in texts(at)
     assert button(at, "Stop").disabled and not button(at, "Start").disabled
@@ -241,7 +241,7 @@ def test_the_controls_start_from_the_modules_own_settings(app_env):
     assert handle.live.config["shuffle"] is True and handle.live.config["drop_last"] is True
 
 
-WATCHED_SCRIPT = "from dashboard import watched_page\nwatched_page.render()\n"
+WATCHED_SCRIPT = "from dataloader_tuner.dashboard import watched_page\nwatched_page.render()\n"
 
 
 def test_watched_jobs_are_listed_and_shown_live(app_env):
@@ -249,7 +249,7 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     while it runs and shows its figures; once ended, its saved result."""
     from torch.utils.data import DataLoader
 
-    from engine import watch
+    from dataloader_tuner import watch
 
     from .test_watch import Indices
 
@@ -280,8 +280,8 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
 def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatch, tmp_path):
     from torch.utils.data import DataLoader
 
-    import engine.watcher.inplace as inplace
-    from engine import watch
+    import dataloader_tuner.tune.in_place as inplace
+    from dataloader_tuner import watch
 
     from .test_watch import Indices
 
@@ -311,7 +311,7 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
     three times longer: the page names rank 1 and why."""
     from torch.utils.data import DataLoader
 
-    from engine import watch
+    from dataloader_tuner import watch
 
     from .test_watch import Indices
 
@@ -336,7 +336,7 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
 def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     """Rank 0's history holds every rank's reports (as gathered through the job's store): the
     page shows the ranks of both nodes, each node's load, the starved rank and a lost one."""
-    from engine import LiveRun, RankSummary, RunStore
+    from dataloader_tuner import LiveRun, RankSummary, RunStore
 
     store = RunStore(app_env)
     rank = {"rank": 0, "world_size": 3, "local_rank": 0, "local_world_size": 2,

@@ -97,7 +97,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
     try:
         # 1. The page opens on the demo dataset, and the demo starts by itself.
         page.goto(server.url)
-        page.get_by_text("Found with_train_step.FeatureDataset").wait_for(timeout=60_000)
+        page.get_by_text("Found dataloader_tuner.demo.FeatureDataset").wait_for(timeout=60_000)
         page.get_by_text("Run 1", exact=False).first.wait_for(timeout=60_000)
         page.get_by_text("samples/s").first.wait_for(timeout=60_000)
         steps.charts_with_data("Batch latency", "Worker utilization", "GPU idle gaps")
@@ -108,7 +108,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
 
         # 2. Point at a module (attr form), Start a run; a reload and a second tab re-attach.
         target = page.get_by_role("textbox", name="Dataset module")
-        target.fill("examples/with_train_step.py:make_dataset")
+        target.fill("dataloader_tuner.demo:make_dataset")
         target.press("Enter")
         page.get_by_text("via make_dataset").wait_for(timeout=60_000)
         steps.set_number("num_workers", 2)

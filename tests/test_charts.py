@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from dashboard import charts
-from engine.analyse import metrics
+from dataloader_tuner.dashboard import charts
+from dataloader_tuner.analyse import metrics
 
 from .records import make_batches
 
@@ -121,7 +121,7 @@ def test_throughput_of_bursty_rounds_is_not_a_sawtooth():
 
 
 def test_headline_figures_fit_a_narrow_tile():
-    from dashboard.views import compact
+    from dataloader_tuner.dashboard.views import compact
 
     assert [compact(v) for v in (377.07, 12345.6, 2.5e6, 0.1234, None)] == [
         "377", "12.3k", "2.50M", "0.123", "n/a"]

@@ -12,7 +12,7 @@ from .conftest import ROOT, dataset_path
 
 def cli(*args, db):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "engine", *args, "--db", db],
+    return subprocess.run([sys.executable, "-m", "dataloader_tuner", *args, "--db", db],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
 
@@ -71,7 +71,7 @@ def test_bad_usage_exits_2_and_rejected_settings_exit_1(db_path):
 def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_path):
     from torch.utils.data import DataLoader
 
-    from engine import load_settings
+    from dataloader_tuner import load_settings
 
     out = tmp_path / "settings.json"
     result = cli("tune", dataset_path("small_map.py"), "--max-workers", "2", "--budget-s", "20",
@@ -141,10 +141,11 @@ def test_the_parent_side_does_not_import_torch():
     """The CLI parent and the dashboard server only start and read runs: torch (seconds to
     import, hundreds of MB) stays in the engine's child process."""
     code = ("import sys\n"
-            "import engine, engine.cli.main, engine.cli.tune, dashboard.jobs, "
-            "dashboard.live_page, dashboard.history_page, engine.protocol, engine.settings, "
-            "engine.system, engine.run.runner, engine.run.live, engine.run.store, "
-            "engine.analyse.report, engine.run.verify\n"
+            "import dataloader_tuner, dataloader_tuner.cli.main, dataloader_tuner.dashboard.jobs, "
+            "dataloader_tuner.dashboard.live_page, dataloader_tuner.dashboard.history_page, "
+            "dataloader_tuner.protocol, dataloader_tuner.settings, dataloader_tuner.system, "
+            "dataloader_tuner.run.runner, dataloader_tuner.run.live, dataloader_tuner.store, "
+            "dataloader_tuner.analyse.report, dataloader_tuner.run.verify\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)

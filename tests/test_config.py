@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from engine.config import LoaderConfig
-from engine.settings import load_settings
-from engine.errors import ConfigError
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.settings import load_settings
+from dataloader_tuner.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ def profile(target: str, *args: str, db: str) -> tuple[int, dict, float]:
     env = dict(os.environ, PYTHONPATH=ROOT)
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "engine", "profile", target, "--json", "--db", db, *args],
+        [sys.executable, "-m", "dataloader_tuner", "profile", target, "--json", "--db", db, *args],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     return run.returncode, json.loads(run.stdout), time.monotonic() - started
 
@@ -138,6 +138,6 @@ def test_fixed_rng_is_not_flagged(db_path):
 
 
 def _has_gpu() -> bool:
-    from engine.child import gpu
+    from dataloader_tuner.instrument import gpu
 
     return gpu.cuda_available()

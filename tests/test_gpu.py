@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.child import gpu
+from dataloader_tuner.instrument import gpu
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 

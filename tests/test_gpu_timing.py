@@ -4,7 +4,7 @@ events (no GPU here), and what happens without CUDA."""
 import pytest
 import torch
 
-from engine.watcher.gpu_timing import MAX_PENDING, StepGaps
+from dataloader_tuner.instrument.gpu_events import MAX_PENDING, StepGaps
 
 
 class FakeEvent:
@@ -74,7 +74,7 @@ def test_a_watched_loop_stores_its_gaps_with_its_batches(db_path):
     (stand-in events in place of CUDA's)."""
     from torch.utils.data import DataLoader
 
-    from engine import RunStore, watch
+    from dataloader_tuner import RunStore, watch
 
     class SlowToLoad(torch.utils.data.Dataset):
         def __len__(self):
@@ -100,10 +100,10 @@ def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypa
 
     from torch.utils.data import DataLoader
 
-    import engine.watcher.gpu_timing as timing
-    import engine.watcher.loader as watched_loader
-    from engine import RunStore, watch
-    from engine.watcher.gpu_timing import CopyTimes
+    import dataloader_tuner.instrument.gpu_events as timing
+    import dataloader_tuner.watcher.loader as watched_loader
+    from dataloader_tuner import RunStore, watch
+    from dataloader_tuner.instrument.gpu_events import CopyTimes
 
     Pair = namedtuple("Pair", "image label")
 
@@ -130,7 +130,7 @@ def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypa
 def test_moving_keeps_mappings_and_objects_that_move_themselves():
     from collections import UserDict, defaultdict
 
-    from engine.watcher.gpu_timing import moved
+    from dataloader_tuner.instrument.gpu_events import moved
 
     class Graph:
         def __init__(self):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from engine import watch
-from engine.watcher.inplace import InPlaceSearch, Setting
+from dataloader_tuner import watch
+from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
 
 from .conftest import ROOT
 from .test_watch import Indices
@@ -22,7 +22,7 @@ from .test_watch import Indices
 @pytest.fixture
 def no_prewarm(monkeypatch):
     """Simulated batches take no real time: the search's wall-clock rules are set aside."""
-    import engine.watcher.inplace as inplace
+    import dataloader_tuner.tune.in_place as inplace
 
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
 
@@ -88,7 +88,7 @@ def indices_loader(workers: int) -> DataLoader:
 def test_switching_in_place_keeps_every_epoch_whole_and_in_order(db_path, tmp_path,
                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import engine.watcher.inplace as inplace
+    import dataloader_tuner.tune.in_place as inplace
 
     monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)  # a trial per steady batch: many switches
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
@@ -126,7 +126,7 @@ def tune_in_place(loader: DataLoader, step_s: float, db: str, max_workers: int,
 
 def offline_pick(target: str, step_ms: float, db: str, max_workers: int) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "engine", "tune", target, "--step-ms", str(step_ms),
+        [sys.executable, "-m", "dataloader_tuner", "tune", target, "--step-ms", str(step_ms),
          "--max-workers", str(max_workers), "--budget-s", "40", "--json", "--db", db],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=ROOT))
@@ -155,7 +155,7 @@ class Labelled(torch.utils.data.Dataset):
 def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, target,
                                                  step_ms, start, max_workers):
     monkeypatch.chdir(tmp_path)
-    from engine.child.target import resolve
+    from dataloader_tuner.child.target import resolve
 
     resolved = resolve(os.path.join(ROOT, target))
     dataset = Labelled(resolved.dataset)
@@ -187,7 +187,7 @@ def fail_in_third_worker(worker_id: int) -> None:
 def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_path, monkeypatch,
                                                                capfd):
     monkeypatch.chdir(tmp_path)
-    import engine.watcher.inplace as inplace
+    import dataloader_tuner.tune.in_place as inplace
 
     monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
@@ -209,8 +209,8 @@ def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_pat
 
 def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import engine.watcher.inplace as inplace
-    from engine.watcher.loader import WatchedLoader
+    import dataloader_tuner.tune.in_place as inplace
+    from dataloader_tuner.watcher.loader import WatchedLoader
 
     monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
@@ -240,7 +240,7 @@ def test_a_bad_sample_ends_in_the_job_s_own_error_not_a_loop(db_path, tmp_path, 
     """Every setting fails on it: each is dropped once, then the job's own raises, as it
     would unwatched."""
     monkeypatch.chdir(tmp_path)
-    import engine.watcher.inplace as inplace
+    import dataloader_tuner.tune.in_place as inplace
 
     monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)

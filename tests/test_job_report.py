@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from engine import RunStore, job_view
-from engine.watcher import job_report
-from engine.watcher.job_report import RankReporter, job_store, report_key
-from engine.watcher.ranks import RankIdentity
-from engine.watcher.recorder import Recorder
+from dataloader_tuner import RunStore, job_view
+from dataloader_tuner.watcher import job_report
+from dataloader_tuner.watcher.job_report import RankReporter, job_store, report_key
+from dataloader_tuner.watcher.rank_identity import RankIdentity
+from dataloader_tuner.record.recorder import Recorder
 
 
 @pytest.fixture

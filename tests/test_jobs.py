@@ -2,7 +2,7 @@
 
 import pytest
 
-from dashboard.jobs import (
+from dataloader_tuner.dashboard.jobs import (
     LIVE_WINDOW_BATCHES,
     Jobs,
     controls_from_settings,
@@ -10,12 +10,12 @@ from dashboard.jobs import (
     tune_request,
     verification_requests,
 )
-from dashboard.live_page import CONTROL_DEFAULTS
-from engine import RunStore
-from engine.run import runner
-from engine.settings import recommended_settings
-from engine.run.live import LiveRun
-from engine.run.verify import Verification
+from dataloader_tuner.dashboard.live_page import CONTROL_DEFAULTS
+from dataloader_tuner import RunStore
+from dataloader_tuner.run import runner
+from dataloader_tuner.settings import recommended_settings
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.run.verify import Verification
 
 from .conftest import dataset_path
 from .records import make_batches
@@ -133,7 +133,7 @@ def test_verification_measures_both_settings_interleaved(db_path, monkeypatch):
 
 
 def test_verification_checks_the_claimed_speedup():
-    from engine.run.verify import check_claim
+    from dataloader_tuner.run.verify import check_claim
 
     claim = {"speedup": 2.0, "speedup_pct": 6.0}
     assert "within the ±15% allowed" in check_claim(claim, 1.9)

@@ -25,7 +25,7 @@ def companions_alive() -> list[psutil.Process]:
 def test_a_node_of_two_ranks_is_tuned_with_two_loaders_running_at_once(tmp_path):
     before = {p.pid for p in companions_alive()}
     tune = subprocess.run(
-        [sys.executable, "-m", "engine", "tune", dataset_path("small_map.py"),
+        [sys.executable, "-m", "dataloader_tuner", "tune", dataset_path("small_map.py"),
          "--local-world-size", "2", "--budget-s", "10", "--json",
          "--db", str(tmp_path / "runs.sqlite")],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -41,8 +41,8 @@ def test_a_node_of_two_ranks_is_tuned_with_two_loaders_running_at_once(tmp_path)
 
 BROKEN_COMPANION = """
 import json, sys
-from engine.child.companions import Companions
-from engine.errors import RunError
+from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.errors import RunError
 try:
     Companions(sys.argv[1], {}, None, 1)
 except RunError as exc:

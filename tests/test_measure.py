@@ -2,10 +2,10 @@
 
 import pytest
 
-from engine.errors import RunError
-from engine.child.measure import Consumer, Measurement
-from engine.settings import starting_config
-from engine.child.target import resolve
+from dataloader_tuner.errors import RunError
+from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.settings import starting_config
+from dataloader_tuner.child.target import resolve
 
 from .conftest import dataset_path
 
@@ -31,8 +31,8 @@ def test_zero_workers_crosses_epochs_until_max_batches():
 
 def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     """Batches under 1 ms: the costly reads happen on every 16th batch only."""
-    from engine.child import probes
-    from engine.child.probes import MAX_EVERY
+    from dataloader_tuner.instrument import probes
+    from dataloader_tuner.instrument.probes import MAX_EVERY
 
     probes._after_fork()  # a fresh per-process timer, as a new worker has: no earlier test's state
     records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=200)
@@ -89,7 +89,7 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
     """An ImageFolder-style targets list gives exact counts whatever order batches come in."""
     import numpy as np
 
-    from engine.child.measure import labels_of_dataset
+    from dataloader_tuner.child.measure import labels_of_dataset
 
     class Folder:
         def __init__(self, targets):
@@ -106,7 +106,7 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
 
 
 def test_the_snippet_names_objects_as_the_module_makes_them():
-    from engine.settings import snippet_names
+    from dataloader_tuner.settings import snippet_names
 
     resolved = resolve(dataset_path("duck_table.py"))
     config = starting_config(resolved, {"num_workers": 1})
@@ -115,7 +115,7 @@ def test_the_snippet_names_objects_as_the_module_makes_them():
 
 
 def test_a_module_batch_sampler_makes_the_batches_and_refuses_a_batch_size():
-    from engine.errors import ConfigError
+    from dataloader_tuner.errors import ConfigError
 
     records, _ = _measure("with_batch_sampler.py", {}, max_batches=12)
     assert {r.samples for r in records} == {5}
@@ -125,8 +125,8 @@ def test_a_module_batch_sampler_makes_the_batches_and_refuses_a_batch_size():
 
 
 def test_worker_only_settings_go_with_the_workers():
-    from engine.config import LoaderConfig
-    from engine.errors import ConfigError
+    from dataloader_tuner.config import LoaderConfig
+    from dataloader_tuner.errors import ConfigError
 
     with_workers = LoaderConfig(num_workers=2, multiprocessing_context="spawn", timeout=30)
     alone = with_workers.replace(num_workers=0)

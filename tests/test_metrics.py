@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.analyse import metrics
-from engine.analyse.metrics import BatchRecord
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.analyse.metrics import BatchRecord
 
 
 def batch(seq, t_request, wait, step=0.0, worker=0, fetch_start=None, fetch=0.01, collate=0.0,
@@ -85,7 +85,7 @@ def test_record_row_roundtrip():
 
 
 def test_rate_interval_is_tight_for_steady_batches_and_wide_for_erratic_ones():
-    from engine.analyse.metrics import rate_interval
+    from dataloader_tuner.analyse.metrics import rate_interval
 
     def timeline(gaps):
         t, rows = 0.0, []

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from engine.watcher import inplace
-from engine.watcher.inplace import InPlaceSearch, Setting
-from engine.watcher.node_tuning import UNHEARD_EPOCHS, FollowerSearch, LeaderSearch, NodePlan
+from dataloader_tuner.tune import in_place as inplace
+from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
+from dataloader_tuner.tune.node import UNHEARD_EPOCHS, FollowerSearch, LeaderSearch, NodePlan
 
 
 @pytest.fixture
@@ -154,7 +154,7 @@ import json, os, sys, time
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from engine import watch
+from dataloader_tuner import watch
 
 class Remote(Dataset):  # each sample waits 2 ms, as on remote storage: workers pay
     def __len__(self):

@@ -1,6 +1,6 @@
 """What the user's code prints becomes de-duplicated diagnostics with counts."""
 
-from engine.run.output import MAX_DISTINCT, OutputLog
+from dataloader_tuner.run.output import MAX_DISTINCT, OutputLog
 
 
 def test_warnings_and_lines_are_counted_once_each():

@@ -12,11 +12,11 @@ import psutil
 import pytest
 from torch.utils.data import Dataset
 
-from engine.analyse import pitfalls
-from engine.child.resources import ResourceSampler
-from engine.child.failures import explain_failure, hang_error, may_be_worker_death
-from engine.child.probes import shape_mismatch
-from engine.system import SystemSnapshot
+from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
+from dataloader_tuner.instrument.probes import shape_mismatch
+from dataloader_tuner.system import SystemSnapshot
 
 import torch
 

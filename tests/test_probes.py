@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from engine.child.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
+from dataloader_tuner.instrument.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
                            payload_bytes, samples_in, sizes_of, wrap_dataset)
 
 from .datasets.small_map import SmallMap
@@ -128,7 +128,7 @@ def test_a_self_made_batch_is_counted_by_its_tensors_not_its_key_strings():
 
 
 def test_costly_reads_are_sampled_when_they_would_cost_over_half_a_percent():
-    from engine.child.probes import MAX_EVERY, SAMPLE_EVERY, _FetchTimer
+    from dataloader_tuner.instrument.probes import MAX_EVERY, SAMPLE_EVERY, _FetchTimer
 
     timer = _FetchTimer()
     assert timer.read_every(batch_s=0.010, reads_s=0.000002) == 1  # 0.02%: every batch

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from engine import protocol
-from engine.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
-from engine.analyse.metrics import BatchRecord
-from engine.system import SystemSnapshot
+from dataloader_tuner import protocol
+from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
 
@@ -113,7 +113,7 @@ def _diagnostic_codes() -> set[str]:
 
 
 def test_every_diagnostic_code_is_in_the_catalogue_and_none_is_stale():
-    from engine.analyse.diagnostic import CODES
+    from dataloader_tuner.analyse.diagnostic import CODES
 
     found = _diagnostic_codes()
     # the output log's two warning codes are chosen at run time (output.py)
@@ -121,7 +121,7 @@ def test_every_diagnostic_code_is_in_the_catalogue_and_none_is_stale():
 
 
 def test_a_diagnostic_with_an_unknown_code_is_refused():
-    from engine.analyse.diagnostic import Diagnostic
+    from dataloader_tuner.analyse.diagnostic import Diagnostic
 
     with pytest.raises(ValueError, match="'made_up'"):
         Diagnostic("made_up", "warning", "text")

@@ -3,8 +3,8 @@ with the cause its numbers show."""
 
 from dataclasses import replace
 
-from engine.analyse.metrics import BatchRecord
-from engine.analyse.ranks import (RankSummary, job_view, memory_growth, node_loads, rank_states,
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.analyse.ranks import (RankSummary, job_view, memory_growth, node_loads, rank_states,
                                   slowest_rank, summary_from_batches, window_figures)
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine import RunStore, job_view
-from engine.watcher.ranks import RankIdentity, rank_identity
+from dataloader_tuner import RunStore, job_view
+from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 
 from .browser import free_port
 from .conftest import ROOT
@@ -31,7 +31,7 @@ SCRIPT = """
 import sys
 import torch
 from torch.utils.data import DataLoader
-from engine import watch
+from dataloader_tuner import watch
 
 loader = watch(DataLoader(torch.arange(64).float().view(-1, 1), batch_size=8), name="train",
                db=sys.argv[1])
@@ -67,7 +67,7 @@ import os, signal, sys, time
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
-from engine import watch
+from dataloader_tuner import watch
 
 class Samples(Dataset):
     def __init__(self, delay, hang):
@@ -204,7 +204,7 @@ def test_two_loaders_of_one_name_report_under_keys_of_their_own(tmp_path, monkey
     import torch
     from torch.utils.data import DataLoader
 
-    from engine import watch
+    from dataloader_tuner import watch
 
     for name, value in {"RANK": 1, "WORLD_SIZE": 2, "LOCAL_RANK": 1, "LOCAL_WORLD_SIZE": 2,
                         "GROUP_RANK": 0}.items():

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from engine.tune import costmodel
-from engine.tune.recommend import recommend
-from engine.child.tune_session import no_steady_state_error, speedup_claim
-from engine.config import LoaderConfig
+from dataloader_tuner.tune import costmodel
+from dataloader_tuner.tune.recommend import recommend
+from dataloader_tuner.tune.offline import no_steady_state_error, speedup_claim
+from dataloader_tuner.config import LoaderConfig
 
 from .test_tuner import limits, trial
 

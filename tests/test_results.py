@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from engine import protocol
-from engine.config import LoaderConfig
-from engine.analyse.diagnostic import Diagnostic
-from engine.run.live import LiveRun
-from engine.analyse.results import (PROFILE_KEYS, TUNE_KEYS, ProfileResult, TuneResult,
+from dataloader_tuner import protocol
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.analyse.results import (PROFILE_KEYS, TUNE_KEYS, ProfileResult, TuneResult,
                             result_from_dict)
-from engine.settings import recommended_config, recommended_settings, settings_file
-from engine.run.store import RunStore
+from dataloader_tuner.settings import recommended_config, recommended_settings, settings_file
+from dataloader_tuner.store import RunStore
 from tests.replay import load
 
 

@@ -9,8 +9,8 @@ import time
 
 import psutil
 
-from engine.run.runner import RunHandle, RunRequest, RunState, run_to_completion
-from engine.run.store import RunStore
+from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState, run_to_completion
+from dataloader_tuner.store import RunStore
 
 from .conftest import dataset_path
 
@@ -138,7 +138,7 @@ def test_parent_death_stops_the_child(tmp_path):
     script.write_text(
         "import sys, time\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
-        "from engine.run.runner import RunHandle, RunRequest\n"
+        "from dataloader_tuner.run.runner import RunHandle, RunRequest\n"
         f"h = RunHandle(RunRequest(target={dataset_path('slow_items.py')!r}, "
         "settings={'num_workers': 2}, seconds=60)).start()\n"
         "print(h.pid, flush=True)\n"
@@ -157,8 +157,8 @@ def test_parent_death_stops_the_child(tmp_path):
 
 REENTRANT_FAILURE = r'''
 import json, signal, subprocess, sys, time
-from engine import protocol
-from engine.child import process as child
+from dataloader_tuner import protocol
+from dataloader_tuner.child import process as child
 
 def raise_like_torch(signum, frame):  # torch's SIGCHLD handler raises on each worker death
     raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Bus error.")

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from engine import protocol
-from engine.run.runner import RunHandle, RunRequest, RunState
-from engine.run.store import DB_ENV, RunStore, default_db_path
+from dataloader_tuner import protocol
+from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState
+from dataloader_tuner.store import DB_ENV, RunStore, default_db_path
 
 from .conftest import ROOT, dataset_path
 
@@ -84,7 +84,7 @@ def test_a_history_file_from_before_private_memory_is_upgraded(tmp_path):
 
 OPEN_AT = """
 import sys, time
-from engine.run.store import RunStore
+from dataloader_tuner.store import RunStore
 start = float(sys.argv[2])
 while time.time() < start:
     pass

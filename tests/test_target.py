@@ -3,8 +3,8 @@ import os
 import pytest
 from torch.utils.data import Dataset
 
-from engine.errors import TargetError
-from engine.child.target import resolve, split_target
+from dataloader_tuner.errors import TargetError
+from dataloader_tuner.child.target import resolve, split_target
 
 from .conftest import EXAMPLES, dataset_path
 

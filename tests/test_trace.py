@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from engine.analyse.trace import chrome_trace
+from dataloader_tuner.analyse.trace import chrome_trace
 
 from .conftest import ROOT, dataset_path
 from .records import make_batches
@@ -39,17 +39,17 @@ def test_main_process_loading_stays_on_the_main_track():
 
 def test_cli_exports_a_saved_run(db_path, tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "engine", "profile", dataset_path("small_map.py"),
+        [sys.executable, "-m", "dataloader_tuner", "profile", dataset_path("small_map.py"),
          "--num-workers", "1", "--seconds", "1", "--json", "--db", db_path],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     run_id = json.loads(run.stdout)["run_id"]
     out = tmp_path / "trace.json"
     export = subprocess.run(
-        [sys.executable, "-m", "engine", "trace", str(run_id), "--out", str(out), "--db", db_path],
+        [sys.executable, "-m", "dataloader_tuner", "trace", str(run_id), "--out", str(out), "--db", db_path],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert export.returncode == 0, export.stderr
     events = json.loads(out.read_text())["traceEvents"]
     assert any(e["name"] == "fetch" for e in events)
-    missing = subprocess.run([sys.executable, "-m", "engine", "trace", "999", "--db", db_path],
+    missing = subprocess.run([sys.executable, "-m", "dataloader_tuner", "trace", "999", "--db", db_path],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no run 999" in missing.stderr

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.tune import costmodel
-from engine.tune.recommend import Limits, pick_fastest, pick_fed, recommend
-from engine.system import SystemSnapshot
-from engine.tune.trials import TrialResult
-from engine.tune.tuner import Tuner, grow, memory_max_workers, shrink
+from dataloader_tuner.tune import costmodel
+from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, recommend
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.trials import TrialResult
+from dataloader_tuner.tune.tuner import Tuner, grow, memory_max_workers, shrink
 
 SYSTEM_DOC = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
               "shm": {"free_mb": 10000}, "gpu": {"available": False}}
@@ -229,7 +229,7 @@ def test_consumer_floor_and_fed_boundary_are_measured():
 
 def test_a_cgroup_quota_counts_for_the_budget_and_the_diagnostics_alike():
     """docker --cpus=2 on 16 cores: the tuner budgets 2 cores and the warning counts 2."""
-    from engine.analyse import pitfalls
+    from dataloader_tuner.analyse import pitfalls
 
     system = SystemSnapshot.from_dict({**SYSTEM_DOC, "cpus_usable": 16, "cpu_quota": 2.0})
     assert system.cores == 2.0 and system.cpu_budget() == 2.0

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from engine import ProfileResult, RunStore, watch
+from dataloader_tuner import ProfileResult, RunStore, watch
 
 from .conftest import EXAMPLES, ROOT
 
@@ -180,7 +180,7 @@ def test_a_killed_job_leaves_a_readable_run_marked_lost(db_path):
 TERMINATED = """
 import sys, time
 from torch.utils.data import DataLoader
-from engine import watch
+from dataloader_tuner import watch
 loader = watch(DataLoader(list(range(64)), batch_size=8, num_workers=2, persistent_workers=True),
                name="train", db=sys.argv[1])
 while True:
@@ -217,7 +217,7 @@ def test_a_job_stopped_with_sigterm_ends_its_run_as_stopped(db_path):
 BLOCKED_IN_C = """
 import ctypes, sys
 from torch.utils.data import DataLoader
-from engine import watch
+from dataloader_tuner import watch
 loader = watch(DataLoader(list(range(64)), batch_size=8), name="train", db=sys.argv[1])
 for batch in loader:
     pass
@@ -253,7 +253,7 @@ def test_a_job_blocked_in_c_code_still_stops_on_sigterm(db_path):
 def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     code = ("import torch\n"
             "from torch.utils.data import DataLoader\n"
-            "from engine import watch\n"
+            "from dataloader_tuner import watch\n"
             f"loader = watch(DataLoader(list(range(64)), batch_size=8), name='t', db={db_path!r})\n"
             "for i, batch in enumerate(loader):\n"
             "    if i == 3:\n"

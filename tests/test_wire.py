@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from engine.analyse.metrics import BatchRecord
-from engine.wire import pack_rows, unpack_rows
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
 
 def _row(seq, h2d=None):
@@ -38,7 +38,7 @@ def test_no_rows():
 
 
 def test_batch_records_pack_as_plain_rows_and_their_line_is_json():
-    from engine import protocol
+    from dataloader_tuner import protocol
 
     records = [BatchRecord(*_row(0)), BatchRecord(*_row(1, h2d=0.5))]
     line = protocol.encode(protocol.Batches(records))  # written without json.dumps

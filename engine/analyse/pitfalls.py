@@ -11,9 +11,9 @@ import math
 import statistics
 from typing import Sequence
 
-from engine.analyse.diagnostic import Diagnostic
-from engine.analyse.metrics import BatchRecord
-from engine.system import SystemSnapshot
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.system import SystemSnapshot
 
 MIN_STEADY_BATCHES = 10
 # Worker memory growth is judged on each worker's private dirty memory (USS where that is not
@@ -350,7 +350,7 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
             "same cores and add memory. Tune to measure whether they pay.",
             {"num_workers": num_workers, "cpus_usable": usable, "cpu_share": round(cpu_share, 2),
              "cpu_quota": system.cpu_quota},
-            "python -m engine tune TARGET"))
+            "python -m dataloader_tuner tune TARGET"))
     if other >= max(0.5, 0.25 * usable):
         found.append(Diagnostic(
             "cpus_busy_elsewhere", "info",

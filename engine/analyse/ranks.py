@@ -20,8 +20,8 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
-from engine.analyse import metrics
-from engine.analyse.metrics import BatchRecord
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.analyse.metrics import BatchRecord
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause
@@ -35,7 +35,7 @@ SATURATED_CPU_PCT = 90.0  # a node this busy has no CPU left for its loaders' wo
 GROWING_MB_PER_MIN = 50.0  # memory growth that is named (with at least MIN_GROWTH_MB in all)
 MIN_GROWTH_MB = 200.0
 # A rank's last word, and the state it puts the rank in ("lost": its run in a shared history
-# was marked so, watcher/recorder.py).
+# was marked so, record/recorder.py).
 FINAL = {"ok": "finished", "error": "failed", "stopped": "stopped", "lost": "lost"}
 
 

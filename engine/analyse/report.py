@@ -3,17 +3,49 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from engine.analyse import metrics, pitfalls
-from engine.analyse.diagnostic import Diagnostic
-from engine.errors import RunError
-from engine.analyse.results import ProfileResult, TuneResult
+from dataloader_tuner.analyse import metrics, pitfalls
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.analyse.results import ProfileResult, TuneResult
+from dataloader_tuner.errors import EngineError, RunError
+from dataloader_tuner.system import SystemSnapshot
 
-if TYPE_CHECKING:
-    from engine.run.live import LiveRun
 
-def summarize(live: "LiveRun", status: str) -> ProfileResult:
+class PrintedOutput(Protocol):
+    def diagnostics(self) -> list[Diagnostic]: ...
+
+
+class RunSoFar(Protocol):
+    """What a run's events told so far, as the results are built from it: run.live.LiveRun
+    folds them (declared here so that analysis never imports the runner)."""
+
+    target: str
+    tuned_workers: int | None
+    dataset: dict | None
+    config: dict | None
+    snippet: str | None
+    consumer: dict | None
+    system: SystemSnapshot | None
+    torch_version: str | None
+    warmup_batches: int
+    counting: dict | None
+    batches: list[BatchRecord]
+    resources: list[dict]
+    epochs: list[dict]
+    error: EngineError | None
+    finished_reason: str | None
+    elapsed_s: float
+    trials: list[dict]
+    tune_result: dict | None
+    probes: list[dict]
+    label_counts: dict
+    label_source: str
+    output: PrintedOutput
+
+
+def summarize(live: RunSoFar, status: str) -> ProfileResult:
     batches = list(live.batches)
     steady = metrics.steady_state(batches, live.warmup_batches)
     measured = batches[live.warmup_batches:] if steady else batches
@@ -58,7 +90,7 @@ def summarize(live: "LiveRun", status: str) -> ProfileResult:
     )
 
 
-def summarize_tune(live: "LiveRun", status: str) -> TuneResult:
+def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
     """The tune's result: the child's recommendation plus what the parent knows (status,
     errors, what the user's code printed)."""
     printed = tuple(live.output.diagnostics())
@@ -97,7 +129,7 @@ def _resource_stats(rows: list[dict]) -> dict:
     }
 
 
-def _workers(live: "LiveRun", batches: list, window: tuple[float, float]) -> list[dict]:
+def _workers(live: RunSoFar, batches: list, window: tuple[float, float]) -> list[dict]:
     """One entry per DataLoader worker id; without persistent_workers each epoch starts new
     processes for the same ids, so ``pids`` lists them all and ``pid`` is the latest."""
     busy = metrics.busy_fraction(batches, *window)
@@ -120,7 +152,7 @@ def _workers(live: "LiveRun", batches: list, window: tuple[float, float]) -> lis
     return workers
 
 
-def _main_process(live: "LiveRun") -> dict | None:
+def _main_process(live: RunSoFar) -> dict | None:
     rows = [r for r in live.resources if r["role"] == "main"]
     if not rows:
         return None
@@ -149,7 +181,7 @@ def _gpu_idle(batches: list) -> dict | None:
                        "max": max(gaps)}, "total_ms": sum(gaps)}
 
 
-def _warnings(live: "LiveRun", steady, measured: list, per_batch: dict,
+def _warnings(live: RunSoFar, steady, measured: list, per_batch: dict,
               gpu_info: dict) -> list[Diagnostic]:
     """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
     config = live.config or {}

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
-from engine.analyse.diagnostic import Diagnostic
-from engine.system import SystemSnapshot
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.system import SystemSnapshot
 
 
 def _diagnostics(docs: list | None) -> tuple[Diagnostic, ...]:

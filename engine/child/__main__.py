@@ -1,5 +1,5 @@
-"""``python -m engine.child``: the engine's child process (see engine.child.process)."""
+"""``python -m dataloader_tuner.child``: the engine's child process (see dataloader_tuner.child.process)."""
 
-from engine.child.process import main
+from dataloader_tuner.child.process import main
 
 main()

@@ -8,8 +8,8 @@ from typing import Any
 
 import itertools
 
-from engine.child.probes import payload_bytes
-from engine.child.target import ResolvedTarget, type_name
+from dataloader_tuner.instrument.probes import payload_bytes
+from dataloader_tuner.child.target import ResolvedTarget, type_name
 
 
 def structure(value: Any, depth: int = 0) -> Any:

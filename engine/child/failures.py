@@ -12,8 +12,8 @@ import re
 import signal
 import traceback
 
-from engine.errors import RunError
-from engine.child.probes import NOTE_PREFIX
+from dataloader_tuner.errors import RunError
+from dataloader_tuner.instrument.probes import NOTE_PREFIX
 
 SHM_FIX = ("Give the container more shared memory (docker run --shm-size=8g, or --ipc=host), "
            "or use fewer workers / a smaller prefetch_factor or batch size.")

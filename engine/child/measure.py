@@ -21,12 +21,12 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from engine.config import LoaderConfig
-from engine.errors import RunError
-from engine.analyse.metrics import BatchRecord
-from engine.child import gpu, probes
-from engine.child.probes import TimedCollate, clock, wrap_dataset
-from engine.child.target import ResolvedTarget
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.errors import RunError
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.instrument import gpu, probes
+from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
+from dataloader_tuner.child.target import ResolvedTarget
 
 @dataclass(frozen=True)
 class Consumer:

@@ -30,18 +30,18 @@ import warnings
 
 import psutil
 
-from engine.child.resources import ResourceSampler
+from dataloader_tuner.instrument.resources import ResourceSampler
 
-from engine import system
-from engine.settings import snippet_names, starting_config
-from engine.child.dataset_card import dataset_card
-from engine.errors import EngineError, RunError
-from engine.child.failures import explain_failure, hang_error, may_be_worker_death
-from engine.child.measure import Consumer, Measurement, labels_of_dataset
-from engine.child.probes import counting_rules
-from engine.child.target import resolve
-from engine import protocol
-from engine.protocol import RunRequest
+from dataloader_tuner import system
+from dataloader_tuner.settings import snippet_names, starting_config
+from dataloader_tuner.child.dataset_card import dataset_card
+from dataloader_tuner.errors import EngineError, RunError
+from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
+from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
+from dataloader_tuner.instrument.probes import counting_rules
+from dataloader_tuner.child.target import resolve
+from dataloader_tuner import protocol
+from dataloader_tuner.protocol import RunRequest
 
 TICK_S = 0.25  # batches reach the parent at least this often
 SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
@@ -290,7 +290,7 @@ class ChildRun:
         measurement.run()
 
     def _tune(self, resolved, config, consumer, system) -> None:
-        from engine.child.tune_session import run_tune
+        from dataloader_tuner.tune.offline import run_tune
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()
@@ -342,7 +342,7 @@ def main() -> None:
     request = RunRequest.from_json(json.loads(sys.stdin.read()))
     if request.cwd:
         os.chdir(request.cwd)
-    code = ChildRun(request, EventWriter(int(os.environ["DLTUNER_EVENT_FD"]))).run()
+    code = ChildRun(request, EventWriter(int(os.environ[protocol.EVENT_FD_ENV]))).run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

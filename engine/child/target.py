@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset, IterableDataset
 
-from engine.errors import TargetError
+from dataloader_tuner.errors import TargetError
 
 DEFAULT_NAMES = ("make_dataset", "get_dataset", "dataset")
 EXTRA_NAMES = ("collate_fn", "sampler", "batch_sampler", "train_step", "dataloader_kwargs",

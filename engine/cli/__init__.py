@@ -1,1 +1,2 @@
-"""``python -m engine`` and the ``dataloader-tuner`` command."""
+"""The command line: ``dataloader-tuner`` / ``python -m dataloader_tuner``. main.py parses and
+dispatches; each command is a module of commands/ behind the small Command interface."""

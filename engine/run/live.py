@@ -10,16 +10,16 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from engine import protocol
-from engine.errors import EngineError
-from engine.analyse.metrics import BatchRecord
-from engine.run.output import OutputLog
-from engine.system import SystemSnapshot
-from engine.analyse.report import summarize, summarize_tune
-from engine.analyse.results import Result
+from dataloader_tuner import protocol
+from dataloader_tuner.errors import EngineError
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.run.output import OutputLog
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.analyse.report import summarize, summarize_tune
+from dataloader_tuner.analyse.results import Result
 
 if TYPE_CHECKING:
-    from engine.run.store import RunStore
+    from dataloader_tuner.store import RunStore
 
 
 class LiveRun:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 
-from engine.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.diagnostic import Diagnostic
 
 MAX_DISTINCT = 30  # distinct lines kept; the rest are only counted
 MAX_LINE = 300

@@ -23,13 +23,12 @@ from typing import Callable
 
 import psutil
 
-from engine import protocol
-from engine.errors import EngineError, RunError, TargetError
-from engine.run.live import LiveRun
-from engine.protocol import RunRequest
-from engine.run.store import RunStore
+from dataloader_tuner import protocol
+from dataloader_tuner.errors import EngineError, RunError, TargetError
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.store import RunStore
 
-EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 
 STOP_GRACE_S = 1.2  # child's own clean stop; then its process group is killed
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +61,7 @@ def _become_subreaper() -> None:
 
 
 class EngineChild:
-    """The engine's child process (``python -m engine.child``), as RunHandle drives it.
+    """The engine's child process (``python -m dataloader_tuner.child``), as RunHandle drives it.
 
     RunHandle only needs this much of a child: its pid, ``poll``/``wait``, a polite stop, a
     forced kill of everything it started, and reaping the orphans a killed child leaves. Tests
@@ -82,10 +81,10 @@ class EngineChild:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env.pop("PYTHONUNBUFFERED", None)  # the child line-buffers instead (child.main)
-        env[EVENT_FD_ENV] = str(write_fd)
+        env[protocol.EVENT_FD_ENV] = str(write_fd)
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "engine.child"],
+                [sys.executable, "-m", "dataloader_tuner.child"],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,

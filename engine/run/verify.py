@@ -12,8 +12,8 @@ import statistics
 import threading
 from typing import Callable
 
-from engine.run.runner import RunHandle, RunRequest, RunState
-from engine.run.store import RunStore
+from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState
+from dataloader_tuner.store import RunStore
 
 ARMS = ("before", "after")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from engine.tune.trials import TrialResult
+from dataloader_tuner.tune.trials import TrialResult
 
 PEAK_SHARE = 0.97  # workers enough to reach this share of the binding limit count as "the peak"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from engine.tune.costmodel import CostProfile
-from engine.analyse.diagnostic import Diagnostic
-from engine.system import SystemSnapshot
-from engine.tune.trials import TARGET_CI, TrialResult
+from dataloader_tuner.tune.costmodel import CostProfile
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.trials import TARGET_CI, TrialResult
 
 # Take fewer workers when within this of the fastest: a trial's rate is known to +-4%
 # (trials.TARGET_CI), so a count that close cannot be told from the fastest. At 2% the pick

@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from engine.tune import costmodel
-from engine.tune.costmodel import CostProfile
-from engine.analyse.diagnostic import Diagnostic
-from engine.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
+from dataloader_tuner.tune import costmodel
+from dataloader_tuner.tune.costmodel import CostProfile
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
                         median_idle, median_rate, pick_fed, recommend)
-from engine.system import SystemSnapshot
-from engine.tune.trials import TrialResult
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
 LESS_IDLE_GAIN = 0.02

@@ -1,1 +1,1 @@
-"""A user's training job, measured in its own process: ``engine.watch(loader)``."""
+"""A user's training job, measured in its own process: ``dataloader_tuner.watch(loader)``."""

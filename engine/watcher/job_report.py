@@ -25,13 +25,13 @@ from datetime import timedelta
 
 import psutil
 
-from engine import system
-from engine.analyse.metrics import BatchRecord
-from engine.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
+from dataloader_tuner import system
+from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
                                   summary_from_batches)
-from engine.run.store import RunStore
-from engine.watcher.ranks import RankIdentity
-from engine.watcher.recorder import Recorder
+from dataloader_tuner.store import RunStore
+from dataloader_tuner.watcher.rank_identity import RankIdentity
+from dataloader_tuner.record.recorder import Recorder
 
 STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
 SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often

@@ -29,20 +29,20 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from engine import protocol, system
-from engine.analyse.results import TuneResult
-from engine.child.probes import TimedCollate, counting_rules, samples_in, wrap_dataset
-from engine.config import LoaderConfig
-from engine.errors import RunError
-from engine.run.store import RunStore
-from engine.settings import settings_file
-from engine.watcher.gpu_timing import CopyTimes, StepGaps, moved
-from engine.watcher.inplace import InPlaceSearch, Setting
-from engine.watcher.job_report import RankReporter, job_store
-from engine.watcher.node_tuning import FollowerSearch, LeaderSearch
-from engine.watcher.ranks import rank_identity
-from engine.watcher.rebuild import config_of, copy_kwargs, instrumented
-from engine.watcher.recorder import Recorder, process_identity
+from dataloader_tuner import protocol, system
+from dataloader_tuner.analyse.results import TuneResult
+from dataloader_tuner.instrument.probes import TimedCollate, counting_rules, samples_in, wrap_dataset
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.errors import RunError
+from dataloader_tuner.store import RunStore
+from dataloader_tuner.settings import settings_file
+from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps, moved
+from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
+from dataloader_tuner.watcher.job_report import RankReporter, job_store
+from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
+from dataloader_tuner.watcher.rank_identity import rank_identity
+from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
+from dataloader_tuner.record.recorder import Recorder, process_identity
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
@@ -56,7 +56,7 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     """Wrap ``loader`` so every batch the training loop takes is measured and saved to the run
     history (``db``, default: the dashboard's), where the dashboard shows it live.
 
-    ``tune=True`` also tries worker counts inside the job (inplace.py), up to ``max_workers``
+    ``tune=True`` also tries worker counts inside the job (in_place.py), up to ``max_workers``
     (default: twice the usable CPUs), switching only between batches and keeping each epoch's
     samples and order as the sampler drew them; the chosen settings are printed and saved to
     ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder)."""
@@ -142,7 +142,7 @@ class WatchedLoader:
         search = InPlaceSearch(start, self.max_workers
                                or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
         if self.rank is not None and self.rank.local_world_size > 1:
-            # The node's ranks switch together, local rank 0 leading (node_tuning.py).
+            # The node's ranks switch together, local rank 0 leading (tune/node.py).
             node, local = self.rank.node_rank, self.rank.local_rank
             search = (LeaderSearch(search, self.job_key, node, self.rank.local_world_size,
                                    job_store) if local == 0 else
@@ -342,7 +342,7 @@ class WatchedLoader:
                 taken += 1
                 switch = search.after_batch(samples, t_back - t_request)
                 # (A node's leader finishes when the node switches to its choice, after the
-                # decision was logged: node_tuning.py.)
+                # decision was logged: tune/node.py.)
                 if len(search.decisions) > self._logged or (search.finished
                                                              and not self._saved):
                     self._log_decisions()
@@ -433,7 +433,7 @@ class WatchedLoader:
         except OSError as exc:
             where = f"not saved ({exc})"
         _say(f"{self.name}: tuned in place: {result.snippet} ({where}; "
-             "engine.load_settings reads it)")
+             "dataloader_tuner.load_settings reads it)")
 
     # -- once, on the recorder's thread ------------------------------------------------------
 

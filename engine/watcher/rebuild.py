@@ -16,8 +16,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from engine.child.probes import TimedCollate, wrap_dataset
-from engine.config import LoaderConfig
+from dataloader_tuner.instrument.probes import TimedCollate, wrap_dataset
+from dataloader_tuner.config import LoaderConfig
 
 
 def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:

@@ -1,6 +1,6 @@
 """The tool on the corpus of realistic datasets: every figure right on other people's shapes.
 
-Each module is profiled by the engine exactly as a user would (``python -m engine profile``'s
+Each module is profiled by the engine exactly as a user would (``python -m dataloader_tuner profile``'s
 path: a real child process, real workers, the module's own settings) and checked against what
 the module says is true (``EXPECTED``) and against a plain DataLoader loop timed on its own
 (``plain_loop.plain_rate``). Rates on this 2-core machine vary run to run, so the comparison
@@ -14,7 +14,7 @@ import importlib
 
 import pytest
 
-from engine.run.runner import RunRequest, run_to_completion
+from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from tests.conftest import ROOT
 from tests.real import plain_loop
 

@@ -1,4 +1,4 @@
-"""``python -m engine tune``: search the loader settings and print (or save) the recommendation."""
+"""``tune``: search the loader settings and print (or save) the recommendation."""
 
 from __future__ import annotations
 
@@ -7,33 +7,34 @@ import json
 import sys
 from dataclasses import replace
 
-from engine import protocol
-from engine.analyse.report import speedup_text
-from engine.analyse.results import TuneResult
-from engine.settings import settings_file
-from engine.run.runner import RunRequest, run_to_completion
-from engine.run.store import RunStore
+from dataloader_tuner import protocol
+from dataloader_tuner.analyse.report import speedup_text
+from dataloader_tuner.analyse.results import TuneResult
+from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
+                                       add_loader_target, positive_int, print_json,
+                                       settings_from_args)
+from dataloader_tuner.settings import settings_file
+from dataloader_tuner.run.runner import RunRequest, run_to_completion
+from dataloader_tuner.store import RunStore
 
 
-def add_tune_parser(sub, add_common, positive_int, non_negative_float, batch_size_arg) -> None:
-    tune = sub.add_parser("tune", help="find the best num_workers / pin_memory / prefetch settings")
-    tune.add_argument("target", help="path/to/data.py[:attr] or pkg.module[:attr]")
-    tune.add_argument("--batch-size", type=batch_size_arg, default=argparse.SUPPRESS,
-                      help="N, or none when the dataset yields whole batches; default: the "
-                           "module's batch_size, else 32")
-    tune.add_argument("--step-ms", type=non_negative_float,
-                      help="simulate a training step of this many ms per batch (0: none); "
-                           "default: the module's train_step if it has one")
-    tune.add_argument("--budget-s", type=float, default=protocol.DEFAULT_BUDGET_S,
-                      help="stop searching after this many seconds (default %(default)g)")
-    tune.add_argument("--max-workers", type=positive_int, default=protocol.DEFAULT_MAX_WORKERS,
-                      help="never try more workers than this (default %(default)d)")
-    tune.add_argument("--local-world-size", type=positive_int, default=1,
-                      help="ranks sharing this machine's CPUs (default 1)")
-    tune.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
-                      help="fail if no trial finishes for this long")
-    tune.add_argument("--out", help="write the recommended settings to this JSON file")
-    add_common(tune)
+NAME = "tune"
+HELP = "find the best num_workers / pin_memory / prefetch settings"
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> None:
+    add_loader_target(parser)
+    parser.add_argument("--budget-s", type=float, default=protocol.DEFAULT_BUDGET_S,
+                        help="stop searching after this many seconds (default %(default)g)")
+    parser.add_argument("--max-workers", type=positive_int, default=protocol.DEFAULT_MAX_WORKERS,
+                        help="never try more workers than this (default %(default)d)")
+    parser.add_argument("--local-world-size", type=positive_int, default=1,
+                        help="ranks sharing this machine's CPUs (default 1)")
+    parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
+                        help="fail if no trial finishes for this long")
+    parser.add_argument("--out", help="write the recommended settings to this JSON file")
+    add_json(parser)
+    add_db(parser)
 
 
 def render_tune_text(result: TuneResult) -> str:
@@ -72,9 +73,7 @@ class _TrialProgress:
         sys.stderr.flush()
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from engine.cli.main import settings_from_args
-
+def run(args: argparse.Namespace) -> int:
     request = RunRequest(
         target=args.target, settings=settings_from_args(args), step_ms=args.step_ms,
         timeout_s=args.timeout_s, kind="tune", budget_s=args.budget_s,
@@ -88,11 +87,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             json.dump(settings_file(result), handle_out, indent=2)
         result = replace(result, settings_file=args.out)
     if args.json:
-        from engine.cli.main import print_json  # cli imports this module to add its parser
-
         print_json(result.to_dict())
     else:
         print(render_tune_text(result))
         if args.out and result.recommended:
             print(f"\nsettings written to {args.out}")
-    return 1 if result.failed else 0
+    return EXIT_RUN_FAILED if result.failed else EXIT_OK

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import psutil
 
-from engine import protocol
-from engine.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
+from dataloader_tuner import protocol
+from dataloader_tuner.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
-from engine.analyse.ranks import RankSummary
-from engine.analyse.results import Result, result_from_dict
-from engine.system import SystemSnapshot
+from dataloader_tuner.analyse.ranks import RankSummary
+from dataloader_tuner.analyse.results import Result, result_from_dict
+from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
 
@@ -69,7 +69,7 @@ class StoredRun:
                 "summary": self.result.to_dict() if self.result is not None else None,
                 "error": self.error}
 
-# One row per process per resource sample (child.resources.ResourceSampler): the private-memory columns
+# One row per process per resource sample (instrument.resources.ResourceSampler): the private-memory columns
 # are what worker_memory_growth judges, so a stored run can be judged again as it was live.
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
                     "uss_mb", "pss_mb", "dirty_mb")
@@ -171,7 +171,7 @@ class RunStore:
                    parent_id: int | None = None, script: str | None = None,
                    rank: dict | None = None) -> int:
         """A new run, written by this process (its host and pid are kept, see mark_lost_runs;
-        ``rank``: its place in a torchrun job, watcher/ranks.py)."""
+        ``rank``: its place in a torchrun job, watcher/rank_identity.py)."""
         now = time.time()
         with self._conn() as conn:
             cursor = conn.execute(

@@ -7,8 +7,8 @@ import time
 
 import psutil
 
-from engine import protocol
-from engine.child import gpu
+from dataloader_tuner import protocol
+from dataloader_tuner.instrument import gpu
 
 
 class ResourceSampler:

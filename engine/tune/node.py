@@ -4,7 +4,7 @@ A node's ranks share its cores, memory bandwidth and /dev/shm: a worker count tr
 while the others keep theirs is measured under the wrong contention, and ranks searching on
 their own end on different settings. So under torchrun, with ``tune=True`` and the job's store
 reachable (job_report.job_store), local rank 0 of each node leads: it runs the search
-(inplace.py) on its own loop's rate and announces each switch to its node's other ranks through
+(in_place.py) on its own loop's rate and announces each switch to its node's other ranks through
 the job's store, as a ``NodePlan``: the setting and the batch of the epoch from which it runs,
 PLAN_LEAD_S ahead at the loop's pace, so every rank switches at the same batch. In a
 data-parallel job every rank's loop runs at the pace of the slowest (they meet at each
@@ -25,8 +25,8 @@ import json
 import threading
 from dataclasses import asdict, dataclass
 
-from engine.watcher.inplace import Decision, InPlaceSearch, Setting, Trial
-from engine.watcher.job_report import report_key
+from dataloader_tuner.tune.in_place import Decision, InPlaceSearch, Setting, Trial
+from dataloader_tuner.watcher.job_report import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
 POLL_S = 0.2  # how often the node's plan (followers) or failures (the leader) are read

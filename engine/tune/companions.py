@@ -18,7 +18,7 @@ import multiprocessing
 import time
 from dataclasses import dataclass
 
-from engine.errors import RunError
+from dataloader_tuner.errors import RunError
 
 START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
 LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
@@ -119,9 +119,9 @@ def companion_main(target: str, settings: dict, step_ms: float | None, pipe) -> 
     # default, as the measured loader in the engine's child does.
     multiprocessing.set_start_method(None, force=True)
 
-    from engine.child.measure import Consumer, Measurement
-    from engine.child.target import resolve
-    from engine.settings import starting_config
+    from dataloader_tuner.child.measure import Consumer, Measurement
+    from dataloader_tuner.child.target import resolve
+    from dataloader_tuner.settings import starting_config
 
     try:
         resolved = resolve(target)

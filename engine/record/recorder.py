@@ -20,11 +20,11 @@ from collections import deque
 from dataclasses import replace
 from typing import Callable
 
-from engine import protocol
-from engine.analyse.results import ProfileResult
-from engine.child.resources import ResourceSampler
-from engine.run.live import LiveRun
-from engine.run.store import RunStore
+from dataloader_tuner import protocol
+from dataloader_tuner.analyse.results import ProfileResult
+from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.store import RunStore
 
 FLUSH_S = 0.25
 RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s, as in the engine's runs
@@ -40,8 +40,8 @@ class Recorder:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
-        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_timing.py)
-        self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (gpu_timing.py)
+        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (instrument/gpu_events.py)
+        self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (instrument/gpu_events.py)
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show

@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from engine.analyse.metrics import block_rate_interval
-from engine.tune.recommend import FEWER_WORKERS_TOLERANCE
-from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
-from engine.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
+from dataloader_tuner.analyse.metrics import block_rate_interval
+from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
+from dataloader_tuner.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
 
 # A trial that cannot reach TARGET_CI is judged as it stands after MIN_TRIAL_S, or longer when
 # batches are slow (room for its warm-up and 1.5x MIN_STEADY_BATCHES), up to MAX_TRIAL_S: the
-# offline tuner's clock (child/tune_session.py).
+# offline tuner's clock (tune/offline.py).
 MIN_TRIAL_S = 4.0
 MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
@@ -119,10 +119,10 @@ class InPlaceSearch:
         return self.trial.setting if not self.finished else self.best.setting
 
     def epoch_started(self, epoch: int) -> None:
-        """(A node's coordinated search times its switches by epoch and batch: node_tuning.py.)"""
+        """(A node's coordinated search times its switches by epoch and batch: tune/node.py.)"""
 
     def close(self) -> None:
-        """(A node's coordinated search stops its store thread: node_tuning.py.)"""
+        """(A node's coordinated search stops its store thread: tune/node.py.)"""
 
     def loader_started(self) -> None:
         """A new loader runs ``current`` (an epoch began): its first batches come from the

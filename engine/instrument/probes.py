@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 if TYPE_CHECKING:
-    from engine.config import LoaderConfig
+    from dataloader_tuner.config import LoaderConfig
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
 clock = time.monotonic

@@ -12,19 +12,19 @@ from typing import Callable
 
 import psutil
 
-from engine.analyse import metrics
-from engine.config import LoaderConfig
-from engine.errors import RunError
-from engine.child.companions import Companions
-from engine.child.measure import Consumer, Measurement
-from engine.analyse.diagnostic import Diagnostic
-from engine.protocol import RunRequest
-from engine.system import SystemSnapshot
-from engine.tune.recommend import Limits
-from engine.settings import recommended_config, snippet_names
-from engine.child.target import ResolvedTarget
-from engine.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
-from engine.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.errors import RunError
+from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.recommend import Limits
+from dataloader_tuner.settings import recommended_config, snippet_names
+from dataloader_tuner.child.target import ResolvedTarget
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
+from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 MIN_WINDOW_S = 0.6

@@ -1,0 +1,83 @@
+"""What the commands share: argument types, the common flags, exit codes, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dataloader_tuner.settings import load_settings
+from dataloader_tuner.store import default_db_path
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
+TARGET_HELP = "path/to/data.py[:attr] or pkg.module[:attr]"
+SETTING_FLAGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+                 "multiprocessing_context")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def batch_size_arg(text: str) -> int | None:
+    """A positive int, or ``none``: the dataset yields whole batches (``batch_size=None``)."""
+    if text.strip().lower() == "none":
+        return None
+    return positive_int(text)
+
+
+def add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", help=f"run history database (default {default_db_path()}, "
+                                     "or $DLTUNER_DB)")
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def add_loader_target(parser: argparse.ArgumentParser) -> None:
+    """The target, its batch size and a simulated step: what profile and tune both take."""
+    parser.add_argument("target", help=TARGET_HELP)
+    parser.add_argument("--batch-size", type=batch_size_arg, default=argparse.SUPPRESS,
+                        help="N, or none when the dataset yields whole batches; default: the "
+                             "module's batch_size, else 32")
+    parser.add_argument("--step-ms", type=non_negative_float,
+                        help="simulate a training step of this many ms per batch (0: none); "
+                             "default: the module's train_step if it has one")
+
+
+def print_json(doc: dict) -> None:
+    """One JSON document on one line of stdout: what every ``--json`` prints."""
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
+
+
+def error_doc(error: dict) -> dict:
+    return {"status": "error", "error": error, "warnings": []}
+
+
+def settings_from_args(args: argparse.Namespace) -> dict:
+    """The settings given on the command line (a settings file, then flags); the module's own
+    fill in the rest."""
+    chosen = load_settings(args.settings) if getattr(args, "settings", None) else {}
+    chosen.update({key: getattr(args, key) for key in SETTING_FLAGS
+                   if getattr(args, key, None) is not None})
+    if hasattr(args, "batch_size"):  # absent unless given (argparse.SUPPRESS); None is a value
+        chosen["batch_size"] = args.batch_size
+    return chosen

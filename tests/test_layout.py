@@ -1,0 +1,150 @@
+"""The package's shape: the public API (engine/__init__.py) is complete, the dashboard uses only
+it, the engine never imports the dashboard, no module imports another through a cycle, and
+nothing imports the folders by their repository names."""
+
+import ast
+import os
+import tomllib
+
+import dataloader_tuner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "dataloader_tuner"
+FOLDERS = {"engine": PACKAGE, "dashboard": f"{PACKAGE}.dashboard"}
+
+
+def test_all_lists_every_public_name_and_each_exists():
+    public = {name for name, value in vars(dataloader_tuner).items()
+              if not name.startswith("_") and not isinstance(value, type(dataloader_tuner))}
+    assert public == set(dataloader_tuner.__all__), (public ^ set(dataloader_tuner.__all__))
+    assert len(dataloader_tuner.__all__) == len(set(dataloader_tuner.__all__))  # none listed twice
+
+
+def package_modules() -> dict[str, str]:
+    """Every module of the package, by its dotted name, with its file."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for directory, _, names in os.walk(os.path.join(ROOT, folder)):
+            relative = os.path.relpath(directory, os.path.join(ROOT, folder))
+            prefix = package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}"
+            for name in names:
+                if name.endswith(".py"):
+                    module = prefix if name == "__init__.py" else f"{prefix}.{name[:-3]}"
+                    found[module] = os.path.join(directory, name)
+    return found
+
+
+def imports_of(module: str, path: str, modules: dict[str, str]) -> set[str]:
+    """The package modules a module imports, at its top or inside functions (both can cycle:
+    a deferred import hides a cycle rather than removing it)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:  # `from pkg import module` imports the module
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name in modules and name != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {module: imports_of(module, path, modules) for module, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), ignoring edges into a
+    package's own __init__ (the public API re-exports its modules by design)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def edges(module: str) -> set[str]:
+        return {target for target in graph[module] if target != PACKAGE}
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in edges(module):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_another_through_a_cycle():
+    graph = import_graph()
+    assert graph[f"{PACKAGE}.run.runner"]  # the scan does see imports
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, PACKAGE: set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_engine_never_imports_the_dashboard():
+    dashboard = f"{PACKAGE}.dashboard"
+    offenders = {module: sorted(t for t in targets if t.startswith(dashboard))
+                 for module, targets in import_graph().items() if not module.startswith(dashboard)}
+    assert not any(offenders.values()), offenders
+
+
+def test_the_dashboard_imports_only_the_public_api():
+    graph = import_graph()
+    internal = {module: sorted(t for t in targets if not t.startswith(f"{PACKAGE}.dashboard"))
+                for module, targets in graph.items() if module.startswith(f"{PACKAGE}.dashboard")}
+    assert all(targets in ([], [PACKAGE]) for targets in internal.values()), internal
+    assert any(internal.values())  # the scan does see the dashboard's imports
+
+
+def test_nothing_imports_the_folders_by_their_repository_names():
+    """`engine` and `dashboard` are folder names only: a training repository has its own."""
+    offenders = []
+    for folder in ("engine", "dashboard", "tests", "bench", "examples"):
+        for directory, _, names in os.walk(os.path.join(ROOT, folder)):
+            for name in (n for n in names if n.endswith(".py")):
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as f:
+                    source = f.read()
+                if "syntax_error" in name:  # a fixture that must not parse
+                    continue
+                for node in ast.walk(ast.parse(source)):
+                    names_used = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                                  and node.level == 0 else [a.name for a in node.names]
+                                  if isinstance(node, ast.Import) else [])
+                    offenders += [f"{path}: {n}" for n in names_used
+                                  if n.split(".")[0] in FOLDERS]
+    assert offenders == []
+
+
+def test_every_package_folder_is_in_the_wheel():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    folders = {module for module, path in package_modules().items()
+               if path.endswith("__init__.py")}
+    assert listed == folders
