@@ -16,7 +16,8 @@ and, shared by all: protocol (request and events), wire, errors, system, config,
 """
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.analyse.metrics import BatchRecord, busy_timeline
+from dataloader_tuner.analyse.metrics import busy_timeline
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                   window_figures)
 from dataloader_tuner.analyse.report import fmt, speedup_text

@@ -119,7 +119,7 @@ class Ready:
 
 @dataclass(frozen=True)
 class Batches:
-    """Rows of metrics.BatchRecord fields, as plain tuples (packed on the wire)."""
+    """Rows of record.rows.BatchRecord fields, as plain tuples (packed on the wire)."""
 
     kind: ClassVar[str] = "batches"
     rows: list

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psutil
 
 from dataloader_tuner import protocol
-from dataloader_tuner.analyse.metrics import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
+from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
 from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict

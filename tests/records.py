@@ -1,6 +1,6 @@
 """Hand-made batch records for tests of pure functions (charts, traces, metrics)."""
 
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 
 
 def make_batches(n: int, workers: int = 2, period_s: float = 0.01, wait_s: float = 0.002,

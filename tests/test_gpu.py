@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dataloader_tuner.instrument import gpu
+from dataloader_tuner.instrument.tensors import tensors_of
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 
@@ -27,4 +28,4 @@ def test_nvml_sampler_is_absent_or_usable():
 
 def test_tensors_are_found_in_nested_batches():
     batch = {"x": torch.zeros(2), "y": [torch.ones(1), 3]}
-    assert len(gpu._tensors(batch)) == 2
+    assert len(tensors_of(batch)) == 2

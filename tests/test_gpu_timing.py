@@ -85,10 +85,10 @@ def test_a_watched_loop_stores_its_gaps_with_its_batches(db_path):
             return index
 
     watched = watch(DataLoader(SlowToLoad(), batch_size=4), name="gpu", db=db_path)
-    watched.gaps = gaps()
+    watched.ledger.gaps = gaps()
     for _ in watched:
         pass
-    watched.gaps.resolved()  # the last pair completes; it has no batch after it to carry it
+    watched.ledger.gaps.resolved()  # the last pair completes; it has no batch after it to carry it
     watched.close()
     stored = RunStore(db_path).batches(watched.run_id)
     measured = [b.gpu_gap_ms for b in stored if b.gpu_gap_ms is not None]
@@ -130,7 +130,7 @@ def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypa
 def test_moving_keeps_mappings_and_objects_that_move_themselves():
     from collections import UserDict, defaultdict
 
-    from dataloader_tuner.instrument.gpu_events import moved
+    from dataloader_tuner.instrument.tensors import moved
 
     class Graph:
         def __init__(self):

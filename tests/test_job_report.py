@@ -44,7 +44,7 @@ def rank_of(rank: int, tmp_path, port: int, step_s: float = 0.004):
 def test_rank_0_gathers_every_rank_s_reports_into_its_history(tmp_path, server):
     history0, run0, rank0 = rank_of(0, tmp_path, server.port)
     history1, run1, rank1 = rank_of(1, tmp_path, server.port)
-    rank1.recorder.asking_since = time.monotonic() - 5.0  # its loop has sat in next() 5 s
+    rank1.recorder.ledger.asking_since = time.monotonic() - 5.0  # its loop has sat in next() 5 s
     rank0.report("running")  # before rank 1 has said anything: only its own
     assert [s.rank for _, s in history0.rank_reports(run0)] == [0]
     rank1.report("running")

@@ -3,7 +3,7 @@
 import pytest
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 
 
 def batch(seq, t_request, wait, step=0.0, worker=0, fetch_start=None, fetch=0.01, collate=0.0,

@@ -10,7 +10,7 @@ import pytest
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")

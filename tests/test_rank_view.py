@@ -3,7 +3,7 @@ with the cause its numbers show."""
 
 from dataclasses import replace
 
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (RankSummary, job_view, memory_growth, node_loads, rank_states,
                                   slowest_rank, summary_from_batches, window_figures)
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
 

@@ -8,62 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Sequence
 
-
-class BatchRecord(NamedTuple):
-    """One batch as the consumer saw it. Times are seconds since the run started.
-
-    ``t_request`` is when the consumer called ``next()``; it got the batch ``wait_s`` later and
-    then spent ``step_s`` in its step. ``fetch_start``/``fetch_s``/``collate_s`` were measured in
-    the worker that made the batch (``worker_id`` -1: the main process).
-
-    A NamedTuple rather than a dataclass: one is built per batch in the measuring loop, where
-    a frozen dataclass's construction cost shows up against tiny in-memory batches.
-    """
-
-    seq: int
-    epoch: int
-    t_request: float
-    wait_s: float
-    step_s: float
-    samples: int
-    nbytes: int | None
-    worker_id: int
-    worker_pid: int
-    fetch_start: float
-    fetch_s: float
-    collate_s: float
-    # CPU time the worker spent in the fetch (its process clock). It and nbytes are None on
-    # batches they were not read for: sampled when batches come fast (probes.SAMPLE_EVERY).
-    fetch_cpu_s: float | None = None
-    h2d_ms: float | None = None
-    h2d_other_ms: float | None = None  # the other memory kind (pageable if pinned), sampled
-    gpu_gap_ms: float | None = None
-
-    @property
-    def t_ready(self) -> float:
-        return self.t_request + self.wait_s
-
-    @property
-    def worker_end(self) -> float:
-        return self.fetch_start + self.fetch_s + self.collate_s
-
-    def to_row(self) -> tuple:
-        return tuple(self)
-
-    @classmethod
-    def from_row(cls, row: Sequence) -> "BatchRecord":
-        return cls(*row)
-
-    def to_dict(self) -> dict:
-        return self._asdict()
-
-
-BATCH_COLUMNS = BatchRecord._fields
-INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "worker_id", "worker_pid"})
-# An int where present, None on batches it was not read for (sampled, see probes.READ_SHARE).
-OPTIONAL_INT_COLUMNS = frozenset({"nbytes"})
+from dataloader_tuner.record.rows import BatchRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -12,7 +12,7 @@ import statistics
 from typing import Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.system import SystemSnapshot
 
 MIN_STEADY_BATCHES = 10

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause

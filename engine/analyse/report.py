@@ -7,7 +7,7 @@ from typing import Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.system import SystemSnapshot

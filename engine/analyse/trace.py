@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 
 US = 1e6
 

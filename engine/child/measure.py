@@ -23,10 +23,12 @@ from torch.utils.data import (
 
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.analyse.metrics import BatchRecord
 from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.child.target import ResolvedTarget
+from dataloader_tuner.record.ledger import BatchLedger
+from dataloader_tuner.record.rows import BatchRecord
+
 
 @dataclass(frozen=True)
 class Consumer:
@@ -98,6 +100,7 @@ class Measurement:
         self.gaps = gpu.GapTimer.create()
         self.t0 = 0.0
         self.iterator = None
+        self.ledger: BatchLedger | None = None
         self.label_counts: dict[int, int] = {}
 
     def run(self) -> int:
@@ -105,56 +108,43 @@ class Measurement:
 
         The loop is the hot path of every measurement: with tiny in-memory batches a plain
         loop takes ~140 us per batch, so each microsecond spent here is visible (see
-        bench/overhead.py). Per batch it reads the clock three times, builds one tuple and
-        calls ``on_batch``; sizes and worker timings come ready-made with the batch.
+        bench/overhead.py). The per-batch bookkeeping is the ledger's (record/ledger.py);
+        sizes and worker timings come ready-made with the batch.
         """
         self.t0 = t0 = clock()
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         on_batch, should_stop = self.on_batch, self.should_stop
+        self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
+        next_batch, row = ledger.next_batch, ledger.row
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
-        seq, epoch, seen_workers = 0, 0, set()
+        h2d_ms = other_ms = gap_ms = None
         while True:
-            epoch_start = clock() - t0
+            ledger.new_epoch()
             self.iterator = iterator = iter(self.loader)
             in_epoch = 0
             while True:
-                t_request = clock()
                 try:
-                    batch, meta = next(iterator)
+                    (batch, meta), t_request, t_ready, seq = next_batch(iterator)
                 except StopIteration:
                     break
-                t_ready = clock()
-                h2d_ms = other_ms = gap_ms = None
                 if not plain_step:
                     h2d_ms, other_ms, gap_ms = self._consume(batch)
-                (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes,
-                 probe) = meta
-                # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
-                record = tuple.__new__(BatchRecord, (
-                    seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready, samples,
-                    nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s,
-                    h2d_ms, other_ms, gap_ms))
-                if in_epoch == 0:
-                    self.on_epoch(epoch, epoch_start, t_ready - t0 - epoch_start)
-                if pid not in seen_workers:
-                    seen_workers.add(pid)
-                    self.on_worker(pid, worker_id, probe)
+                record = row(seq, t_request, t_ready, clock(), meta, h2d_ms, other_ms, gap_ms)
                 if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
-                    count_labels(batch, samples, self.label_counts)
+                    count_labels(batch, record.samples, self.label_counts)
                 on_batch(record)
-                seq, in_epoch = seq + 1, in_epoch + 1
-                if seq >= max_batches or should_stop() or clock() >= deadline:
-                    return seq
+                in_epoch += 1
+                if seq + 1 >= max_batches or should_stop() or clock() >= deadline:
+                    return seq + 1
             if in_epoch == 0:
                 raise RunError(
                     "The dataset produced no batches: it is empty, or drop_last=True with fewer "
                     f"samples than batch_size={self.config.batch_size}.",
                     type="empty_dataset",
                 )
-            epoch += 1
-            if seq >= max_batches or should_stop() or clock() >= deadline:
-                return seq
+            if ledger.seq >= max_batches or should_stop() or clock() >= deadline:
+                return ledger.seq
 
     def outstanding(self) -> list[dict]:
         """Batches asked for and not yet received: [{worker_id, indices}], oldest first.

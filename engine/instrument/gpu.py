@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from dataloader_tuner.instrument.tensors import tensors_of
+
 NO_GPU_REASON = (
     "no CUDA GPU is visible to this process (torch.cuda.is_available() is False), so "
     "host-to-device copies and GPU idle gaps were not measured"
@@ -38,16 +40,6 @@ def gpu_info() -> dict:
         info.update(nvml.device_info())
         nvml.close()
     return info
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _tensors(v)]
-    return []
 
 
 class TransferTimer:
@@ -79,7 +71,7 @@ class TransferTimer:
 
     def measure(self, batch: Any) -> tuple[float | None, float | None, list[torch.Tensor]]:
         """Returns (copy ms as delivered, copy ms in the other memory kind or None, on-GPU)."""
-        tensors = _tensors(batch)
+        tensors = tensors_of(batch)
         if not tensors:
             return None, None, []
         ms, moved = self._timed_copy(tensors)

@@ -21,8 +21,10 @@ forking workers breaks them).
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
 from typing import Any, Callable
+
+from dataloader_tuner.instrument.gpu import cuda_available
+from dataloader_tuner.instrument.tensors import moved, tensors_of
 
 MAX_PENDING = 64  # pairs not yet complete; beyond this the oldest are dropped, not waited for
 
@@ -40,7 +42,7 @@ class StepGaps:
         """None without a CUDA GPU: the output then says GPU gaps were not measured."""
         import torch
 
-        if not torch.cuda.is_available():
+        if not cuda_available():
             return None
         return cls(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream,
                    torch.cuda.is_initialized)
@@ -78,45 +80,6 @@ class StepGaps:
 COMPARE_EVERY = 32  # batches: one in this many is also copied in the other memory kind
 
 
-def tensors_of(batch: Any) -> list:
-    """The tensors in a batch (tuples, lists, dicts, nested), in order."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        return [t for value in batch.values() for t in tensors_of(value)]
-    if isinstance(batch, (list, tuple)):
-        return [t for value in batch for t in tensors_of(value)]
-    return []
-
-
-def moved(batch: Any, device: Any, non_blocking: bool) -> Any:
-    """The batch with every tensor on ``device``, its structure kept: namedtuples, any mapping
-    (a UserDict such as HuggingFace's BatchEncoding, a defaultdict), and objects that move
-    themselves with ``.to`` (PyG's Data, batch dataclasses)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        copy = batch.copy() if hasattr(batch, "copy") else dict(batch)
-        for key, value in batch.items():
-            copy[key] = moved(value, device, non_blocking)
-        return copy
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(moved(v, device, non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(moved(v, device, non_blocking) for v in batch)
-    to = getattr(batch, "to", None)
-    if callable(to) and not isinstance(batch, (str, bytes)):
-        try:
-            return to(device, non_blocking=non_blocking)
-        except TypeError:  # a .to without non_blocking
-            return to(device)
-    return batch
-
-
 class CopyTimes:
     """Times each copy made through ``loader.to`` with two events on the current stream (the
     copy the training step waits for anyway: nothing extra is synchronised); every
@@ -132,7 +95,7 @@ class CopyTimes:
     def create(cls) -> "CopyTimes | None":
         import torch
 
-        if not torch.cuda.is_available():
+        if not cuda_available():
             return None
         return cls(lambda: torch.cuda.Event(enable_timing=True),
                    lambda device: torch.cuda.current_stream(torch.device(device)))

@@ -23,6 +23,7 @@ from typing import Callable
 from dataloader_tuner import protocol
 from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.record.ledger import BatchLedger, GapEvents
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.store import RunStore
 
@@ -36,18 +37,20 @@ RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_r
 
 
 class Recorder:
-    def __init__(self, store: RunStore, run_id: int, t0: float) -> None:
+    def __init__(self, store: RunStore, run_id: int, t0: float,
+                 gaps: GapEvents | None = None) -> None:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
         self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (instrument/gpu_events.py)
+        # The training thread's per-batch bookkeeping: its rows, epochs and workers come here.
+        self.ledger = BatchLedger(t0, self._epoch_began, self._worker_seen, gaps, self.gaps)
         self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (instrument/gpu_events.py)
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.recent: deque = deque(maxlen=RECENT_ROWS)  # rows written, the newest last
         self.last_resources: protocol.Resources | None = None
-        self.asking_since: float | None = None  # the loop is in next() since (time.monotonic)
         self.result: ProfileResult | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or finish's)
@@ -61,6 +64,16 @@ class Recorder:
         self._make_ready = make_ready
         self._thread.start()
         return self
+
+    # -- called by the ledger, in the training thread: appends only ----------------------------
+
+    def _epoch_began(self, epoch: int, start: float, startup_s: float) -> None:
+        self.events.append(protocol.Epoch(epoch, start, startup_s))
+
+    def _worker_seen(self, pid: int, worker_id: int, probe: dict | None) -> None:
+        self.worker_ids[pid] = worker_id
+        if probe is not None:
+            self.events.append(protocol.Probe(pid, worker_id, probe))
 
     # -- the background thread ----------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import marshal
 
-from dataloader_tuner.analyse.metrics import BATCH_COLUMNS
+from dataloader_tuner.record.rows import BATCH_COLUMNS
 
 
 def pack_rows(rows: list[tuple]) -> dict:

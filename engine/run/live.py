@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse.report import summarize, summarize_tune

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from datetime import timedelta
 import psutil
 
 from dataloader_tuner import system
-from dataloader_tuner.analyse.metrics import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
                                   summary_from_batches)
 from dataloader_tuner.store import RunStore
@@ -141,7 +141,7 @@ class RankReporter:
         memory = (sum(p["rss_mb"] for p in resources.procs if p.get("rss_mb") is not None)
                   if resources is not None else None)
         shm = system.shm_usage()
-        asking = recorder.asking_since
+        asking = recorder.ledger.asking_since
         return replace(
             summary_from_batches(self.loader, self.identity.to_dict(), self._host, os.getpid(),
                                  status, round(elapsed, 3), batches),

@@ -36,16 +36,18 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.settings import settings_file
-from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps, moved
+from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
+from dataloader_tuner.instrument.tensors import moved
 from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
 from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
+from dataloader_tuner.record.ledger import unprobed_meta
 from dataloader_tuner.record.recorder import Recorder, process_identity
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
-UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
+SAMPLES = 6  # where a batch's sample count is in its probe meta (record/ledger.py)
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 _names_taken: dict[str, int] = {}  # loaders watched under each name in this process
 
@@ -92,7 +94,8 @@ class WatchedLoader:
         run_id = store.create_run("watch", who["script"], self.config.to_json_dict(),
                                   label=self.name, script=who["script"],
                                   rank=self.rank.to_dict() if self.rank else None)
-        self.recorder = Recorder(store, run_id, self.t0)
+        self.recorder = Recorder(store, run_id, self.t0, gaps=StepGaps.create())
+        self.ledger = self.recorder.ledger
         self.recorder.start(self._ready)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
@@ -103,12 +106,8 @@ class WatchedLoader:
                                       run_id).start() if self.rank else None)
         if tune:
             self._start_tuning()
-        self.gaps = StepGaps.create()  # None without CUDA
-        self.copies = CopyTimes.create()
-        self._seq = 0
+        self.copies = CopyTimes.create()  # None without CUDA
         self._handed = 0
-        self._epoch = 0
-        self._seen_pids: set[int] = set()
         _watched.append(self)
         _end_runs_on_sigterm()
 
@@ -222,55 +221,22 @@ class WatchedLoader:
     def _batches(self, iterator, probed: bool):
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
-        clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seen, gaps = self._epoch, self._seen_pids, self.gaps
-        first = self._seq
-        self._epoch += 1
-        epoch_start = clock()
-        recorder = self.recorder
+        ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
+        ledger.new_epoch()
         while True:
-            t_request = clock()
-            recorder.asking_since = t_request  # a rank stuck in next() shows it (job_report)
-            if gaps is not None:
-                gaps.asking()
             try:
-                item = next(iterator)
+                item, t_request, t_ready, seq = ledger.next_batch(iterator)
             except StopIteration:
-                recorder.asking_since = None
                 return
-            except BaseException:  # the job may catch it and go on: it is not waiting now
-                recorder.asking_since = None
-                raise
-            t_ready = clock()
-            recorder.asking_since = None
-            # Numbered as handed out, on the loader itself: a loop that breaks off, or two
-            # iterators at once, never reuse a number.
-            seq = self._seq
-            self._seq = seq + 1
-            if gaps is not None:
-                gaps.handed(seq)
-                self.recorder.gaps.extend(gaps.resolved())
             if probed:
-                batch, (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s,
-                        samples, nbytes, probe) = item
-                if pid not in seen:
-                    seen.add(pid)
-                    self.recorder.worker_ids[pid] = worker_id
-                    if probe is not None:
-                        events.append(protocol.Probe(pid, worker_id, probe))
+                batch, meta = item
             else:
-                batch, samples, nbytes = item, samples_in(item), None
-                worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s = (
-                    UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None)
-            if seq == first:
-                events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
+                batch, meta = item, unprobed_meta(t_request, samples_in(item))
             self._handed = seq  # the batch loader.to() copies
             try:
                 yield batch
             finally:  # also the last batch of a loop that breaks off (the generator closed)
-                rows.append((seq, epoch, t_request - t0, t_ready - t_request, clock() - t_ready,
-                             samples, nbytes, worker_id, pid, fetch_start - t0, fetch_s,
-                             collate_s, fetch_cpu_s, None, None, None))
+                rows.append(ledger.row(seq, t_request, t_ready, clock(), meta))
 
     def _tuned_batches(self):
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -283,26 +249,17 @@ class WatchedLoader:
         base_seed = int(torch.empty((), dtype=torch.int64).random_(
             generator=loader.generator).item())
         plan = list(sampler_iter)
-        clock, t0, rows, events = time.monotonic, self.t0, self.recorder.rows, self.recorder.events
-        epoch, seen, gaps, recorder = self._epoch, self._seen_pids, self.gaps, self.recorder
-        first, taken, segment = self._seq, 0, 0
-        self._epoch += 1
-        epoch_start = clock()
-        search.epoch_started(epoch)
+        ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
+        taken, segment = 0, 0
+        search.epoch_started(ledger.new_epoch())
         source = self._open(plan, 0, search.current, base_seed, segment)
         try:
             while taken < len(plan):
-                t_request = clock()
-                recorder.asking_since = t_request
-                if gaps is not None:
-                    gaps.asking()
                 try:
-                    batch, meta = next(source)
+                    (batch, meta), t_request, t_ready, seq = ledger.next_batch(source)
                 except StopIteration:
-                    recorder.asking_since = None
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
-                    recorder.asking_since = None
                     setting = search.current
                     if setting == search.baseline:
                         raise  # the job's own settings: its own error, as without the tool
@@ -314,33 +271,14 @@ class WatchedLoader:
                     segment += 1
                     source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
-                t_ready = clock()
-                recorder.asking_since = None
-                seq = self._seq  # numbered as handed out (see _batches)
-                self._seq = seq + 1
-                if gaps is not None:
-                    gaps.handed(seq)
-                    self.recorder.gaps.extend(gaps.resolved())
-                (worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes,
-                 probe) = meta
-                if pid not in seen:
-                    seen.add(pid)
-                    self.recorder.worker_ids[pid] = worker_id
-                    if probe is not None:
-                        events.append(protocol.Probe(pid, worker_id, probe))
-                if seq == first:
-                    events.append(protocol.Epoch(epoch, epoch_start - t0, t_ready - epoch_start))
                 self._handed = seq  # the batch loader.to() copies
                 try:
                     yield batch
                 finally:  # also the last batch of a loop that breaks off (see _batches)
                     t_back = clock()
-                    rows.append((seq, epoch, t_request - t0, t_ready - t_request,
-                                 t_back - t_ready, samples, nbytes, worker_id, pid,
-                                 fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, None, None,
-                                 None))
+                    rows.append(ledger.row(seq, t_request, t_ready, t_back, meta))
                 taken += 1
-                switch = search.after_batch(samples, t_back - t_request)
+                switch = search.after_batch(meta[SAMPLES], t_back - t_request)
                 # (A node's leader finishes when the node switches to its choice, after the
                 # decision was logged: tune/node.py.)
                 if len(search.decisions) > self._logged or (search.finished

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 
 from dataloader_tuner.cli.args import add_db
@@ -36,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     if args.db:
         env["DLTUNER_DB"] = args.db
     print(f"DataLoader Tuner on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    try:
-        return subprocess.call(dashboard_command(args.port), env=env)
-    except KeyboardInterrupt:
-        return 130
+    sys.stderr.flush()
+    # This process becomes the server: Ctrl-C and SIGTERM reach Streamlit itself, and no child
+    # is left behind when a service manager stops the command.
+    command = dashboard_command(args.port)
+    os.execve(command[0], command, env)
+    return 0  # not reached

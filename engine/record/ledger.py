@@ -1,0 +1,104 @@
+"""The per-batch bookkeeping every measuring loop shares: the engine's own loop
+(child/measure.py) and a watched loader's plain and tuned epochs (watcher/loader.py), as torch's
+``_BaseDataLoaderIter.__next__`` owns what its iterators share and each keeps only how it gets
+a batch.
+
+The ledger times ``next()`` (and says, while the loop waits in it, since when: a rank stuck
+there is named by job_report.py), numbers batches as they are handed out, opens each epoch with
+its start-up, notes each worker process the first time one of its batches arrives, brackets the
+wait with GPU events where the job uses CUDA, and builds the one row per batch (rows.py).
+Its cost is the loops' hot path: see bench/overhead.py and bench/watch_overhead.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Protocol
+
+from dataloader_tuner.record.rows import BatchRecord
+
+UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
+# What the probes send with each batch (instrument/probes.py): worker_id, pid, fetch_start,
+# fetch_s, collate_s, fetch_cpu_s, samples, nbytes, and the worker's first-fetch probe or None.
+BatchMeta = tuple
+
+
+class GapEvents(Protocol):
+    """GPU idle gaps from events around the wait (instrument/gpu_events.StepGaps)."""
+
+    def asking(self) -> None: ...
+
+    def handed(self, seq: int) -> None: ...
+
+    def resolved(self) -> list[tuple[int, float]]: ...
+
+
+def unprobed_meta(t_request: float, samples: int) -> BatchMeta:
+    """The meta of a batch whose worker is not known (a loader that could not be probed)."""
+    return (UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None, samples, None, None)
+
+
+class BatchLedger:
+    def __init__(self, t0: float, on_epoch: Callable[[int, float, float], None],
+                 on_worker: Callable[[int, int, dict | None], None],
+                 gaps: GapEvents | None = None,
+                 resolved_gaps: list | None = None) -> None:
+        """``on_epoch(epoch, start, startup_s)`` as an epoch's first batch arrives (times since
+        ``t0``); ``on_worker(pid, worker_id, probe)`` for each worker process's first batch;
+        GPU gaps, where ``gaps`` is given, go to ``resolved_gaps`` as ``(seq, ms)``."""
+        self.t0 = t0
+        self.on_epoch, self.on_worker = on_epoch, on_worker
+        self.gaps = gaps
+        self.resolved_gaps = resolved_gaps if resolved_gaps is not None else []
+        self.seq = 0  # the next batch's number, across epochs and iterators
+        self.epoch = -1
+        self.asking_since: float | None = None  # the loop is in next() since (time.monotonic)
+        self.seen_pids = {0}  # pid 0: an unprobed batch's (no worker to note)
+        self._epoch_first = 0
+        self._epoch_start = 0.0
+
+    def new_epoch(self) -> int:
+        """An epoch starts now: its start-up runs from here to its first batch."""
+        self.epoch += 1
+        self._epoch_first = self.seq
+        self._epoch_start = time.monotonic()
+        return self.epoch
+
+    def next_batch(self, iterator: Iterator) -> tuple[Any, float, float, int]:
+        """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. StopIteration and
+        errors pass through, the loop no longer shown waiting whatever ended the wait (a job
+        may catch a KeyboardInterrupt and go on)."""
+        gaps = self.gaps
+        self.asking_since = t_request = time.monotonic()
+        if gaps is not None:
+            gaps.asking()
+        try:
+            item = next(iterator)
+        finally:
+            self.asking_since = None
+        t_ready = time.monotonic()
+        seq = self.seq
+        self.seq = seq + 1
+        if gaps is not None:
+            gaps.handed(seq)
+            self.resolved_gaps.extend(gaps.resolved())
+        if seq == self._epoch_first:
+            start = self._epoch_start
+            self.on_epoch(self.epoch, start - self.t0, t_ready - start)
+        return item, t_request, t_ready, seq
+
+    def row(self, seq: int, t_request: float, t_ready: float, t_back: float, meta: BatchMeta,
+            h2d_ms: float | None = None, other_ms: float | None = None,
+            gap_ms: float | None = None) -> BatchRecord:
+        """The batch's row: handed over at ``t_ready``, the loop back for the next at
+        ``t_back`` (its step between)."""
+        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, probe = meta
+        if pid not in self.seen_pids:
+            self.seen_pids.add(pid)
+            self.on_worker(pid, worker_id, probe)
+        t0 = self.t0
+        # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
+        return tuple.__new__(BatchRecord, (
+            seq, self.epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
+            nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, h2d_ms,
+            other_ms, gap_ms))

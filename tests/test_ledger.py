@@ -1,0 +1,104 @@
+"""The per-batch core every measuring loop shares (record/ledger.py): numbering, epochs with
+their start-up, first-seen workers, and 'waiting in next()' cleared however the wait ends."""
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dataloader_tuner.record.ledger import UNKNOWN_WORKER, BatchLedger, unprobed_meta
+
+
+def meta(pid: int, worker_id: int = 0, samples: int = 4, probe=None) -> tuple:
+    return (worker_id, pid, 0.0, 0.001, 0.0, None, samples, 64, probe)
+
+
+def ledger_with_log():
+    log: list = []
+    ledger = BatchLedger(time.monotonic(), lambda *a: log.append(("epoch", *a)),
+                         lambda *a: log.append(("worker", *a)))
+    return ledger, log
+
+
+def test_batches_are_numbered_across_epochs_and_each_epoch_opens_with_its_start_up():
+    ledger, log = ledger_with_log()
+    seqs = []
+    for _ in range(2):
+        ledger.new_epoch()
+        iterator = iter([("a", meta(11)), ("b", meta(12, 1))])
+        time.sleep(0.01)  # the epoch's start-up: iter() to its first batch
+        for _ in range(2):
+            (_, m), t_request, t_ready, seq = ledger.next_batch(iterator)
+            ledger.row(seq, t_request, t_ready, time.monotonic(), m)
+            seqs.append(seq)
+    assert seqs == [0, 1, 2, 3]
+    epochs = [entry for entry in log if entry[0] == "epoch"]
+    assert [e[1] for e in epochs] == [0, 1] and all(e[3] >= 0.01 for e in epochs)
+    assert [entry for entry in log if entry[0] == "worker"] == [("worker", 11, 0, None),
+                                                                ("worker", 12, 1, None)]
+
+
+def test_the_row_carries_the_batch_as_the_loop_saw_it():
+    ledger, _ = ledger_with_log()
+    ledger.new_epoch()
+    t0 = ledger.t0
+    row = ledger.row(7, t0 + 1.0, t0 + 1.25, t0 + 1.75, meta(11, samples=16))
+    assert (row.seq, row.epoch, row.t_request, row.wait_s, row.step_s, row.samples) == (
+        7, 0, 1.0, 0.25, 0.5, 16)
+
+
+def test_an_unprobed_batch_notes_no_worker():
+    ledger, log = ledger_with_log()
+    ledger.new_epoch()
+    row = ledger.row(0, ledger.t0, ledger.t0, ledger.t0, unprobed_meta(ledger.t0, 8))
+    assert row.worker_id == UNKNOWN_WORKER and row.samples == 8
+    assert not [entry for entry in log if entry[0] == "worker"]
+
+
+@pytest.mark.parametrize("ending", [StopIteration, ValueError, KeyboardInterrupt])
+def test_the_loop_is_no_longer_shown_waiting_however_the_wait_ends(ending):
+    ledger, _ = ledger_with_log()
+    ledger.new_epoch()
+
+    def iterator():
+        assert ledger.asking_since is not None  # shown waiting while inside next()
+        raise ending()
+        yield  # a generator
+
+    with pytest.raises(RuntimeError if ending is StopIteration else ending):
+        ledger.next_batch(iterator())  # (a generator turns StopIteration into RuntimeError)
+    assert ledger.asking_since is None
+    assert ledger.seq == 0  # nothing was handed out
+
+
+class InterruptedOnce(Dataset):
+    """Raises KeyboardInterrupt at one index, once (a user's Ctrl-C the job catches)."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int):
+        if index == 20 and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+        return torch.tensor([float(index)])
+
+
+def test_a_caught_keyboard_interrupt_while_tuning_leaves_no_rank_shown_stuck(db_path):
+    from dataloader_tuner import watch
+
+    watched = watch(DataLoader(InterruptedOnce(), batch_size=4), name="ki", db=db_path,
+                    tune=True, max_workers=1)
+    assert watched.search is not None  # the tuned loop is the one that ran
+    seen = 0
+    try:
+        for _ in watched:
+            seen += 1
+    except KeyboardInterrupt:  # the job catches it and goes on
+        pass
+    assert seen == 5 and watched.ledger.asking_since is None
+    watched.close()
