@@ -25,12 +25,14 @@ def test_batches_are_numbered_across_epochs_and_each_epoch_opens_with_its_start_
     ledger, log = ledger_with_log()
     seqs = []
     for _ in range(2):
-        ledger.new_epoch()
+        mark = ledger.new_epoch()
         iterator = iter([("a", meta(11)), ("b", meta(12, 1))])
         time.sleep(0.01)  # the epoch's start-up: iter() to its first batch
         for _ in range(2):
             (_, m), t_request, t_ready, seq = ledger.next_batch(iterator)
-            ledger.row(seq, t_request, t_ready, time.monotonic(), m)
+            ledger.handed(mark, t_ready, m)
+            assert ledger.row(seq, mark.epoch, t_request, t_ready, time.monotonic(), m).epoch == (
+                mark.epoch)
             seqs.append(seq)
     assert seqs == [0, 1, 2, 3]
     epochs = [entry for entry in log if entry[0] == "epoch"]
@@ -39,19 +41,29 @@ def test_batches_are_numbered_across_epochs_and_each_epoch_opens_with_its_start_
                                                                 ("worker", 12, 1, None)]
 
 
+def test_two_iterators_at_once_keep_their_own_epochs():
+    ledger, log = ledger_with_log()
+    first, second = ledger.new_epoch(), ledger.new_epoch()
+    for mark in (second, first, second):
+        (_, m), _, t_ready, _ = ledger.next_batch(iter([("a", meta(11))]))
+        ledger.handed(mark, t_ready, m)
+    assert [entry[1] for entry in log if entry[0] == "epoch"] == [1, 0]  # each opened once
+
+
 def test_the_row_carries_the_batch_as_the_loop_saw_it():
     ledger, _ = ledger_with_log()
-    ledger.new_epoch()
     t0 = ledger.t0
-    row = ledger.row(7, t0 + 1.0, t0 + 1.25, t0 + 1.75, meta(11, samples=16))
+    row = ledger.row(7, 0, t0 + 1.0, t0 + 1.25, t0 + 1.75, meta(11, samples=16))
     assert (row.seq, row.epoch, row.t_request, row.wait_s, row.step_s, row.samples) == (
         7, 0, 1.0, 0.25, 0.5, 16)
 
 
 def test_an_unprobed_batch_notes_no_worker():
     ledger, log = ledger_with_log()
-    ledger.new_epoch()
-    row = ledger.row(0, ledger.t0, ledger.t0, ledger.t0, unprobed_meta(ledger.t0, 8))
+    mark = ledger.new_epoch()
+    unprobed = unprobed_meta(ledger.t0, 8)
+    ledger.handed(mark, ledger.t0, unprobed)
+    row = ledger.row(0, mark.epoch, ledger.t0, ledger.t0, ledger.t0, unprobed)
     assert row.worker_id == UNKNOWN_WORKER and row.samples == 8
     assert not [entry for entry in log if entry[0] == "worker"]
 
@@ -70,6 +82,7 @@ def test_the_loop_is_no_longer_shown_waiting_however_the_wait_ends(ending):
         ledger.next_batch(iterator())  # (a generator turns StopIteration into RuntimeError)
     assert ledger.asking_since is None
     assert ledger.seq == 0  # nothing was handed out
+    assert ledger.next_error is not None  # the loader's own error, as a tuned loop tells it
 
 
 class InterruptedOnce(Dataset):

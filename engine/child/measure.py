@@ -116,11 +116,11 @@ class Measurement:
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         on_batch, should_stop = self.on_batch, self.should_stop
         self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
-        next_batch, row = ledger.next_batch, ledger.row
+        next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
         h2d_ms = other_ms = gap_ms = None
         while True:
-            ledger.new_epoch()
+            mark = ledger.new_epoch()
             self.iterator = iterator = iter(self.loader)
             in_epoch = 0
             while True:
@@ -130,7 +130,9 @@ class Measurement:
                     break
                 if not plain_step:
                     h2d_ms, other_ms, gap_ms = self._consume(batch)
-                record = row(seq, t_request, t_ready, clock(), meta, h2d_ms, other_ms, gap_ms)
+                record = row(seq, mark.epoch, t_request, t_ready, clock(), meta, h2d_ms,
+                             other_ms, gap_ms)
+                handed(mark, t_ready, meta)
                 if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
                     count_labels(batch, record.samples, self.label_counts)
                 on_batch(record)

@@ -38,6 +38,16 @@ def unprobed_meta(t_request: float, samples: int) -> BatchMeta:
     return (UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None, samples, None, None)
 
 
+class EpochMark:
+    """One epoch as one iterator runs it: its number, when it was asked for, and whether its
+    first batch has come (each iterator keeps its own: two at once never mix their epochs)."""
+
+    __slots__ = ("epoch", "start", "opened")
+
+    def __init__(self, epoch: int, start: float) -> None:
+        self.epoch, self.start, self.opened = epoch, start, False
+
+
 class BatchLedger:
     def __init__(self, t0: float, on_epoch: Callable[[int, float, float], None],
                  on_worker: Callable[[int, int, dict | None], None],
@@ -51,29 +61,33 @@ class BatchLedger:
         self.gaps = gaps
         self.resolved_gaps = resolved_gaps if resolved_gaps is not None else []
         self.seq = 0  # the next batch's number, across epochs and iterators
-        self.epoch = -1
+        self.epochs = 0
         self.asking_since: float | None = None  # the loop is in next() since (time.monotonic)
+        # What the loader itself raised in the last next() (not the bookkeeping around it): a
+        # tuned loop drops a setting for that only.
+        self.next_error: BaseException | None = None
         self.seen_pids = {0}  # pid 0: an unprobed batch's (no worker to note)
-        self._epoch_first = 0
-        self._epoch_start = 0.0
 
-    def new_epoch(self) -> int:
+    def new_epoch(self) -> EpochMark:
         """An epoch starts now: its start-up runs from here to its first batch."""
-        self.epoch += 1
-        self._epoch_first = self.seq
-        self._epoch_start = time.monotonic()
-        return self.epoch
+        mark = EpochMark(self.epochs, time.monotonic())
+        self.epochs += 1
+        return mark
 
     def next_batch(self, iterator: Iterator) -> tuple[Any, float, float, int]:
         """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. StopIteration and
         errors pass through, the loop no longer shown waiting whatever ended the wait (a job
         may catch a KeyboardInterrupt and go on)."""
         gaps = self.gaps
-        self.asking_since = t_request = time.monotonic()
         if gaps is not None:
             gaps.asking()
+        self.next_error = None
+        self.asking_since = t_request = time.monotonic()
         try:
             item = next(iterator)
+        except BaseException as exc:
+            self.next_error = exc
+            raise
         finally:
             self.asking_since = None
         t_ready = time.monotonic()
@@ -82,23 +96,28 @@ class BatchLedger:
         if gaps is not None:
             gaps.handed(seq)
             self.resolved_gaps.extend(gaps.resolved())
-        if seq == self._epoch_first:
-            start = self._epoch_start
-            self.on_epoch(self.epoch, start - self.t0, t_ready - start)
         return item, t_request, t_ready, seq
 
-    def row(self, seq: int, t_request: float, t_ready: float, t_back: float, meta: BatchMeta,
-            h2d_ms: float | None = None, other_ms: float | None = None,
+    def handed(self, mark: EpochMark, t_ready: float, meta: BatchMeta) -> None:
+        """What a batch's arrival tells once: its epoch's start-up (the epoch's first batch)
+        and its worker (that worker's first). Called outside the timed windows."""
+        if not mark.opened:
+            mark.opened = True
+            self.on_epoch(mark.epoch, mark.start - self.t0, t_ready - mark.start)
+        pid = meta[1]
+        if pid not in self.seen_pids:
+            self.seen_pids.add(pid)
+            self.on_worker(pid, meta[0], meta[8])
+
+    def row(self, seq: int, epoch: int, t_request: float, t_ready: float, t_back: float,
+            meta: BatchMeta, h2d_ms: float | None = None, other_ms: float | None = None,
             gap_ms: float | None = None) -> BatchRecord:
         """The batch's row: handed over at ``t_ready``, the loop back for the next at
         ``t_back`` (its step between)."""
-        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, probe = meta
-        if pid not in self.seen_pids:
-            self.seen_pids.add(pid)
-            self.on_worker(pid, worker_id, probe)
+        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, _ = meta
         t0 = self.t0
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return tuple.__new__(BatchRecord, (
-            seq, self.epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
+            seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
             nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, h2d_ms,
             other_ms, gap_ms))

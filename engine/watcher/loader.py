@@ -222,7 +222,7 @@ class WatchedLoader:
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
-        ledger.new_epoch()
+        mark = ledger.new_epoch()
         while True:
             try:
                 item, t_request, t_ready, seq = ledger.next_batch(iterator)
@@ -232,11 +232,12 @@ class WatchedLoader:
                 batch, meta = item
             else:
                 batch, meta = item, unprobed_meta(t_request, samples_in(item))
+            ledger.handed(mark, t_ready, meta)
             self._handed = seq  # the batch loader.to() copies
             try:
                 yield batch
             finally:  # also the last batch of a loop that breaks off (the generator closed)
-                rows.append(ledger.row(seq, t_request, t_ready, clock(), meta))
+                rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
 
     def _tuned_batches(self):
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -251,7 +252,8 @@ class WatchedLoader:
         plan = list(sampler_iter)
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
         taken, segment = 0, 0
-        search.epoch_started(ledger.new_epoch())
+        mark = ledger.new_epoch()
+        search.epoch_started(mark.epoch)
         source = self._open(plan, 0, search.current, base_seed, segment)
         try:
             while taken < len(plan):
@@ -261,8 +263,8 @@ class WatchedLoader:
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
                     setting = search.current
-                    if setting == search.baseline:
-                        raise  # the job's own settings: its own error, as without the tool
+                    if setting == search.baseline or exc is not ledger.next_error:
+                        raise  # the job's own settings (or not the loader's error): as is
                     # Each setting fails once at most (then it is dropped; a failing best gives
                     # way to the job's own), so a bad sample ends at the job's own error.
                     fallback = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
@@ -271,12 +273,13 @@ class WatchedLoader:
                     segment += 1
                     source = self._open(plan, taken, fallback, base_seed, segment)
                     continue
+                ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
                 try:
                     yield batch
                 finally:  # also the last batch of a loop that breaks off (see _batches)
                     t_back = clock()
-                    rows.append(ledger.row(seq, t_request, t_ready, t_back, meta))
+                    rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta))
                 taken += 1
                 switch = search.after_batch(meta[SAMPLES], t_back - t_request)
                 # (A node's leader finishes when the node switches to its choice, after the

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.db:
         env["DLTUNER_DB"] = args.db
     print(f"DataLoader Tuner on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    sys.stdout.flush()
     sys.stderr.flush()
     # This process becomes the server: Ctrl-C and SIGTERM reach Streamlit itself, and no child
     # is left behind when a service manager stops the command.
