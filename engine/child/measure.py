@@ -122,7 +122,6 @@ class Measurement:
         while True:
             mark = ledger.new_epoch()
             self.iterator = iterator = iter(self.loader)
-            in_epoch = 0
             while True:
                 try:
                     (batch, meta), t_request, t_ready, seq = next_batch(iterator)
@@ -136,10 +135,9 @@ class Measurement:
                 if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
                     count_labels(batch, record.samples, self.label_counts)
                 on_batch(record)
-                in_epoch += 1
                 if seq + 1 >= max_batches or should_stop() or clock() >= deadline:
                     return seq + 1
-            if in_epoch == 0:
+            if not mark.opened:  # the epoch never produced a batch
                 raise RunError(
                     "The dataset produced no batches: it is empty, or drop_last=True with fewer "
                     f"samples than batch_size={self.config.batch_size}.",

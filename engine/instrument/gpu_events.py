@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-from dataloader_tuner.instrument.gpu import cuda_available
 from dataloader_tuner.instrument.tensors import moved, tensors_of
 
 MAX_PENDING = 64  # pairs not yet complete; beyond this the oldest are dropped, not waited for
@@ -42,7 +41,7 @@ class StepGaps:
         """None without a CUDA GPU: the output then says GPU gaps were not measured."""
         import torch
 
-        if not cuda_available():
+        if not torch.cuda.is_available():  # not gpu.cuda_available: it sets the job's env
             return None
         return cls(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.current_stream,
                    torch.cuda.is_initialized)
@@ -95,7 +94,7 @@ class CopyTimes:
     def create(cls) -> "CopyTimes | None":
         import torch
 
-        if not cuda_available():
+        if not torch.cuda.is_available():  # not gpu.cuda_available: it sets the job's env
             return None
         return cls(lambda: torch.cuda.Event(enable_timing=True),
                    lambda device: torch.cuda.current_stream(torch.device(device)))

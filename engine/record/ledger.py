@@ -21,6 +21,7 @@ UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker 
 # What the probes send with each batch (instrument/probes.py): worker_id, pid, fetch_start,
 # fetch_s, collate_s, fetch_cpu_s, samples, nbytes, and the worker's first-fetch probe or None.
 BatchMeta = tuple
+SAMPLES = 6  # where a meta holds its batch's sample count
 
 
 class GapEvents(Protocol):

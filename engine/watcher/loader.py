@@ -43,11 +43,10 @@ from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
-from dataloader_tuner.record.ledger import unprobed_meta
+from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
 from dataloader_tuner.record.recorder import Recorder, process_identity
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
-SAMPLES = 6  # where a batch's sample count is in its probe meta (record/ledger.py)
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 _names_taken: dict[str, int] = {}  # loaders watched under each name in this process
 
