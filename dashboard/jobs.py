@@ -16,8 +16,8 @@ import os
 import threading
 import time
 
-from dataloader_tuner import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore, Verification,
-                    inspect_target, recommended_settings)
+from dataloader_tuner import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore,
+                              Verification, inspect_target, recommended_settings)
 
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
 # While a run streams, the live view recomputes its figures every second. Over a whole

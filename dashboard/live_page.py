@@ -14,8 +14,8 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS, DEFAULT_TIMEOUT_S,
-                              RunHandle, check_claim, settings_file, speedup_text)
+from dataloader_tuner import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
+                              DEFAULT_TIMEOUT_S, RunHandle, check_claim, settings_file, speedup_text)
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,
@@ -28,10 +28,11 @@ REFRESH_S = 1.0
 WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
 
 CONTROL_DEFAULTS = {
-    "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
-    "persistent_workers": False, "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
-    "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S, "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1,
-    "verify_seconds": 5.0,
+    "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0,
+    "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
+    "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
+    "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S,
+    "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1, "verify_seconds": 5.0,
 }
 CONSUMERS = {
     "train_step": "the module's train_step",

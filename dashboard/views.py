@@ -9,7 +9,8 @@ from typing import Sequence
 import psutil
 import streamlit as st
 
-from dataloader_tuner import BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline, fmt
+from dataloader_tuner import (BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline,
+                              fmt)
 
 from . import charts
 

@@ -1,5 +1,5 @@
-"""Training jobs watched with ``dataloader_tuner.watch(loader)``: the runs other processes write into the
-history, listed by job and followed live in the same view as the engine's own runs."""
+"""Training jobs watched with ``dataloader_tuner.watch(loader)``: the runs other processes write
+into the history, listed by job and followed live in the same view as the engine's own runs."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ __all__ = [
     # watch a training job
     "watch",
     # start and follow runs
-    "RunRequest", "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
+    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
+    "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "Verification", "check_claim",
     # the run history
     "RunStore", "StoredRun", "default_db_path",

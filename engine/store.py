@@ -69,7 +69,7 @@ class StoredRun:
                 "summary": self.result.to_dict() if self.result is not None else None,
                 "error": self.error}
 
-# One row per process per resource sample (instrument.resources.ResourceSampler): the private-memory columns
+# One row per process per resource sample (instrument/resources.py): the private-memory columns
 # are what worker_memory_growth judges, so a stored run can be judged again as it was live.
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
                     "uss_mb", "pss_mb", "dirty_mb")

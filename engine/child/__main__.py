@@ -1,4 +1,4 @@
-"""``python -m dataloader_tuner.child``: the engine's child process (see dataloader_tuner.child.process)."""
+"""``python -m dataloader_tuner.child``: the engine's child process (see child/process.py)."""
 
 from dataloader_tuner.child.process import main
 

@@ -42,10 +42,10 @@ class Recorder:
         self.store, self.run_id, self.t0 = store, run_id, t0
         self.rows: list = []  # appended by the training thread, taken by the flush
         self.events: list = []
-        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (instrument/gpu_events.py)
+        self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_events.py)
         # The training thread's per-batch bookkeeping: its rows, epochs and workers come here.
         self.ledger = BatchLedger(t0, self._epoch_began, self._worker_seen, gaps, self.gaps)
-        self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (instrument/gpu_events.py)
+        self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (gpu_events.py)
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
         self._written_seq = -1  # the last batch row written: a gap waits for its row
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show

@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import TuneResult
-from dataloader_tuner.instrument.probes import TimedCollate, counting_rules, samples_in, wrap_dataset
+from dataloader_tuner.instrument.probes import (TimedCollate, counting_rules, samples_in,
+                                               wrap_dataset)
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.store import RunStore
