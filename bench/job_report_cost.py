@@ -30,6 +30,7 @@ from dataloader_tuner.store import RunStore  # noqa: E402
 from dataloader_tuner.watcher.job_report import RankReporter, report_key  # noqa: E402
 from dataloader_tuner.watcher.rank_identity import RankIdentity  # noqa: E402
 from dataloader_tuner.record.recorder import Recorder  # noqa: E402
+from dataloader_tuner.record.sinks import HistorySink  # noqa: E402
 
 SAMPLE = RankSummary(
     loader="train", rank=0, world_size=1, local_rank=0, node=0, host="node-000.cluster.local",
@@ -54,7 +55,7 @@ def main() -> None:
         for world in (8, 64, 256, 1024):
             run_id = history.create_run("watch", "bench", {}, label=f"w{world}")
             reporter = RankReporter(RankIdentity(0, world, 0, 8, 0, "bench"), f"w{world}",
-                                    Recorder(history, run_id, time.monotonic()), history,
+                                    Recorder(HistorySink(history, run_id), time.monotonic()), history,
                                     run_id, connect=lambda: client)
             times = []
             for round_no in range(args.rounds):

@@ -7,47 +7,22 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import (JobView, LiveRun, RankSummary, StoredRun, job_view,
-                    summary_from_batches, window_figures)
+from dataloader_tuner import LiveRun
 
-from . import views
+from . import job_board, views
 from .shared import get_jobs
 
 REFRESH_S = 1.0
 LIVE_WINDOW_BATCHES = 5000  # the live figures cover the most recent batches (as the Live page)
+RANKS_REFRESH_S = 2.0  # as often as the ranks report
 
 
-def _job_of(run: StoredRun) -> str:
-    rank = run.rank
-    where = (f"rank {rank['rank']}/{rank['world_size']}, node {rank['node_rank']}, "
-             if rank else "")
-    return f"{run.script or run.target} ({where}pid {run.pid} on {run.host})"
-
-
-def _label(run: StoredRun) -> str:
-    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run.started_at))
-    return f"#{run.id} {run.label or 'loader'} [{run.status}] {when}: {_job_of(run)}"
-
-
-RATE_WINDOW_BATCHES = 500  # a running run's samples/s in the table: its latest batches
-
-
-def _rate(run: StoredRun) -> float | None:
-    """The result's samples/s; while the run goes (its result comes at its end), the rate of
-    its latest batches."""
-    rate = run.samples_per_s
-    if rate is None and run.status == "running":
-        rate = window_figures(get_jobs().store.batches(run.id, RATE_WINDOW_BATCHES))[
-            "samples_per_s"]
-    return None if rate is None else round(rate, 1)
-
-
-def _table(runs: list[StoredRun]) -> None:
+def _table(board: job_board.Board) -> None:
     st.dataframe([{
-        "run": run.id, "loader": run.label, "status": run.status, "job": _job_of(run),
+        "run": run.id, "loader": run.label, "status": run.status, "job": job_board.job_of(run),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
-        "samples/s": _rate(run),
-    } for run in runs], hide_index=True)
+        "samples/s": _round(board.rates[run.id]),
+    } for run in board.runs], hide_index=True)
 
 
 def _run_view(run_id: int) -> None:
@@ -61,7 +36,7 @@ def _run_view(run_id: int) -> None:
     live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
     result = run.result if run.result is not None else live.summary(
         "ok" if run.status in ("running", "lost") else run.status)
-    st.markdown(f"**{run.label or 'loader'}** in `{_job_of(run)}`: **{run.status}**, "
+    st.markdown(f"**{run.label or 'loader'}** in `{job_board.job_of(run)}`: **{run.status}**, "
                 f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
                 + (" (the most recent)" if running else ""))
     if run.status == "lost":
@@ -72,7 +47,7 @@ def _run_view(run_id: int) -> None:
     if running:
         requested = store.tune_requested(run_id)
         st.button("Tune this job" if not requested else "Tuning requested", key=f"tune-{run_id}",
-                  disabled=requested, on_click=_request_tune, args=(run,),
+                  disabled=requested, on_click=job_board.request_tune, args=(store, run),
                   help="The job tries worker counts in place from its next epoch, judged by its "
                        "own training loop, keeps the best and saves it (dataloader-tuner-"
                        "NAME.json in its working folder). What the model sees does not change.")
@@ -89,17 +64,6 @@ def _run_view(run_id: int) -> None:
     views.warnings_list(result.warnings)
     st.markdown("**System**")
     views.system_panel(result.system, live=running)
-
-
-def _request_tune(run: StoredRun) -> None:
-    """A torchrun job's loader is tuned by node, its ranks together (local rank 0 leads): every
-    rank of the job in this history is asked."""
-    store = get_jobs().store
-    ranks = [other.id for other in store.list_runs(500)
-             if run.rank and other.rank and other.status == "running"
-             and other.rank["job_id"] == run.rank["job_id"] and other.label == run.label]
-    for run_id in ranks or [run.id]:
-        store.request_tune(run_id)
 
 
 def _tuning_log(trials: list[dict]) -> None:
@@ -126,70 +90,23 @@ def _watch_for_changes(shown: dict[int, str]) -> None:
         st.rerun()
 
 
-RANK_WINDOW_BATCHES = 2000  # each rank's figures: its most recent batches
-RANKS_REFRESH_S = 2.0  # as often as the ranks report
-MEMORY_TREND_S = 300.0  # a rank's memory trend: its reports of the last minutes
-
-
-def _jobs_of(runs: list[StoredRun]) -> dict[tuple, list[StoredRun]]:
-    """Watched runs of torchrun jobs, by (job, loader)."""
-    jobs: dict[tuple, list[StoredRun]] = {}
-    for run in runs:
-        if run.rank:
-            jobs.setdefault((run.rank["job_id"], run.label), []).append(run)
-    return jobs
-
-
-def _job_view(ranks: list[StoredRun]) -> tuple[JobView, str] | None:
-    """The job from rank 0's gathered reports (every node) or, without them, from the runs
-    of its ranks in this history (the ranks on this machine)."""
-    store = get_jobs().store
-    gatherer, latest = None, []
-    for run in ranks:
-        if run.rank["rank"] == 0:
-            latest = store.rank_reports(run.id)
-            if latest:
-                gatherer = run
-                break
-    if gatherer is not None:
-        collecting = gatherer.status == "running"
-        # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
-        now = time.time() if collecting else max(
-            [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])
-        series: dict[int, list[RankSummary]] = {}
-        for _, report in store.rank_reports(gatherer.id, latest=False,
-                                            since=now - MEMORY_TREND_S):
-            series.setdefault(report.rank, []).append(report)
-        return (job_view(latest, now, collecting, series),
-                f"Gathered by rank 0 (run #{gatherer.id}) through the job's own "
-                "torch.distributed store: every rank reports every 2 s, on every node.")
-    if len(ranks) < 2:
-        return None
-    latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
-        run.label or "loader", run.rank, run.host or "", run.pid or 0, run.status,
-        (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
-        store.batches(run.id, RANK_WINDOW_BATCHES))) for run in ranks]
-    return (job_view(latest, time.time(), any(run.status == "running" for run in ranks)),
-            "From each rank's own run in this history (the ranks on this machine; rank 0 "
-            "gathers every node's once the job's store is reachable).")
-
-
 def _pct(value: float | None) -> float | None:
     return None if value is None else round(100 * value, 1)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _ranks_view() -> None:
     """Each torchrun job's loaders, rank by rank and node by node, and the rank that holds the
     others back (re-read every RANKS_REFRESH_S while a rank runs)."""
-    runs = [run for run in get_jobs().store.list_runs(500) if run.kind == "watch"]
-    for (job_id, label), ranks in _jobs_of(runs).items():
-        found = _job_view(ranks)
-        if found is None:
-            continue
-        view, source = found
+    store = get_jobs().store
+    for job in job_board.job_views(store, job_board.read_board(store)):
+        (job_id, label), view = job.key, job.view
         st.markdown(f"**Job `{job_id}`, loader {label}: {len(view.ranks)} of "
-                    f"{ranks[0].rank['world_size']} ranks, {len(view.nodes)} node(s)**")
-        st.caption(source)
+                    f"{job.world_size} ranks, {len(view.nodes)} node(s)**")
+        st.caption(job.source)
         st.dataframe([{
             "rank": r.summary.rank, "node": r.summary.node, "state": r.state,
             "samples/s": None if r.summary.samples_per_s is None
@@ -223,18 +140,18 @@ def render() -> None:
     st.caption("Add one line to your training script, `loader = watch(loader, name=\"train\")` "
                "(`from dataloader_tuner import watch`), and its loaders appear here while it trains.")
     store.mark_lost_runs()
-    runs = [run for run in store.list_runs(500) if run.kind == "watch"]
+    board = job_board.read_board(store)
     st.fragment(_watch_for_changes, run_every=WATCH_S)(store.statuses("watch"))
-    if not runs:
+    if not board.runs:
         st.info("No watched jobs yet. Try `python examples/train_watched.py`.")
         return
-    _table(runs)
-    ranked_live = any(run.rank and run.status == "running" for run in runs)
+    _table(board)
+    ranked_live = any(run.rank and run.status == "running" for run in board.runs)
     st.fragment(_ranks_view, run_every=RANKS_REFRESH_S if ranked_live else None)()
-    ids = [run.id for run in runs]
-    running = [run.id for run in runs if run.status == "running"]
-    labels = {run.id: _label(run) for run in runs}
+    ids = [run.id for run in board.runs]
+    running = [run.id for run in board.runs if run.status == "running"]
+    labels = {run.id: job_board.run_label(run) for run in board.runs}
     chosen = st.selectbox("Run", ids, index=ids.index(running[0]) if running else 0,
                           format_func=labels.get, key="watched_run")
-    is_running = next(run for run in runs if run.id == chosen).status == "running"
+    is_running = next(run for run in board.runs if run.id == chosen).status == "running"
     st.fragment(_run_view, run_every=REFRESH_S if is_running else None)(chosen)

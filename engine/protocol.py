@@ -13,6 +13,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Epoch    each epoch's start (profile runs)
     <------------------------------------------ Probe    a worker's first fetch, once each
     <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
+    <------------------------------------------ LateTimings  GPU times resolved after their rows
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Trial    one measured setting (tune runs)
@@ -133,6 +134,17 @@ class Batches:
 
 
 @dataclass(frozen=True)
+class LateTimings:
+    """GPU timings resolved after their batches were sent (CUDA events are read when done,
+    instrument/gpu_events.py): ``gaps`` as ``[seq, idle ms]``, ``copies`` as ``[seq, copy ms,
+    other memory kind's copy ms or None]``."""
+
+    kind: ClassVar[str] = "late_timings"
+    gaps: list
+    copies: list
+
+
+@dataclass(frozen=True)
 class Resources:
     """One sample: per process ``{pid, role, worker_id, cpu_percent, rss_mb, threads, uss_mb,
     pss_mb, dirty_mb}`` (instrument.resources.ResourceSampler), and NVML's figures on a GPU."""
@@ -216,11 +228,11 @@ def _label(key: str):
         return key
 
 
-Event = Union[Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned,
-              Error, Finished]
+Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
+              Trial, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    Ready, Batches, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned, Error,
-    Finished)}
+    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned,
+    Error, Finished)}
 
 
 def to_wire(event: Event) -> dict:

@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import psutil
 
@@ -183,21 +184,6 @@ class RunStore:
             )
             return cursor.lastrowid
 
-    def set_gpu_gaps(self, run_id: int, gaps: list[tuple[int, float]]) -> None:
-        """GPU idle gaps resolved after their batches were written: ``[(seq, gap_ms)]``."""
-        with self._conn() as conn:
-            conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
-                             [(gap, run_id, seq) for seq, gap in gaps])
-
-    def set_copy_times(self, run_id: int, copies: list[tuple[int, float, float | None]]
-                       ) -> None:
-        """Host-to-device copy times resolved after their batches were written:
-        ``[(seq, copy ms, other memory kind's copy ms or None)]``."""
-        with self._conn() as conn:
-            conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
-                             "WHERE run_id = ? AND seq = ?",
-                             [(ms, other, run_id, seq) for seq, ms, other in copies])
-
     def record_rank_reports(self, run_id: int, latest: list[tuple[float, RankSummary]],
                             series: list[tuple[float, RankSummary]] = ()) -> None:
         """Reports of a torchrun job's ranks, gathered by the rank that writes ``run_id``
@@ -262,6 +248,13 @@ class RunStore:
                     f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
                     [(run_id, *row) for row in event.rows],
                 )
+                return
+            if isinstance(event, protocol.LateTimings):
+                conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
+                                 [(gap, run_id, seq) for seq, gap in event.gaps])
+                conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
+                                 "WHERE run_id = ? AND seq = ?",
+                                 [(ms, other, run_id, seq) for seq, ms, other in event.copies])
                 return
             if isinstance(event, protocol.Resources):
                 conn.executemany(
@@ -334,6 +327,22 @@ class RunStore:
                            "ORDER BY seq DESC LIMIT ?) ORDER BY seq", (run_id, last))
         rows = self._conn().execute(query, args).fetchall()
         return [BatchRecord.from_row(_typed_batch_row(tuple(r))) for r in rows]
+
+    def recent_batches(self, run_ids: Sequence[int], last: int) -> dict[int, list[BatchRecord]]:
+        """The ``last`` batches of each run, in order, in one query (a page that shows many
+        runs asks once per redraw, not once per run)."""
+        found: dict[int, list[BatchRecord]] = {run_id: [] for run_id in run_ids}
+        if not found:
+            return found
+        columns = ", ".join(BATCH_COLUMNS)
+        marks = ", ".join("?" * len(found))
+        rows = self._conn().execute(
+            f"SELECT run_id, {columns} FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY run_id "
+            f"ORDER BY seq DESC) AS newest FROM batches WHERE run_id IN ({marks})) "
+            "WHERE newest <= ? ORDER BY run_id, seq", (*found, last)).fetchall()
+        for row in rows:
+            found[row[0]].append(BatchRecord.from_row(_typed_batch_row(tuple(row)[1:])))
+        return found
 
     def resources(self, run_id: int) -> list[dict]:
         rows = self._conn().execute(

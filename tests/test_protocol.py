@@ -23,6 +23,7 @@ EXAMPLES = [
                    snippet="DataLoader(dataset)", consumer={"kind": "none"}, system=SystemSnapshot.from_dict({"cpus_usable": 2}),
                    warmup_batches=1, counting={"samples": "indices"}, torch="2.13.0"),
     protocol.Batches([ROW, ROW]),
+    protocol.LateTimings(gaps=[[3, 1.5]], copies=[[3, 0.25, None]]),
     protocol.Resources(t=0.5, procs=[{"pid": 7, "role": "main", "rss_mb": 90.0}]),
     protocol.Epoch(epoch=1, t=2.0, startup_s=0.1),
     protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),

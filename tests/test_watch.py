@@ -271,7 +271,7 @@ def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
 
 def test_a_failed_write_is_retried_not_lost(db_path, monkeypatch, capsys):
     watched = watch(shuffled(0), name="retry", db=db_path)
-    store = watched.recorder.store
+    store = watched.history.store
     real = store.record_event
     failing = {"on": True}
 

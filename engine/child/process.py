@@ -23,14 +23,14 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
 
 import psutil
 
-from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.record.sinks import PipeSink
 
 from dataloader_tuner import system
 from dataloader_tuner.settings import snippet_names, starting_config
@@ -43,8 +43,6 @@ from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
 from dataloader_tuner.protocol import RunRequest
 
-TICK_S = 0.25  # batches reach the parent at least this often
-SAMPLE_EVERY_TICKS = 2  # resource samples every 0.5 s
 WORKER_DEATH_GRACE_S = 1.0
 
 
@@ -57,42 +55,21 @@ class Hang(BaseException):
     """Raised in the main thread by SIGUSR1 when no batch arrived within the timeout."""
 
 
-class EventWriter:
-    """JSON lines to the parent on an inherited pipe; thread-safe, never raises."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()
-        self.broken = False
-
-    def send(self, event: protocol.Event) -> None:
-        data = protocol.encode(event)
-        with self.lock:
-            if self.broken:
-                return
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self.fd, view):]
-            except OSError:  # the parent is gone; the watchdog will stop us
-                self.broken = True
-
-
 class ChildRun:
-    def __init__(self, request: RunRequest, events: EventWriter) -> None:
+    def __init__(self, request: RunRequest, events: PipeSink) -> None:
         self.request = request
         self.events = events
-        self.rows: list = []  # appended to by the main thread, taken by the ticker
-        self.worker_ids: dict[int, int] = {}
-        self.stop_requested = False
-        self.finished = threading.Event()
-        self.last_progress = time.monotonic()
         self.t0 = time.monotonic()
+        # Its thread runs the watchdog too (recorder.py says why one thread); it streams batch
+        # rows and resource samples only in profile runs (a tune sends its trials).
+        self.recorder = Recorder(events, self.t0)
+        self.recorder.streaming = False
+        self.stop_requested = False
+        self.last_progress = time.monotonic()
         self.hang_info: dict | None = None
         # From the request, not os.getppid(): the parent may die before we get this far.
         self.parent_pid = request.parent_pid or os.getppid()
         self.measurement: Measurement | None = None
-        self.streaming = False  # profile runs stream batches and resource samples
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -109,7 +86,7 @@ class ChildRun:
         if os.getppid() != self.parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
             return True
-        if self.rows:  # batches arrived since the last flush
+        if self.recorder.rows:  # batches arrived since the last flush
             self.last_progress = time.monotonic()
         timeout_s = self.request.timeout_s or 0
         if timeout_s and time.monotonic() - self.last_progress > timeout_s:
@@ -125,30 +102,6 @@ class ChildRun:
             return True
         return False
 
-    def _ticker(self) -> None:
-        """The child's one helper thread: watchdog, batch flush and resource samples.
-
-        One thread waking every TICK_S, not three: with the cores saturated by workers, each
-        extra wake-up of this process delays the main thread handing out indices, which costs
-        the pipeline more than the wake-up's own CPU time.
-        """
-        sampler = None
-        tick = 0
-        while not self.finished.wait(TICK_S):
-            tick += 1
-            if self._check_watchdog():
-                return
-            if not self.streaming:
-                continue
-            self._flush()
-            if sampler is None:
-                sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
-            elif tick % SAMPLE_EVERY_TICKS == 0:
-                try:
-                    self.events.send(sampler.sample(time.monotonic() - self.t0))
-                except Exception:  # noqa: BLE001 - a sampling hiccup must not end the run
-                    pass
-
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if self.request.kind == "tune" and "suggested max number of worker" in str(message):
             return  # the tuner tries such counts on purpose and judges them by measurement
@@ -156,15 +109,6 @@ class ChildRun:
         # The text a worker's warning has in the log (output.py), so the two count as one.
         self.events.send(protocol.WarningCaught(code, f"{category.__name__}: {message}",
                                                 f"{filename}:{lineno}"))
-
-    # -- streaming threads --------------------------------------------------------------
-
-    def _flush(self) -> None:
-        # A slice and a delete, each atomic under the GIL, while the main thread appends.
-        rows = self.rows[:]
-        del self.rows[:len(rows)]
-        if rows:
-            self.events.send(protocol.Batches(rows))
 
     # -- the run ----------------------------------------------------------------------
 
@@ -177,7 +121,7 @@ class ChildRun:
         os.register_at_fork(after_in_child=lambda: setattr(warnings, "showwarning",
                                                            plain_showwarning))
         warnings.showwarning = self._warning_hook
-        threading.Thread(target=self._ticker, daemon=True).start()
+        self.recorder.start(on_tick=self._check_watchdog)
         failure: BaseException | None = None
         try:
             self._run()
@@ -193,8 +137,7 @@ class ChildRun:
                 reason, code = "error", 1
                 self._send_error(self._explain(failure))
         finally:
-            self.finished.set()
-            self._flush()
+            self.recorder.stop(sample=False)
             reap_workers()
             self._send_labels()
             self.events.send(protocol.Finished(reason, time.monotonic() - self.t0))
@@ -269,7 +212,7 @@ class ChildRun:
         if request.kind == "tune":
             self._tune(resolved, config, consumer, ready.system)
             return
-        self.streaming = True
+        self.recorder.streaming = True
         self.last_progress = time.monotonic()
         # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
         # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.
@@ -280,13 +223,12 @@ class ChildRun:
             seconds=float(request.seconds),
             # The list's own append: a method of ours here costs ~0.3 us a batch (~1% of a
             # 50 us batch); the watchdog sees progress as rows waiting to be flushed.
-            on_batch=self.rows.append,
+            on_batch=self.recorder.rows.append,
             should_stop=lambda: self.stop_requested,
-            on_epoch=lambda epoch, t, startup: self.events.send(
-                protocol.Epoch(epoch, t, startup)),
-            on_worker=self._on_worker,
+            on_epoch=self.recorder.epoch_began,
+            on_worker=self.recorder.worker_seen,
         )
-        self.t0 = time.monotonic()
+        self.t0 = self.recorder.t0 = time.monotonic()  # batch and sample times count from here
         measurement.run()
 
     def _tune(self, resolved, config, consumer, system) -> None:
@@ -298,11 +240,6 @@ class ChildRun:
 
         document = run_tune(resolved, config, consumer, system, self.request, on_trial)
         self.events.send(protocol.Tuned(document))
-
-    def _on_worker(self, pid: int, worker_id: int, probe: dict | None) -> None:
-        self.worker_ids[pid] = worker_id
-        if probe is not None:
-            self.events.send(protocol.Probe(pid, worker_id, probe))
 
     def _hang_error(self) -> RunError:
         info = self.hang_info or {}
@@ -342,7 +279,7 @@ def main() -> None:
     request = RunRequest.from_json(json.loads(sys.stdin.read()))
     if request.cwd:
         os.chdir(request.cwd)
-    code = ChildRun(request, EventWriter(int(os.environ[protocol.EVENT_FD_ENV]))).run()
+    code = ChildRun(request, PipeSink(int(os.environ[protocol.EVENT_FD_ENV]))).run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -55,6 +55,8 @@ class LiveRun:
             if self.batches:
                 last = self.batches[-1]
                 self.elapsed_s = max(self.elapsed_s, last.t_ready + last.step_s)
+        elif isinstance(event, protocol.LateTimings):
+            self._set_late_timings(event)
         elif isinstance(event, protocol.Resources):
             self.elapsed_s = max(self.elapsed_s, event.t)
             for proc in event.procs:
@@ -86,6 +88,19 @@ class LiveRun:
         elif isinstance(event, protocol.Finished):
             self.finished_reason = event.reason
             self.elapsed_s = max(self.elapsed_s, event.t)
+
+    def _set_late_timings(self, event: protocol.LateTimings) -> None:
+        """Onto their batches, found by number (rows arrive in order, numbered from the first)."""
+        first = self.batches[0].seq if self.batches else 0
+        updates: dict[int, dict] = {}
+        for seq, gap_ms in event.gaps:
+            updates.setdefault(seq, {})["gpu_gap_ms"] = gap_ms
+        for seq, ms, other_ms in event.copies:
+            updates.setdefault(seq, {}).update(h2d_ms=ms, h2d_other_ms=other_ms)
+        for seq, fields in updates.items():
+            index = seq - first
+            if 0 <= index < len(self.batches) and self.batches[index].seq == seq:
+                self.batches[index] = self.batches[index]._replace(**fields)
 
     @classmethod
     def stored(cls, store: "RunStore", run_id: int, last_batches: int | None = None) -> "LiveRun":

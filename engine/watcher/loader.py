@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from dataloader_tuner import protocol, system
-from dataloader_tuner.analyse.results import TuneResult
+from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.instrument.probes import (TimedCollate, counting_rules, samples_in,
                                                wrap_dataset)
 from dataloader_tuner.config import LoaderConfig
@@ -45,11 +45,18 @@ from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
 from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
-from dataloader_tuner.record.recorder import Recorder, process_identity
+from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.record.sinks import HistorySink
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 _names_taken: dict[str, int] = {}  # loaders watched under each name in this process
+
+
+def process_identity() -> dict:
+    """Who is training: for the history's list of watched jobs."""
+    return {"pid": os.getpid(), "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0]
+            else "<interactive>"}
 
 
 def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
@@ -94,8 +101,12 @@ class WatchedLoader:
         run_id = store.create_run("watch", who["script"], self.config.to_json_dict(),
                                   label=self.name, script=who["script"],
                                   rank=self.rank.to_dict() if self.rank else None)
-        self.recorder = Recorder(store, run_id, self.t0, gaps=StepGaps.create())
+        self.history = HistorySink(store, run_id)
+        self.recorder = Recorder(self.history, self.t0, gaps=StepGaps.create(),
+                                 own_workers_only=True)
         self.ledger = self.recorder.ledger
+        self.result: ProfileResult | None = None  # once the run has ended
+        self._ended = False
         self.recorder.start(self._ready)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
@@ -113,7 +124,7 @@ class WatchedLoader:
 
     @property
     def run_id(self) -> int:
-        return self.recorder.run_id
+        return self.history.run_id
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -155,7 +166,7 @@ class WatchedLoader:
             self.probed._iterator = None
 
     def __iter__(self):
-        if (self.recorder.tune_requested and self.search is None
+        if (self.history.tune_requested and self.search is None
                 and self.tune_off_because is None):
             self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
@@ -210,11 +221,20 @@ class WatchedLoader:
             # ranks' final reports, and its own report counts every batch.
             self.recorder.flush()
             self.reporter.finish(status)
-        return self.recorder.finish(status, error)
+        return self._end_run(status, error)
 
-    @property
-    def result(self):
-        return self.recorder.result
+    def _end_run(self, status: str, error: dict | None) -> ProfileResult | None:
+        """Write what is left, end the run and return its result (once; later calls return
+        the same result)."""
+        if self._ended:
+            return self.result
+        self._ended = True
+        self.recorder.stop()
+        try:
+            self.result = self.history.finish(status, time.monotonic() - self.t0, error)
+        except Exception:  # noqa: BLE001 - never the training job's problem
+            self.recorder.report_failure()
+        return self.result
 
     # -- per batch: the training thread's share ----------------------------------------------
 

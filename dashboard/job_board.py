@@ -1,0 +1,130 @@
+"""The Training jobs page's logic without Streamlit: which watched runs there are, their rates,
+their torchrun jobs seen whole, and asking a job to tune. Tests drive it directly.
+
+A redraw reads the runs once and the recent batches of every run it needs once
+(``RunStore.recent_batches``), however many jobs are running.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dataloader_tuner import (JobView, RankSummary, RunStore, StoredRun, job_view,
+                              summary_from_batches, window_figures)
+
+RUNS_SHOWN = 500
+RATE_WINDOW_BATCHES = 500  # a running run's samples/s in the table: its latest batches
+RANK_WINDOW_BATCHES = 2000  # each rank's figures: its most recent batches
+MEMORY_TREND_S = 300.0  # a rank's memory trend: its reports of the last minutes
+
+JobKey = tuple[str, "str | None"]  # (the torchrun job's id, the loader's name)
+
+
+@dataclass(frozen=True)
+class Board:
+    runs: list[StoredRun]  # the watched runs, newest first
+    rates: dict[int, float | None]  # samples/s by run id (see read_board)
+
+    def jobs(self) -> dict[JobKey, list[StoredRun]]:
+        """Watched runs of torchrun jobs, by (job, loader)."""
+        jobs: dict[JobKey, list[StoredRun]] = {}
+        for run in self.runs:
+            if run.rank:
+                jobs.setdefault((run.rank["job_id"], run.label), []).append(run)
+        return jobs
+
+
+def read_board(store: RunStore) -> Board:
+    """The watched runs and their samples/s: the result's, or while a run goes (its result
+    comes at its end) the rate of its latest batches."""
+    runs = [run for run in store.list_runs(RUNS_SHOWN) if run.kind == "watch"]
+    running = [run.id for run in runs if run.samples_per_s is None and run.status == "running"]
+    recent = store.recent_batches(running, RATE_WINDOW_BATCHES)
+    rates = {run.id: run.samples_per_s if run.id not in recent
+             else window_figures(recent[run.id])["samples_per_s"] for run in runs}
+    return Board(runs, rates)
+
+
+def job_of(run: StoredRun) -> str:
+    """Where a run's loader lives: its script, rank and process."""
+    rank = run.rank
+    where = (f"rank {rank['rank']}/{rank['world_size']}, node {rank['node_rank']}, "
+             if rank else "")
+    return f"{run.script or run.target} ({where}pid {run.pid} on {run.host})"
+
+
+def run_label(run: StoredRun) -> str:
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(run.started_at))
+    return f"#{run.id} {run.label or 'loader'} [{run.status}] {when}: {job_of(run)}"
+
+
+@dataclass(frozen=True)
+class ShownJob:
+    key: JobKey
+    world_size: int
+    view: JobView
+    source: str  # where its figures come from, in a sentence
+
+
+def job_views(store: RunStore, board: Board, now: float | None = None) -> list[ShownJob]:
+    """Each torchrun job of the board seen whole: from rank 0's gathered reports (every node)
+    or, without them, from its ranks' runs in this history (the ranks on this machine)."""
+    now = time.time() if now is None else now
+    shown, from_runs = [], {}
+    for key, ranks in board.jobs().items():
+        gathered = _gathered(store, ranks, now)
+        if gathered is not None:
+            shown.append(ShownJob(key, ranks[0].rank["world_size"], *gathered))
+        elif len(ranks) >= 2:
+            from_runs[key] = ranks
+    recent = store.recent_batches([run.id for ranks in from_runs.values() for run in ranks],
+                                  RANK_WINDOW_BATCHES)
+    for key, ranks in from_runs.items():
+        latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
+            run.label or "loader", run.rank, run.host or "", run.pid or 0, run.status,
+            (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
+            recent[run.id])) for run in ranks]
+        shown.append(ShownJob(
+            key, ranks[0].rank["world_size"],
+            job_view(latest, now, any(run.status == "running" for run in ranks)),
+            "From each rank's own run in this history (the ranks on this machine; rank 0 "
+            "gathers every node's once the job's store is reachable)."))
+    return shown
+
+
+def _gathered(store: RunStore, ranks: list[StoredRun], now: float
+              ) -> tuple[JobView, str] | None:
+    """The job as its rank 0 gathered it through the job's own store, if it did."""
+    for gatherer in ranks:
+        if gatherer.rank["rank"] != 0:
+            continue
+        latest = store.rank_reports(gatherer.id)
+        if not latest:
+            continue
+        collecting = gatherer.status == "running"
+        # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
+        seen_at = now if collecting else max(
+            [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])
+        series: dict[int, list[RankSummary]] = {}
+        for _, report in store.rank_reports(gatherer.id, latest=False,
+                                            since=seen_at - MEMORY_TREND_S):
+            series.setdefault(report.rank, []).append(report)
+        return (job_view(latest, seen_at, collecting, series),
+                f"Gathered by rank 0 (run #{gatherer.id}) through the job's own "
+                "torch.distributed store: every rank reports every 2 s, on every node.")
+    return None
+
+
+def request_tune(store: RunStore, run: StoredRun) -> list[int]:
+    """Ask the job to tune in place; returns the runs asked. A torchrun job's loader is tuned by
+    node, its ranks together (local rank 0 leads), so every running rank of the job in this
+    history is asked."""
+    asked = [run.id]
+    if run.rank:
+        asked = [other.id for other in store.list_runs(RUNS_SHOWN)
+                 if other.rank and other.status == "running" and other.label == run.label
+                 and other.rank["job_id"] == run.rank["job_id"]] or asked
+    for run_id in asked:
+        store.request_tune(run_id)
+    return asked

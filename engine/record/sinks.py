@@ -1,0 +1,81 @@
+"""Where a recorder's events go (record/recorder.py): the engine child's pipe to its parent, or
+the run history a watched training job writes. A sink writes a flush's events in order or
+raises; what to do then (report once, keep them for the next flush, cap the backlog) is the
+recorder's one policy."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from typing import Protocol, Sequence
+
+from dataloader_tuner import protocol
+from dataloader_tuner.analyse.results import ProfileResult
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.store import RunStore
+
+# A watched run's final result covers at most this many recent batches (a week-long job makes
+# millions); every batch is still written to the history.
+KEPT_BATCHES = 100_000
+
+
+class Sink(Protocol):
+    where: str  # named when a write fails
+
+    def write(self, events: Sequence[protocol.Event]) -> None:
+        """All of ``events``, in order, or raise (the recorder keeps them for the next flush)."""
+
+
+class PipeSink:
+    """JSON lines to the engine's parent on an inherited pipe; thread-safe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.where = f"the event pipe (fd {fd})"
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def write(self, events: Sequence[protocol.Event]) -> None:
+        data = b"".join(protocol.encode(event) for event in events)
+        with self.lock:
+            if self.broken:  # the parent is gone: the child's watchdog stops the run
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.fd, view):]
+            except OSError:
+                self.broken = True
+
+    def send(self, event: protocol.Event) -> None:
+        """One event now, from any thread (a warning, an error, the run's end); never raises."""
+        self.write([event])
+
+
+class HistorySink:
+    """A watched loader's run in the history (SQLite), written as the engine's own runs are (the
+    same events, the same tables), with a heartbeat each flush: a job killed outright leaves its
+    run readable up to the last flush, and marked "lost" once its process is gone."""
+
+    def __init__(self, store: RunStore, run_id: int) -> None:
+        self.store, self.run_id = store, run_id
+        self.where = store.path
+        self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
+
+    def write(self, events: Sequence[protocol.Event]) -> None:
+        for event in events:
+            self.store.record_event(self.run_id, event)
+        self.store.heartbeat(self.run_id)
+        if not self.tune_requested:
+            self.tune_requested = self.store.tune_requested(self.run_id)
+
+    def finish(self, status: str, elapsed_s: float, error: dict | None) -> ProfileResult:
+        """End the run and return its result, summarised from what was written (not kept in
+        memory while training: the training thread never pays for the summary's bookkeeping)."""
+        self.store.record_event(self.run_id, protocol.Finished(
+            "error" if status == "error" else "done", elapsed_s))
+        live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
+        result = replace(live.summary(status), error=error, run_id=self.run_id)
+        self.store.finish_run(self.run_id, status, result, error)
+        return result

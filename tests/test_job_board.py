@@ -1,0 +1,91 @@
+"""The Training jobs page's logic (dashboard/job_board.py) against a real history: rates of
+running runs, torchrun jobs grouped by job and loader, and asking a job to tune."""
+
+import sqlite3
+
+from dataloader_tuner import LiveRun, RunStore, protocol
+from dataloader_tuner.dashboard import job_board
+
+from .records import make_batches
+
+
+def _rank(rank: int, job: str = "job-1", world: int = 2) -> dict:
+    return {"rank": rank, "world_size": world, "local_rank": rank, "local_world_size": world,
+            "node_rank": 0, "job_id": job}
+
+
+def _watched(store: RunStore, label: str = "train", rank: dict | None = None,
+             batches: int = 40, period_s: float = 0.01) -> int:
+    run_id = store.create_run("watch", "train.py", {}, label=label, script="train.py",
+                              rank=rank)
+    store.record_event(run_id, protocol.Batches(
+        [b.to_row() for b in make_batches(batches, period_s=period_s)]))
+    return run_id
+
+
+def _queries(store: RunStore) -> list[str]:
+    """Every SQL statement the store's connection (this thread's) runs from now on."""
+    seen: list[str] = []
+    conn: sqlite3.Connection = store._conn()
+    conn.set_trace_callback(seen.append)
+    return seen
+
+
+def test_recent_batches_are_each_run_s_last_ones_in_order(tmp_path):
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    first, second = _watched(store, batches=30), _watched(store, batches=5)
+    recent = store.recent_batches([first, second, 999], last=10)
+    assert [b.seq for b in recent[first]] == list(range(20, 30))
+    assert [b.seq for b in recent[second]] == list(range(5))
+    assert recent[999] == [] and store.recent_batches([], 10) == {}
+    assert recent[first] == store.batches(first, last=10)
+
+
+def test_the_board_reads_every_running_run_s_rate_in_one_query(tmp_path):
+    """Three running runs at 8 samples per 10 ms and one ended with its result: one query for
+    the runs and one for all the running ones' batches, however many run."""
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    running = [_watched(store) for _ in range(3)]
+    ended = _watched(store, period_s=0.02)
+    store.finish_run(ended, "ok", LiveRun.stored(store, ended).summary("ok"), None)
+    store.create_run("profile", "data.py", {})  # the engine's own runs are not on this page
+    seen = _queries(store)
+    board = job_board.read_board(store)
+    assert [run.id for run in board.runs] == [ended, *running[::-1]]  # newest first
+    selects = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == 2, selects
+    for run_id in running:
+        assert abs(board.rates[run_id] - 800) < 40, board.rates  # 8 samples every 10 ms
+    assert board.rates[ended] == board.runs[0].samples_per_s
+    assert abs(board.rates[ended] - 400) < 20
+
+
+def test_a_torchrun_job_is_grouped_by_job_and_loader_and_seen_from_its_ranks(tmp_path):
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    for rank in (0, 1):
+        _watched(store, "train", _rank(rank))
+        _watched(store, "val", _rank(rank))
+    _watched(store, "train", _rank(0, job="job-2", world=4))  # one rank: no job view yet
+    _watched(store, "train")  # not a torchrun job
+    board = job_board.read_board(store)
+    assert {key: len(ranks) for key, ranks in board.jobs().items()} == {
+        ("job-1", "val"): 2, ("job-1", "train"): 2, ("job-2", "train"): 1}
+    seen = _queries(store)
+    shown = job_board.job_views(store, board)
+    assert sorted(job.key for job in shown) == [("job-1", "train"), ("job-1", "val")]
+    for job in shown:
+        assert [r.summary.rank for r in job.view.ranks] == [0, 1] and job.world_size == 2
+        assert "each rank's own run" in job.source
+    batch_reads = [q for q in seen if "FROM batches" in q]
+    assert len(batch_reads) == 1, batch_reads  # every rank's batches at once
+
+
+def test_asking_a_job_to_tune_asks_every_running_rank_of_that_loader(tmp_path):
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    train = [_watched(store, "train", _rank(rank)) for rank in (0, 1)]
+    val = _watched(store, "val", _rank(0))
+    alone = _watched(store, "train")
+    asked = job_board.request_tune(store, store.get_run(train[1]))
+    assert sorted(asked) == train
+    assert [store.tune_requested(r) for r in (*train, val, alone)] == [True, True, False, False]
+    assert job_board.request_tune(store, store.get_run(alone)) == [alone]

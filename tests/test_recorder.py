@@ -1,0 +1,96 @@
+"""One recorder for the engine's child and a watched loader (record/recorder.py): what it
+writes to its sink, in what order, and its one policy when the sink cannot be written."""
+
+import time
+
+import pytest
+
+from dataloader_tuner import protocol
+from dataloader_tuner.record import recorder as recording
+from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.run.live import LiveRun
+
+from .records import make_batches
+
+
+class ListSink:
+    """A sink into a list that fails while ``failing`` is set."""
+
+    where = "a test list"
+
+    def __init__(self) -> None:
+        self.written: list = []
+        self.failing = False
+
+    def write(self, events):
+        if self.failing:
+            raise OSError("disk full")
+        self.written.extend(events)
+
+
+def _rows(first: int, n: int) -> list[tuple]:
+    return [b._replace(seq=first + i).to_row() for i, b in enumerate(make_batches(n))]
+
+
+def test_events_go_before_the_rows_and_late_timings_wait_for_their_rows():
+    sink = ListSink()
+    recorder = Recorder(sink, time.monotonic())
+    recorder.epoch_began(0, 0.0, 0.05)
+    recorder.rows.extend(_rows(0, 3))
+    recorder.gaps.extend([(2, 1.5), (3, 2.5)])  # batch 3's row has not come yet
+    recorder.flush()
+    assert [type(e).kind for e in sink.written] == ["epoch", "batches", "late_timings"]
+    assert sink.written[2].gaps == [(2, 1.5)] and recorder.gaps == [(3, 2.5)]
+    recorder.rows.extend(_rows(3, 1))
+    recorder.copies.append((3, 0.4, None))
+    recorder.flush()
+    assert sink.written[-1] == protocol.LateTimings([(3, 2.5)], [(3, 0.4, None)])
+    assert not recorder.gaps and not recorder.copies and len(recorder.recent) == 4
+
+
+def test_a_failed_write_is_reported_once_kept_and_capped(monkeypatch, capsys):
+    monkeypatch.setattr(recording, "MAX_BACKLOG", 5)
+    sink = ListSink()
+    recorder = Recorder(sink, time.monotonic())
+    sink.failing = True
+    recorder.rows.extend(_rows(0, 4))
+    recorder.flush()
+    recorder.rows.extend(_rows(4, 4))
+    recorder.flush()
+    err = capsys.readouterr().err
+    assert err.count("could not write the measurements to a test list") == 1
+    assert [row[0] for row in recorder.rows] == [3, 4, 5, 6, 7]  # the newest MAX_BACKLOG
+    sink.failing = False
+    recorder.flush()
+    assert [row[0] for row in sink.written[0].rows] == [3, 4, 5, 6, 7] and not recorder.rows
+
+
+def test_the_thread_flushes_every_tick_samples_every_second_and_runs_on_tick(monkeypatch):
+    monkeypatch.setattr(recording, "FLUSH_S", 0.02)
+    sink, ticks = ListSink(), []
+    recorder = Recorder(sink, time.monotonic()).start(
+        first=lambda: protocol.Finished("first", 0.0), on_tick=lambda: ticks.append(1) and False)
+    recorder.rows.extend(_rows(0, 2))
+    time.sleep(0.3)
+    recorder.stop(sample=False)
+    kinds = [type(e).kind for e in sink.written]
+    assert kinds[0] == "finished" and kinds.count("batches") == 1
+    assert kinds.count("resources") >= 3 and len(ticks) >= 5
+    assert not recorder._thread.is_alive()
+
+
+def test_a_tick_that_says_stop_ends_the_thread(monkeypatch):
+    monkeypatch.setattr(recording, "FLUSH_S", 0.01)
+    recorder = Recorder(ListSink(), time.monotonic()).start(on_tick=lambda: True)
+    recorder._thread.join(2.0)
+    assert not recorder._thread.is_alive()
+
+
+@pytest.mark.parametrize("first", [0, 40])
+def test_a_live_run_puts_late_timings_on_their_batches(first):
+    live = LiveRun("t")
+    live.apply(protocol.Batches(_rows(first, 5)))
+    live.apply(protocol.LateTimings([(first + 1, 2.0), (first + 9, 1.0)],
+                                    [(first + 4, 0.5, 0.9)]))
+    assert [b.gpu_gap_ms for b in live.batches] == [None, 2.0, None, None, None]
+    assert (live.batches[4].h2d_ms, live.batches[4].h2d_other_ms) == (0.5, 0.9)
