@@ -155,11 +155,11 @@ def idle_gaps_figure(batches: Sequence[BatchRecord], gpu_measured: bool) -> go.F
     """The gaps the step waits for input: GPU gaps from CUDA events, else the consumer's waits."""
     if gpu_measured:
         timed = [b for b in batches if b.gpu_gap_ms is not None]
-        gaps = [b.gpu_gap_ms for b in timed]
+        gaps = [b.gpu_gap_ms for b in batches if b.gpu_gap_ms is not None]
         title = "GPU idle gaps: time the GPU waited for the next batch"
         axis = "GPU idle gap (ms)"
     else:
-        timed = batches
+        timed = list(batches)
         gaps = [b.wait_s * 1000 for b in timed]
         title = "GPU idle gaps (no GPU): the consumer's waits instead"
         axis = "consumer idle gap (ms)"

@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import StoredRun, chrome_trace
+from dataloader_tuner import ProfileResult, StoredRun, chrome_trace
 
 from . import charts, views
 from .shared import get_jobs
@@ -35,8 +35,13 @@ def _table(runs: list[StoredRun]) -> None:
     st.dataframe(rows, hide_index=True)
 
 
+def _measured(run: StoredRun) -> ProfileResult | None:
+    """The figures of a run that measured one setting (a tune's result has none)."""
+    return run.result if isinstance(run.result, ProfileResult) else None
+
+
 def _side(run: StoredRun) -> None:
-    result = run.result
+    result = _measured(run)
     st.markdown(f"**{_label(run)}**")
     if result is not None and result.snippet:
         st.code(result.snippet, language="python")
@@ -71,6 +76,8 @@ def render() -> None:
     first = cols[0].selectbox("Run A", ids, index=min(1, len(ids) - 1),
                               format_func=lambda i: _label(measured[i]))
     second = cols[1].selectbox("Run B", ids, index=0, format_func=lambda i: _label(measured[i]))
+    if first is None or second is None:  # only with no options, which is returned above
+        return
     with cols[0]:
         _side(measured[first])
     with cols[1]:
@@ -78,7 +85,7 @@ def render() -> None:
     batches = {run_id: store.batches(run_id) for run_id in {first, second}}
     series = []
     for run_id in (first, second):
-        result = measured[run_id].result
+        result = _measured(measured[run_id])
         series.append((f"run {run_id}", batches[run_id],
                        result.warmup_batches if result is not None else 0))
     st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series]),
@@ -89,8 +96,10 @@ def render() -> None:
     st.caption("Chrome trace JSON: workers and the main process on one timeline. Open it in "
                "https://ui.perfetto.dev or chrome://tracing.")
     chosen = st.selectbox("Run to export", ids, format_func=lambda i: _label(measured[i]))
-    trace = chrome_trace(batches[chosen] if chosen in batches else store.batches(chosen), store.resources(chosen),
-                         label=f"run {chosen}: {measured[chosen].target}")
+    if chosen is None:
+        return
+    trace = chrome_trace(batches[chosen] if chosen in batches else store.batches(chosen),
+                         store.resources(chosen), label=f"run {chosen}: {measured[chosen].target}")
     st.download_button("Download Perfetto trace", json.dumps(trace),
                        file_name=f"dataloader-tuner-run-{chosen}.trace.json",
                        mime="application/json")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from dataloader_tuner import (JobView, RankSummary, RunStore, StoredRun, job_view,
                               summary_from_batches, window_figures)
@@ -71,33 +72,39 @@ def job_views(store: RunStore, board: Board, now: float | None = None) -> list[S
     """Each torchrun job of the board seen whole: from rank 0's gathered reports (every node)
     or, without them, from its ranks' runs in this history (the ranks on this machine)."""
     now = time.time() if now is None else now
-    shown, from_runs = [], {}
+    shown: list[ShownJob] = []
+    from_runs: dict[JobKey, list[StoredRun]] = {}
     for key, ranks in board.jobs().items():
         gathered = _gathered(store, ranks, now)
         if gathered is not None:
-            shown.append(ShownJob(key, ranks[0].rank["world_size"], *gathered))
+            shown.append(ShownJob(key, _place(ranks[0])["world_size"], *gathered))
         elif len(ranks) >= 2:
             from_runs[key] = ranks
     recent = store.recent_batches([run.id for ranks in from_runs.values() for run in ranks],
                                   RANK_WINDOW_BATCHES)
     for key, ranks in from_runs.items():
         latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
-            run.label or "loader", run.rank, run.host or "", run.pid or 0, run.status,
+            run.label or "loader", _place(run), run.host or "", run.pid or 0, run.status,
             (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
             recent[run.id])) for run in ranks]
         shown.append(ShownJob(
-            key, ranks[0].rank["world_size"],
+            key, _place(ranks[0])["world_size"],
             job_view(latest, now, any(run.status == "running" for run in ranks)),
             "From each rank's own run in this history (the ranks on this machine; rank 0 "
             "gathers every node's once the job's store is reachable)."))
     return shown
 
 
+def _place(run: StoredRun) -> dict[str, Any]:
+    """The run's place in its torchrun job (only such runs are grouped into jobs)."""
+    return run.rank or {}
+
+
 def _gathered(store: RunStore, ranks: list[StoredRun], now: float
               ) -> tuple[JobView, str] | None:
     """The job as its rank 0 gathered it through the job's own store, if it did."""
     for gatherer in ranks:
-        if gatherer.rank["rank"] != 0:
+        if _place(gatherer)["rank"] != 0:
             continue
         latest = store.rank_reports(gatherer.id)
         if not latest:

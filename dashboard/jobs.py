@@ -16,9 +16,13 @@ import os
 import threading
 import time
 
-from dataloader_tuner import (LiveRun, LoaderConfig, Result, RunHandle, RunRequest, RunStore,
-                              Verification, inspect_target, recommended_settings)
+from typing import Callable, TypeVar
 
+from dataloader_tuner import (LiveRun, LoaderConfig, ProfileResult, RunHandle, RunRequest,
+                              Inspection, RunStore, TuneResult, Verification, inspect_target,
+                              recommended_settings)
+
+R = TypeVar("R", ProfileResult, TuneResult)
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
 # While a run streams, the live view recomputes its figures every second. Over a whole
 # 100k-batch run that would cost the server most of a core, so a running run is shown over its
@@ -42,18 +46,29 @@ class Jobs:
         self.started_any = False
         self.last_request: RunRequest | None = None  # what a new tab opens on
         self._lock = threading.Lock()
-        self._inspections: dict[tuple, tuple[float, dict]] = {}
-        self._summaries: dict[RunHandle, Result] = {}
+        self._inspections: dict[tuple[str, float | None], tuple[float, Inspection]] = {}
+        self._profiles: dict[RunHandle, ProfileResult] = {}
+        self._tunes: dict[RunHandle, TuneResult] = {}
         atexit.register(self.stop_all)
 
-    def summary(self, handle: RunHandle) -> Result:
+    def profile_summary(self, handle: RunHandle) -> ProfileResult:
+        """A profile or verification run's result (see _summary)."""
+        return self._summary(handle, LiveRun.profile_summary, self._profiles)
+
+    def tune_summary(self, handle: RunHandle) -> TuneResult:
+        """A tune's result (see _summary)."""
+        return self._summary(handle, LiveRun.tune_summary, self._tunes)
+
+    @staticmethod
+    def _summary(handle: RunHandle, summarize: Callable[[LiveRun, str], R],
+                 done: dict[RunHandle, R]) -> R:
         """The run's result; computed once when the run is over (it is then final).
         While it runs, over its last ``LIVE_WINDOW_BATCHES`` batches only (see live_view)."""
         if not handle.state.done:
-            return live_view(handle).summary(handle.state.value)
-        if handle not in self._summaries:  # keyed by the handle itself: ids get reused
-            self._summaries[handle] = handle.live.summary(handle.state.value)
-        return self._summaries[handle]
+            return summarize(live_view(handle), handle.state.value)
+        if handle not in done:  # keyed by the handle itself: ids get reused
+            done[handle] = summarize(handle.live, handle.state.value)
+        return done[handle]
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -65,7 +80,7 @@ class Jobs:
     def start_run(self, request: RunRequest) -> RunHandle:
         with self._lock:
             self._stop_jobs()
-            self._summaries.clear()
+            self._profiles.clear()
             self.run = RunHandle(self._with_tuned_workers(request), self.store).start()
             self.last_request = request
             self.applied = None
@@ -100,7 +115,7 @@ class Jobs:
         tune = self.tune
         if tune is None or not tune.state.done or tune.request.target != request.target:
             return request
-        recommended = (self.summary(tune).recommended or {}).get("num_workers")
+        recommended = (self.tune_summary(tune).recommended or {}).get("num_workers")
         if recommended is None or request.settings.get("num_workers") != recommended:
             return request
         return dataclasses.replace(request, tuned_workers=recommended)
@@ -128,8 +143,8 @@ class Jobs:
 
     # -- checking a target -----------------------------------------------------------------
 
-    def inspect(self, target: str) -> dict:
-        """What the target resolves to: ``{"status": "ok", "dataset": ...}`` or an error.
+    def inspect(self, target: str) -> Inspection:
+        """What the target resolves to: its dataset card, or the error that stopped it.
 
         Resolved in a short-lived child process, never in the server: importing the user's
         module may crash, hang or print, and must not take the dashboard with it. Cached per

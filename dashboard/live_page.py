@@ -15,7 +15,8 @@ import time
 import streamlit as st
 
 from dataloader_tuner import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
-                              DEFAULT_TIMEOUT_S, RunHandle, check_claim, settings_file, speedup_text)
+                              DEFAULT_TIMEOUT_S, Inspection, RunHandle, check_claim, settings_file,
+                              speedup_text)
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,
@@ -71,8 +72,14 @@ def _tune(jobs: Jobs) -> None:
     jobs.start_tune(tune_request(st.session_state.target.strip(), controls()))
 
 
+def _stop(jobs: Jobs) -> None:
+    jobs.stop_in_background()  # the page does not wait for the stop (up to 2 s)
+
+
 def _apply(jobs: Jobs, recommended: dict) -> None:
     """Put the recommendation into the controls and verify it against the settings it replaces."""
+    if jobs.tune_request is None:  # the button shows only under a tune's recommendation
+        return
     before, after = verification_requests(jobs.tune_request, recommended,
                                           float(st.session_state.ctl_verify_seconds))
     _set_controls(controls_from_settings(after.settings))
@@ -86,38 +93,38 @@ def _set_controls(values: dict) -> None:
 
 # -- page parts --------------------------------------------------------------------------------
 
-def _dataset_card(info: dict) -> None:
-    if info["status"] != "ok":
-        views.error_card(info["error"])
+def _dataset_card(info: Inspection) -> None:
+    ds = info.dataset
+    if ds is None:
+        views.error_card(info.error or {"message": "The module could not be checked."})
         return
-    ds = info["dataset"]
-    length = "unknown length (IterableDataset)" if ds["length"] is None else f"{ds['length']} samples"
+    length = "unknown length (IterableDataset)" if ds.length is None else f"{ds.length} samples"
     sample = ""
-    if ds["sample"] is not None:
-        size = f", {ds['sample_bytes'] / 1024:.1f} KiB" if ds["sample_bytes"] else ""
-        sample = f"; sample 0: `{json.dumps(ds['sample'])}`{size}"
+    if ds.sample is not None:
+        size = f", {ds.sample_bytes / 1024:.1f} KiB" if ds.sample_bytes else ""
+        sample = f"; sample 0: `{json.dumps(ds.sample)}`{size}"
     extras = [name for flag, name in (
-        (ds["has_train_step"], "train_step"), (ds["has_collate_fn"], "collate_fn"),
-        (ds["has_sampler"], "a sampler"),
-        (ds.get("defines_batch_size"), f"batch_size={ds['module_batch_size']}"),
-        (ds.get("has_dataloader_kwargs"), "dataloader_kwargs (the controls start from them)"))
+        (ds.has_train_step, "train_step"), (ds.has_collate_fn, "collate_fn"),
+        (ds.has_sampler, "a sampler"),
+        (ds.defines_batch_size, f"batch_size={ds.module_batch_size}"),
+        (ds.has_dataloader_kwargs, "dataloader_kwargs (the controls start from them)"))
         if flag]
-    st.success(f"Found **{ds['class']}** ({ds['kind']}-style, via `{ds['found_as']}`): "
+    st.success(f"Found **{ds.class_name}** ({ds.kind}-style, via `{ds.found_as}`): "
                f"{length}{sample}" + (f". Module also defines: {', '.join(extras)}." if extras
                                       else "."), icon="✅")
 
 
-def _sync_controls(info: dict) -> list[str]:
+def _sync_controls(info: Inspection) -> list[str]:
     """Follow the module: when a new target is checked, the controls show its own settings
     (batch_size, dataloader_kwargs), so "current settings" mean the same here and in the CLI."""
-    if info["status"] != "ok":
+    ds = info.dataset
+    if ds is None:
         return list(CONSUMERS)
-    ds = info["dataset"]
-    if st.session_state.get("synced_target") != ds["target"]:
-        st.session_state.synced_target = ds["target"]
-        _set_controls(controls_from_settings(info.get("config") or {}))
-        st.session_state.ctl_consumer = "train_step" if ds["has_train_step"] else "none"
-    options = [c for c in CONSUMERS if c != "train_step" or ds["has_train_step"]]
+    if st.session_state.get("synced_target") != ds.target:
+        st.session_state.synced_target = ds.target
+        _set_controls(controls_from_settings(info.config or {}))
+        st.session_state.ctl_consumer = "train_step" if ds.has_train_step else "none"
+    options = [c for c in CONSUMERS if c != "train_step" or ds.has_train_step]
     if st.session_state.ctl_consumer not in options:
         st.session_state.ctl_consumer = options[0]
     return options
@@ -163,10 +170,10 @@ def _sidebar(consumer_options: list[str]) -> None:
                      help="Apply measures the old and the new settings twice each, A B A B.")
 
 
-def _autostart(jobs: Jobs, info: dict) -> None:
+def _autostart(jobs: Jobs, info: Inspection) -> None:
     """The first open of a fresh server starts the demo, so something real runs at once."""
     if (os.environ.get(AUTOSTART_ENV, "1") != "0" and not jobs.started_any
-            and info["status"] == "ok" and st.session_state.target == DEMO_TARGET):
+            and info.ok and st.session_state.target == DEMO_TARGET):
         _start(jobs)
 
 
@@ -185,34 +192,34 @@ def _applied_block(jobs: Jobs) -> None:
     if verification.state == "stopped":
         st.warning("**Applied**, but the verification was stopped before it finished.")
         return
-    before, after = result["before"], result["after"]
-    speedup = result["speedup"]
+    before, after = result.before, result.after
+    speedup = result.speedup
     st.caption(f"Applied to `{jobs.applied['target']}`: "
                + ", ".join(f"{k}={v!r}" for k, v in jobs.applied["after"].items()))
-    if before["config"] == after["config"]:
+    if before.config == after.config:
         st.caption("The recommended settings are the ones you already had: this measures the "
                    "run-to-run noise of this machine.")
     idle = ""
-    if before["consumer_idle_frac"] is not None and after["consumer_idle_frac"] is not None:
-        idle = (f" Consumer idle {before['consumer_idle_frac'] * 100:.1f} % before, "
-                f"{after['consumer_idle_frac'] * 100:.1f} % after.")
-    st.success(f"**Applied.** Measured {views.fmt(after['samples_per_s'])} samples/s with the new "
-               f"settings vs {views.fmt(before['samples_per_s'])} before: "
-               f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result['rounds']} runs each, "
+    if before.consumer_idle_frac is not None and after.consumer_idle_frac is not None:
+        idle = (f" Consumer idle {before.consumer_idle_frac * 100:.1f} % before, "
+                f"{after.consumer_idle_frac * 100:.1f} % after.")
+    st.success(f"**Applied.** Measured {views.fmt(after.samples_per_s)} samples/s with the new "
+               f"settings vs {views.fmt(before.samples_per_s)} before: "
+               f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result.rounds} runs each, "
                f"interleaved).{idle}", icon="✅")
-    tuned = jobs.summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done else None
+    tuned = (jobs.tune_summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done
+             else None)
     verdict = check_claim(tuned.baseline if tuned is not None else None, speedup)
     if verdict:
         st.caption(verdict)
     cols = st.columns(2)
-    for col, arm in zip(cols, ("before", "after")):
-        data = result[arm]
-        idle = data["consumer_idle_frac"]
-        col.markdown(f"**{arm.capitalize()}**: `{data['snippet']}`")
-        col.metric(f"{arm}: samples/s", views.fmt(data["samples_per_s"]))
-        col.caption("rounds: " + ", ".join(f"{r:.1f}" for r in data["samples_per_s_rounds"])
-                    + ("" if idle is None else f"; consumer idle {idle * 100:.1f} %")
-                    + f"; saved as runs {', '.join(map(str, data['run_ids']))}")
+    for col, (arm, data) in zip(cols, (("before", before), ("after", after))):
+        arm_idle = data.consumer_idle_frac
+        col.markdown(f"**{arm.capitalize()}**: `{data.snippet}`")
+        col.metric(f"{arm}: samples/s", views.fmt(data.samples_per_s))
+        col.caption("rounds: " + ", ".join(f"{r:.1f}" for r in data.samples_per_s_rounds)
+                    + ("" if arm_idle is None else f"; consumer idle {arm_idle * 100:.1f} %")
+                    + f"; saved as runs {', '.join(map(str, data.run_ids))}")
     runs = [(f"{arm} (run {h.run_id})", list(h.live.batches)) for arm, h in verification.runs[-2:]]
     st.plotly_chart(charts.compare_throughput_figure(runs), key="applied-compare")
 
@@ -221,10 +228,10 @@ def _recommendation_block(jobs: Jobs) -> None:
     tune = jobs.tune
     if tune is None or not tune.state.done:
         return
-    tuned = jobs.summary(tune)
+    tuned = jobs.tune_summary(tune)
     st.subheader("Recommendation")
     if tuned.failed:
-        views.error_card(tuned.error, tune.output_tail())
+        views.error_card(tuned.error or {"message": "The tune failed."}, tune.output_tail())
         return
     if not tuned.recommended:
         st.warning("Tuning was stopped before it reached a recommendation.")
@@ -274,7 +281,7 @@ def _tune_progress(tune: RunHandle) -> None:
 
 def _run_view(jobs: Jobs, handle: RunHandle) -> None:
     state = handle.state
-    result = jobs.summary(handle)
+    result = jobs.profile_summary(handle)
     label = f" ({handle.request.label})" if handle.request.label else ""
     title = f"Run {handle.run_id}{label}: `{handle.request.target}`"
     if state.done:
@@ -340,11 +347,11 @@ def render() -> None:
     _dataset_card(info)
     _sidebar(_sync_controls(info))
     _autostart(jobs, info)
-    ready = info["status"] == "ok"
+    ready = info.ok
     busy = jobs.busy()
     cols = st.columns([1, 1, 1, 6])
     cols[0].button("Start", type="primary", on_click=_start, args=(jobs,), disabled=not ready)
-    cols[1].button("Stop", on_click=jobs.stop_in_background, disabled=not busy)
+    cols[1].button("Stop", on_click=_stop, args=(jobs,), disabled=not busy)
     cols[2].button("Tune", on_click=_tune, args=(jobs,), disabled=not ready)
     _applied_block(jobs)
     _recommendation_block(jobs)

@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import LiveRun
+from dataloader_tuner import LiveRun, ProfileResult, RunStore, StoredRun
 
 from . import job_board, views
 from .shared import get_jobs
@@ -34,7 +34,7 @@ def _run_view(run_id: int) -> None:
         return
     running = run.status == "running"
     live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
-    result = run.result if run.result is not None else live.summary(
+    result = run.result if isinstance(run.result, ProfileResult) else live.profile_summary(
         "ok" if run.status in ("running", "lost") else run.status)
     st.markdown(f"**{run.label or 'loader'}** in `{job_board.job_of(run)}`: **{run.status}**, "
                 f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
@@ -47,7 +47,7 @@ def _run_view(run_id: int) -> None:
     if running:
         requested = store.tune_requested(run_id)
         st.button("Tune this job" if not requested else "Tuning requested", key=f"tune-{run_id}",
-                  disabled=requested, on_click=job_board.request_tune, args=(store, run),
+                  disabled=requested, on_click=_request_tune, args=(store, run),
                   help="The job tries worker counts in place from its next epoch, judged by its "
                        "own training loop, keeps the best and saves it (dataloader-tuner-"
                        "NAME.json in its working folder). What the model sees does not change.")
@@ -64,6 +64,10 @@ def _run_view(run_id: int) -> None:
     views.warnings_list(result.warnings)
     st.markdown("**System**")
     views.system_panel(result.system, live=running)
+
+
+def _request_tune(store: RunStore, run: StoredRun) -> None:
+    job_board.request_tune(store, run)
 
 
 def _tuning_log(trials: list[dict]) -> None:
@@ -152,6 +156,8 @@ def render() -> None:
     running = [run.id for run in board.runs if run.status == "running"]
     labels = {run.id: job_board.run_label(run) for run in board.runs}
     chosen = st.selectbox("Run", ids, index=ids.index(running[0]) if running else 0,
-                          format_func=labels.get, key="watched_run")
+                          format_func=labels.__getitem__, key="watched_run")
+    if chosen is None:  # only with no runs, which is returned above
+        return
     is_running = next(run for run in board.runs if run.id == chosen).status == "running"
     st.fragment(_run_view, run_every=REFRESH_S if is_running else None)(chosen)

@@ -28,7 +28,8 @@ from dataloader_tuner.errors import ConfigError, EngineError, RunError, TargetEr
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S, RunRequest)
 from dataloader_tuner.run.live import LiveRun
-from dataloader_tuner.run.runner import RunHandle, RunState, inspect_target, run_to_completion
+from dataloader_tuner.run.runner import (Inspection, RunHandle, RunState, inspect_target,
+                                         run_to_completion)
 from dataloader_tuner.store import RunStore, StoredRun, default_db_path
 from dataloader_tuner.run.verify import Verification, check_claim
 from dataloader_tuner.settings import load_settings, recommended_settings, settings_file
@@ -49,7 +50,7 @@ __all__ = [
     # watch a training job
     "watch",
     # start and follow runs
-    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "LiveRun",
+    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "Inspection", "LiveRun",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "Verification", "check_claim",
     # the run history

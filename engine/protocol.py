@@ -34,8 +34,9 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import Any, Callable, ClassVar, Sequence, Union
 
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
@@ -55,7 +56,7 @@ class RunRequest:
     target: str
     # DataLoader settings the caller chose (JSON-safe); the rest are the module's own (see
     # settings.py). Empty: exactly what the module declares.
-    settings: dict = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
     step_ms: float | None = None  # None: the module's train_step if any, else no consumer
     seconds: float = DEFAULT_SECONDS
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -80,14 +81,14 @@ class RunRequest:
         """profile and verify runs stream batches; tune runs trials; inspect only loads."""
         return self.kind in ("profile", "verify")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["cwd"] = self.cwd or os.getcwd()
         doc["parent_pid"] = self.parent_pid or os.getpid()
         return doc
 
     @classmethod
-    def from_json(cls, doc: dict) -> "RunRequest":
+    def from_json(cls, doc: dict[str, Any]) -> "RunRequest":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(doc) - known
         if unknown:  # a parent and child from different versions of the engine
@@ -102,20 +103,22 @@ class Ready:
     kind: ClassVar[str] = "ready"
     mode: str  # the request's kind as the child runs it: "profile" | "tune" | "inspect"
     pid: int
-    dataset: dict
-    config: dict
+    dataset: DatasetCard
+    config: dict[str, Any]
     snippet: str
-    consumer: dict
+    consumer: dict[str, Any]
     system: SystemSnapshot
     warmup_batches: int
-    counting: dict | None = None
+    counting: dict[str, Any] | None = None
     torch: str | None = None
 
     @classmethod
-    def from_wire(cls, doc: dict) -> "Ready":
+    def from_wire(cls, doc: dict[str, Any]) -> "Ready":
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in doc.items() if k in fields and k != "system"},
-                   system=SystemSnapshot.from_dict(doc["system"]))
+        typed = ("system", "dataset")
+        return cls(**{k: v for k, v in doc.items() if k in fields and k not in typed},
+                   system=SystemSnapshot.from_dict(doc["system"]),
+                   dataset=DatasetCard.from_dict(doc["dataset"]))
 
 
 @dataclass(frozen=True)
@@ -123,13 +126,13 @@ class Batches:
     """Rows of record.rows.BatchRecord fields, as plain tuples (packed on the wire)."""
 
     kind: ClassVar[str] = "batches"
-    rows: list
+    rows: list[tuple[Any, ...]]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"e": self.kind, **pack_rows(self.rows)}
 
     @classmethod
-    def from_wire(cls, doc: dict) -> "Batches":
+    def from_wire(cls, doc: dict[str, Any]) -> "Batches":
         return cls(unpack_rows(doc))
 
 
@@ -140,8 +143,9 @@ class LateTimings:
     other memory kind's copy ms or None]``."""
 
     kind: ClassVar[str] = "late_timings"
-    gaps: list
-    copies: list
+    # Tuples as sent, lists as read back from JSON.
+    gaps: list[Sequence[Any]]
+    copies: list[Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,8 @@ class Resources:
 
     kind: ClassVar[str] = "resources"
     t: float
-    procs: list
-    gpu: dict | None = None
+    procs: list[dict[str, Any]]
+    gpu: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,17 +174,18 @@ class Probe:
     kind: ClassVar[str] = "probe"
     pid: int
     worker_id: int
-    probe: dict
+    probe: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Labels:
     kind: ClassVar[str] = "labels"
-    counts: dict
+    # label -> count: int labels, a key that is not an int kept as it came (see _label)
+    counts: dict[Any, int]
     source: str = "batches"  # or "dataset": its own targets/labels list, all of it
 
     @classmethod
-    def from_wire(cls, doc: dict) -> "Labels":
+    def from_wire(cls, doc: dict[str, Any]) -> "Labels":
         # JSON object keys are strings; the labels were ints (measure.py counts int labels only).
         return cls({_label(k): v for k, v in doc["counts"].items()}, doc.get("source", "batches"))
 
@@ -196,7 +201,7 @@ class WarningCaught:
 @dataclass(frozen=True)
 class Trial:
     kind: ClassVar[str] = "trial"
-    trial: dict  # tuner.TrialResult.to_dict()
+    trial: dict[str, Any]  # tuner.TrialResult.to_dict()
 
 
 @dataclass(frozen=True)
@@ -205,13 +210,13 @@ class Tuned:
     results.TuneResult."""
 
     kind: ClassVar[str] = "tune_result"
-    result: dict
+    result: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Error:
     kind: ClassVar[str] = "error"
-    error: dict  # errors.EngineError.to_dict(), with its class's name
+    error: dict[str, Any]  # errors.EngineError.to_dict(), with its class's name
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,7 @@ class Finished:
     t: float
 
 
-def _label(key: str):
+def _label(key: str) -> int | str:
     try:
         return int(key)
     except ValueError:  # not an int label after all: keep it as it came, never fail a run
@@ -230,15 +235,15 @@ def _label(key: str):
 
 Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
               Trial, Tuned, Error, Finished]
-EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
+EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned,
     Error, Finished)}
 
 
-def to_wire(event: Event) -> dict:
+def to_wire(event: Event) -> dict[str, Any]:
     """The JSON object for ``event``: its fields (a typed one, such as the system snapshot, as
     its ``to_dict()``) and its kind under "e"."""
-    custom = getattr(event, "to_wire", None)
+    custom: Callable[[], dict[str, Any]] | None = getattr(event, "to_wire", None)
     if custom is not None:
         return custom()
     values = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
@@ -246,13 +251,15 @@ def to_wire(event: Event) -> dict:
                                 for name, value in values.items()}}
 
 
-def from_wire(doc: dict) -> Event:
+def from_wire(doc: dict[str, Any]) -> Event:
     """The event a JSON object stands for; ValueError for a kind this engine does not know."""
-    cls = EVENT_TYPES.get(doc.get("e"))
+    cls = EVENT_TYPES.get(doc.get("e", ""))  # no "e": "", which is no kind
     if cls is None:
         raise ValueError(f"unknown event kind {doc.get('e')!r}")
     if "from_wire" in cls.__dict__:  # the types JSON does not carry as they are
-        return cls.from_wire(doc)
+        # Looked up by name: only some event types have one (not an attribute of Event).
+        read: Callable[[dict[str, Any]], Event] = getattr(cls, "from_wire")
+        return read(doc)
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in doc.items() if k in names})
 

@@ -27,6 +27,7 @@ from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTI
                                     BatchRecord)
 from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -54,7 +55,7 @@ class StoredRun:
     heartbeat_at: float | None = None
     rank: dict | None = None  # {rank, world_size, local_rank, local_world_size, node_rank, job_id}
     config: dict | None = None
-    dataset: dict | None = None
+    dataset: DatasetCard | None = None
     system: SystemSnapshot | None = None
 
     @property
@@ -182,10 +183,10 @@ class RunStore:
                 (kind, label, target, now, json.dumps(config), parent_id, socket.gethostname(),
                  os.getpid(), script, now, json.dumps(rank) if rank else None),
             )
-            return cursor.lastrowid
+            return int(cursor.lastrowid or 0)  # always set after an INSERT
 
     def record_rank_reports(self, run_id: int, latest: list[tuple[float, RankSummary]],
-                            series: list[tuple[float, RankSummary]] = ()) -> None:
+                            series: Sequence[tuple[float, RankSummary]] = ()) -> None:
         """Reports of a torchrun job's ranks, gathered by the rank that writes ``run_id``
         (watcher/job_report.py), each with when it was received: ``latest`` replace each
         rank's last one; ``series`` are kept (a sparser record over time, for trends)."""
@@ -271,7 +272,7 @@ class RunStore:
             if isinstance(event, protocol.Ready):
                 conn.execute(
                     "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
-                    (json.dumps(event.config), json.dumps(event.dataset),
+                    (json.dumps(event.config), json.dumps(event.dataset.to_dict()),
                      json.dumps(event.system.to_dict()), run_id),
                 )
             elif isinstance(event, protocol.Error):
@@ -313,12 +314,14 @@ class RunStore:
         system = json.loads(row["system_json"]) if row["system_json"] else None
         return self._stored_run(
             row, config=json.loads(row["config_json"]) if row["config_json"] else None,
-            dataset=json.loads(row["dataset_json"]) if row["dataset_json"] else None,
+            dataset=(DatasetCard.from_dict(json.loads(row["dataset_json"]))
+                     if row["dataset_json"] else None),
             system=SystemSnapshot.from_dict(system) if system else None)
 
     def batches(self, run_id: int, last: int | None = None) -> list[BatchRecord]:
         """The run's batches in order; only the ``last`` ones if given (a live view)."""
         columns = ", ".join(BATCH_COLUMNS)
+        args: tuple[int, ...]
         if last is None:
             query, args = (f"SELECT {columns} FROM batches WHERE run_id = ? ORDER BY seq",
                            (run_id,))
@@ -355,6 +358,7 @@ class RunStore:
                      since: float | None = None) -> list[tuple[float, RankSummary]]:
         """(received_at, report) gathered into ``run_id``: each rank's latest, or the kept
         series by rank and in order (those received from ``since`` on, if given)."""
+        args: tuple[int | float, ...]
         if latest:
             query, args = ("SELECT received_at, body_json FROM rank_latest WHERE run_id = ? "
                            "ORDER BY rank", (run_id,))

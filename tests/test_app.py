@@ -145,7 +145,7 @@ def test_tune_recommends_and_apply_verifies(app_env):
     assert any(s.value == "Recommendation" for s in at.subheader)
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
     assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
-    recommended = get_jobs().summary(get_jobs().tune).recommended
+    recommended = get_jobs().tune_summary(get_jobs().tune).recommended
     button(at, "Apply recommended settings").click()
     at = at.run()
     assert at.number_input(key="ctl_num_workers").value == recommended["num_workers"]

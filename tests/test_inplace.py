@@ -216,10 +216,10 @@ def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypat
     monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
     real_segment = WatchedLoader._segment
 
-    def segment(self, plan, start, setting, base_seed, index):
+    def segment(self, search, plan, start, setting, base_seed, index):
         if setting.num_workers == 2:
             raise OSError("Too many open files")
-        return real_segment(self, plan, start, setting, base_seed, index)
+        return real_segment(self, search, plan, start, setting, base_seed, index)
 
     monkeypatch.setattr(WatchedLoader, "_segment", segment)
     watched = watch(indices_loader(1), name="no-fds", db=db_path, tune=True, max_workers=3)

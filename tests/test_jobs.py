@@ -90,10 +90,10 @@ def test_inspect_describes_or_explains(db_path, monkeypatch):
     monkeypatch.setattr(runner, "child_starter", replayed_starter())  # recorded real checks
     jobs = Jobs(RunStore(db_path))
     ok = jobs.inspect(dataset_path("small_map.py"))
-    assert ok["status"] == "ok" and ok["dataset"]["class"].endswith("SmallMap")
+    assert ok.ok and ok.dataset is not None and ok.dataset.class_name.endswith("SmallMap")
     assert jobs.inspect(dataset_path("small_map.py")) is ok  # cached while the file is unchanged
     bad = jobs.inspect(dataset_path("missing_import.py"))
-    assert bad["status"] == "error" and "definitely_not_installed_pkg" in bad["error"]["message"]
+    assert not bad.ok and "definitely_not_installed_pkg" in (bad.error or {})["message"]
     assert jobs.store.list_runs() == []  # checking a target is not a run
 
 
@@ -125,9 +125,9 @@ def test_verification_measures_both_settings_interleaved(db_path, monkeypatch):
     result = verification.result()
     assert [arm for arm, _ in verification.runs] == ["before", "after", "before", "after"]
     assert len(shown) == 4
-    assert len(result["before"]["samples_per_s_rounds"]) == 2
-    assert result["speedup"] == pytest.approx(result["after"]["samples_per_s"]
-                                              / result["before"]["samples_per_s"])
+    assert len(result.before.samples_per_s_rounds) == 2
+    assert result.speedup == pytest.approx(result.after.samples_per_s
+                                           / result.before.samples_per_s)
     labels = sorted(run.label for run in store.list_runs())
     assert labels == ["after", "after", "before", "before"]
 

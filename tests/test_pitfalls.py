@@ -308,13 +308,20 @@ def test_sequential_counts_are_judged_only_when_they_cover_the_dataset():
     assert found[0].evidence["order"] == "sequential"
 
 
+def _card(kind: str):
+    from dataloader_tuner.record.cards import DatasetCard
+
+    return DatasetCard("data.py", "dataset", "Data", kind, 10, False, None, False, False, False,
+                       False)
+
+
 def test_label_order_from_the_loader_settings():
-    mapped = {"kind": "map"}
+    mapped = _card("map")
     assert pitfalls.label_order({"shuffle": True}, mapped) is True
     assert pitfalls.label_order({"sampler": "WeightedRandomSampler(...)"}, mapped) is True
     assert pitfalls.label_order({}, mapped) is False
     assert pitfalls.label_order({"sampler": "MySampler(...)"}, mapped) is None
-    assert pitfalls.label_order({}, {"kind": "iterable"}) is None
+    assert pitfalls.label_order({}, _card("iterable")) is None
 
 
 class Pairs(Dataset):

@@ -10,6 +10,7 @@ import pytest
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.system import SystemSnapshot
 
@@ -18,8 +19,11 @@ ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
 ROW = tuple(BatchRecord(3, 0, 0.5, 1e-4, 2e-6, 64, None, -1, 4242, 0.25, 3e-5, 1e-5, None,
                         None, None, None))
 
+CARD = DatasetCard("data.py", "dataset", "data.Small", "map", 10, False, None, False, False,
+                   False, False)
+
 EXAMPLES = [
-    protocol.Ready(mode="profile", pid=7, dataset={"length": 10}, config={"batch_size": 2},
+    protocol.Ready(mode="profile", pid=7, dataset=CARD, config={"batch_size": 2},
                    snippet="DataLoader(dataset)", consumer={"kind": "none"}, system=SystemSnapshot.from_dict({"cpus_usable": 2}),
                    warmup_batches=1, counting={"samples": "indices"}, torch="2.13.0"),
     protocol.Batches([ROW, ROW]),
@@ -148,3 +152,17 @@ def test_every_recording_the_page_tests_replay_speaks_todays_protocol():
 def test_label_counts_come_back_as_ints_and_odd_labels_never_fail_the_run():
     event = protocol.decode(json.dumps({"e": "labels", "counts": {"3": 5, "cat": 2}}))
     assert event == protocol.Labels({3: 5, "cat": 2}, "batches")
+
+
+def test_a_dataset_card_keeps_its_json_keys_and_reads_older_ones():
+    from dataloader_tuner.record.cards import DatasetCard
+
+    card = DatasetCard("data.py", "dataset", "data.Small", "map", 64, True, 8, False, True,
+                       False, True, sample={"x": "Tensor[float32](3,)"}, sample_bytes=12)
+    doc = card.to_dict()
+    assert doc["class"] == "data.Small" and "class_name" not in doc and "sample_error" not in doc
+    assert DatasetCard.from_dict(json.loads(json.dumps(doc))) == card
+    # A watched run's card as an older version saved it in the history:
+    old = DatasetCard.from_dict({"target": "train", "class": "m.D", "kind": "iterable",
+                                 "length": None, "probed": True, "not_probed_because": None})
+    assert old.class_name == "m.D" and old.kind == "iterable" and not old.has_sampler

@@ -97,3 +97,18 @@ def test_settings_and_config_follow_one_rule(recommended):
     from_config = recommended_config(LoaderConfig.from_settings(base), recommended)
     assert from_settings == from_config
     assert from_config.shuffle  # the user's other settings stay
+
+
+def test_copy_times_without_batch_sizes_give_no_rate_not_a_crash():
+    """Sizes are read on some batches only: copies timed on batches none of which had its bytes
+    read still give their times (once, this divided by None)."""
+    from dataloader_tuner.analyse import report
+
+    from .records import make_batches
+
+    timed = [b._replace(nbytes=None) for b in make_batches(20, h2d_ms=2.0)]
+    transfer = report._transfer(timed)
+    assert transfer is not None and transfer["copy_ms"]["p50"] == 2.0
+    assert transfer["gb_per_s"] is None
+    sized = report._transfer(make_batches(20, h2d_ms=2.0))  # 4096 bytes in 2 ms
+    assert sized is not None and sized["gb_per_s"] == pytest.approx(4096 / 1e9 / 0.002)

@@ -26,7 +26,7 @@ def test_batches_are_in_the_database_while_the_run_is_going(db_path):
             time.sleep(0.1)
         in_flight = reader.get_run(handle.run_id)
         assert in_flight.status == "running"
-        assert reader.batches(handle.run_id) and in_flight.dataset["class"].endswith("SmallMap")
+        assert reader.batches(handle.run_id) and in_flight.dataset.class_name.endswith("SmallMap")
         assert reader.resources(handle.run_id) is not None
     finally:
         assert handle.stop() is RunState.STOPPED

@@ -10,6 +10,7 @@ them. In JSON a diagnostic is ``{code, severity, message, evidence, fix}``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 SEVERITIES = ("warning", "info")
 
@@ -43,7 +44,7 @@ class Diagnostic:
     code: str
     severity: str  # one of SEVERITIES
     message: str  # one line, with the numbers behind it
-    evidence: dict = field(default_factory=dict)  # those numbers, for programs
+    evidence: dict[str, Any] = field(default_factory=dict)  # those numbers, for programs
     fix: str | None = None  # code that fixes it, where one fits
 
     def __post_init__(self) -> None:
@@ -52,12 +53,12 @@ class Diagnostic:
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "severity": self.severity, "message": self.message,
                 "evidence": self.evidence, "fix": self.fix}
 
     @classmethod
-    def from_dict(cls, doc: dict, strict: bool = True) -> "Diagnostic":
+    def from_dict(cls, doc: dict[str, Any], strict: bool = True) -> "Diagnostic":
         """``strict=False`` reads a saved one as it was saved, even if its code has since left
         the catalogue (a run saved by an older version)."""
         values = (doc["code"], doc.get("severity", "warning"), doc["message"],

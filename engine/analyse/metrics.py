@@ -23,7 +23,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def latency_ms(waits_s: Sequence[float]) -> dict:
+def latency_ms(waits_s: Sequence[float]) -> dict[str, float | None]:
     """p50/p95/max/mean of ``next()`` waits, in milliseconds."""
     if not waits_s:
         return {"p50": None, "p95": None, "max": None, "mean": None}
@@ -148,7 +148,7 @@ def busy_fraction(
 
 def busy_timeline(
     batches: Sequence[BatchRecord], end: float, window_s: float = 1.0, start: float = 0.0
-) -> list[dict]:
+) -> list[dict[str, float]]:
     """Busy fraction per worker in consecutive windows from ``start`` to ``end``: rows of
     {t, worker_id, busy_frac}.
 
@@ -172,7 +172,8 @@ def busy_timeline(
     return rows
 
 
-def consumer_idle_fraction(batches: Sequence[BatchRecord], steady: SteadyState) -> float | None:
+def consumer_idle_fraction(batches: Sequence[BatchRecord],
+                           steady: SteadyState | None) -> float | None:
     """Share of the steady window the consumer spent waiting in ``next()``."""
     if steady is None or steady.seconds <= 0:
         return None
@@ -193,7 +194,7 @@ def input_bound_verdict(idle_frac: float | None) -> str | None:
     return "highly input-bound"
 
 
-def per_batch_costs(batches: Sequence[BatchRecord]) -> dict:
+def per_batch_costs(batches: Sequence[BatchRecord]) -> dict[str, float | None]:
     """Median work per batch inside the workers: what the tuner's cost model starts from."""
     if not batches:
         return {"fetch_ms": None, "fetch_cpu_ms": None, "collate_ms": None, "bytes": None}

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.system import SystemSnapshot
 
@@ -84,7 +85,7 @@ def measuring_cost(batches_per_s: float | None, samples_per_s: float | None) -> 
         {"batch_us": round(batch_us, 1), "threshold_us": MEASURING_COST_BATCH_S * 1e6})]
 
 
-def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[Diagnostic]:
+def pin_memory_without_gpu(config: dict[str, Any], gpu_available: bool) -> list[Diagnostic]:
     if not config.get("pin_memory") or gpu_available:
         return []
     return [Diagnostic(
@@ -93,7 +94,7 @@ def pin_memory_without_gpu(config: dict, gpu_available: bool) -> list[Diagnostic
         {"pin_memory": True, "gpu": False}, "DataLoader(dataset, ..., pin_memory=False)")]
 
 
-def duplicated_rng(probes: Sequence[dict]) -> list[Diagnostic]:
+def duplicated_rng(probes: Sequence[dict[str, Any]]) -> list[Diagnostic]:
     """Workers whose first fetch drew from a generator in the same state draw identical
     random numbers: the same 'random' augmentation in every worker."""
     found = []
@@ -142,7 +143,7 @@ sampler = WeightedRandomSampler(weights, num_samples=len(weights), replacement=T
 # DataLoader(dataset, ..., sampler=sampler)  # and no shuffle=True: the sampler shuffles"""
 
 
-def label_order(config: dict, dataset: dict | None) -> bool | None:
+def label_order(config: dict[str, Any], dataset: DatasetCard | None) -> bool | None:
     """Whether counted batches come in random order: True with shuffle=True or a random
     sampler, False when sequential (map-style, neither), None when unknown (an iterable's own
     stream, a custom sampler or batch sampler)."""
@@ -151,7 +152,7 @@ def label_order(config: dict, dataset: dict | None) -> bool | None:
     sampler = str(config.get("sampler") or config.get("batch_sampler") or "")
     if sampler:
         return True if "Random" in sampler else None
-    return None if (dataset or {}).get("kind") == "iterable" else False
+    return None if dataset is not None and dataset.kind == "iterable" else False
 
 
 def skew_lower_bound(most: int, least: int, classes: int) -> float:
@@ -171,7 +172,7 @@ def skew_lower_bound(most: int, least: int, classes: int) -> float:
     return low / (1 - low)
 
 
-def skewed_labels(counts: dict, order_independent: bool | None = True,
+def skewed_labels(counts: Mapping[Any, int], order_independent: bool | None = True,
                   dataset_len: int | None = None, source: str = "batches") -> list[Diagnostic]:
     """Flag class imbalance only when the counts prove it: the rarest and the most common
     class differ at least SKEW_RATIO-fold at SKEW_CONFIDENCE.
@@ -253,7 +254,7 @@ def load(index): ...
 # DataLoader starts: every worker then reads the same pages."""
 
 
-def _private_growth(rows: list[dict]) -> dict | None:
+def _private_growth(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A worker's private memory trend after warm-up, or None when it is not a lasting rise.
 
     Judged on dirty memory (written pages) where sampled, else USS: USS also counts clean file
@@ -286,9 +287,9 @@ def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def worker_memory_growth(resources: Sequence[dict]) -> list[Diagnostic]:
+def worker_memory_growth(resources: Sequence[dict[str, Any]]) -> list[Diagnostic]:
     """Workers whose private memory keeps rising after warm-up, without levelling off."""
-    by_pid: dict[int, list[dict]] = {}
+    by_pid: dict[int, list[dict[str, Any]]] = {}
     for row in resources:
         if row["role"] == "worker" and (row.get("uss_mb") is not None
                                         or row.get("dirty_mb") is not None):
@@ -319,7 +320,7 @@ def worker_memory_growth(resources: Sequence[dict]) -> list[Diagnostic]:
 
 
 def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
-                 shm: dict | None) -> list[Diagnostic]:
+                 shm: dict[str, Any] | None) -> list[Diagnostic]:
     if not num_workers or not batch_bytes or not shm or not shm.get("free_mb"):
         return []
     in_flight_mb = num_workers * prefetch * batch_bytes / 2**20
@@ -342,7 +343,8 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
     usable = system.cores  # affinity capped by a cgroup quota, as the tuner counts
     other = system.other_load_cpus
     measured_to_pay = tuned_workers is not None and num_workers <= tuned_workers
-    if num_workers > usable and (cpu_share or 0) >= 0.5 and not measured_to_pay:
+    if (num_workers > usable and cpu_share is not None and cpu_share >= 0.5
+            and not measured_to_pay):
         found.append(Diagnostic(
             "more_workers_than_cpus", "warning",
             f"{num_workers} workers on {usable:g} usable CPU(s), and the dataset is CPU-bound "
@@ -360,7 +362,7 @@ def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: fl
     return found
 
 
-def thread_oversubscription(resources: Sequence[dict], num_workers: int,
+def thread_oversubscription(resources: Sequence[dict[str, Any]], num_workers: int,
                             cpus_usable: float) -> list[Diagnostic]:
     threads = [r["threads"] for r in resources if r["role"] == "worker" and r.get("threads")]
     if not threads or not num_workers:
@@ -377,7 +379,8 @@ def thread_oversubscription(resources: Sequence[dict], num_workers: int,
         THREADS_FIX)]
 
 
-def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) -> list[Diagnostic]:
+def restarts_each_epoch(config: dict[str, Any], epochs: Sequence[dict[str, Any]],
+                        seconds: float) -> list[Diagnostic]:
     workers = config.get("num_workers") or 0
     if not workers or config.get("persistent_workers") or len(epochs) < 2 or seconds <= 0:
         return []
@@ -395,6 +398,6 @@ def restarts_each_epoch(config: dict, epochs: Sequence[dict], seconds: float) ->
 
 
 def cpu_share_of(batches: Sequence[BatchRecord]) -> float | None:
-    read = [b for b in batches if b.fetch_cpu_s is not None]
-    wall = sum(b.fetch_s for b in read)
-    return sum(b.fetch_cpu_s for b in read) / wall if wall > 0 else None
+    read = [(b.fetch_s, b.fetch_cpu_s) for b in batches if b.fetch_cpu_s is not None]
+    wall = sum(fetch_s for fetch_s, _ in read)
+    return sum(cpu_s for _, cpu_s in read) / wall if wall > 0 else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import asdict, dataclass, fields
-from typing import Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
@@ -79,13 +79,13 @@ class RankSummary:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict:
+def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict[str, float | None]:
     """samples/s, input wait and median step over ``batches`` (a rank's recent ones), and how
     busy the workers that made them were."""
     batches = list(batches)
     steady = metrics.steady_state(batches, warmup)
     measured = batches[warmup:]
-    busy = None
+    busy: float | None = None
     workers = {b.worker_id for b in measured if b.worker_id >= 0}
     if steady is not None and workers and steady.seconds > 0:
         making = sum(b.fetch_s + b.collate_s for b in measured)
@@ -175,7 +175,7 @@ def node_loads(summaries: Sequence[RankSummary]) -> list[NodeLoad]:
         nodes.setdefault(s.node, []).append(s)
     loads = []
     for node, members in sorted(nodes.items()):
-        def known(values):
+        def known(values: Iterable[float | None]) -> list[float]:
             return [v for v in values if v is not None]
         cpu, shm = known(s.node_cpu_pct for s in members), known(s.shm_used_mb for s in members)
         memory = known(s.memory_mb for s in members)
@@ -202,33 +202,41 @@ def memory_growth(series: Sequence[RankSummary]) -> float | None:
 
 
 def slowest_rank(summaries: Sequence[RankSummary],
-                 series: dict[int, Sequence[RankSummary]] | None = None,
+                 series: Mapping[int, Sequence[RankSummary]] | None = None,
                  stalled_s: float = STALLED_S) -> tuple[int, str] | None:
     """(rank, why) when one rank holds the others back, else None. ``series``: each rank's
     reports over time, for the memory trend."""
     stuck = [s for s in summaries if s.status == "running"
              and (s.waiting_for_batch_s or 0) > stalled_s]
     if stuck:
-        worst = max(stuck, key=lambda s: s.waiting_for_batch_s)
+        worst = max(stuck, key=lambda s: s.waiting_for_batch_s or 0)
         return worst.rank, (f"rank {worst.rank} has been waiting {worst.waiting_for_batch_s:.0f} "
                             "s for a batch: its loader is stuck, and the other ranks wait for it "
                             "at their next collective.")
     rated = [s for s in summaries if s.samples_per_s]
     if len(rated) < 2:
         return None
-    median = statistics.median(s.samples_per_s for s in rated)
+
+    # Called only on ranks that reported the figure: ``or 0.0`` narrows the type, not the value.
+    def rate(s: RankSummary) -> float:
+        return s.samples_per_s or 0.0
+
+    def wait(s: RankSummary) -> float:
+        return s.input_wait_frac or 0.0
+
+    median = statistics.median(rate(s) for s in rated)
     waiting = [s for s in rated if s.input_wait_frac is not None]
     if len(waiting) >= 2:
-        starved = max(waiting, key=lambda s: s.input_wait_frac)
-        typical = statistics.median(s.input_wait_frac for s in waiting if s is not starved)
-        if starved.input_wait_frac > typical + STARVED_MARGIN:
+        starved = max(waiting, key=wait)
+        typical = statistics.median(wait(s) for s in waiting if s is not starved)
+        if wait(starved) > typical + STARVED_MARGIN:
             return starved.rank, (
                 f"rank {starved.rank} is starved for data: it waits for batches "
                 f"{starved.input_wait_frac:.0%} of its time against {typical:.0%} on the other "
                 f"ranks, which wait for it at each collective instead. "
                 + _starved_because(starved, summaries, (series or {}).get(starved.rank, ())))
-    slowest = min(rated, key=lambda s: s.samples_per_s)
-    if slowest.samples_per_s > (1 - SLOWER_THAN_MEDIAN) * median:
+    slowest = min(rated, key=rate)
+    if rate(slowest) > (1 - SLOWER_THAN_MEDIAN) * median:
         return None
     pace = f"{slowest.samples_per_s:.0f} samples/s against a median of {median:.0f}"
     steps = [s.step_ms for s in rated if s is not slowest and s.step_ms is not None]
@@ -246,7 +254,9 @@ def _starved_because(rank: RankSummary, summaries: Sequence[RankSummary],
     mine = loads.get(rank.node)
     others = [load.cpu_pct for node, load in loads.items()
               if node != rank.node and load.cpu_pct is not None]
-    if mine is not None and mine.saturated and (not others or max(others) < mine.cpu_pct - 10):
+    # A saturated node has a CPU reading; ``is not None`` says so to the type checker.
+    if (mine is not None and mine.cpu_pct is not None and mine.saturated
+            and (not others or max(others) < mine.cpu_pct - 10)):
         return (f"Its node {rank.node} ({mine.host}) has no CPU to spare ({mine.cpu_pct:.0f}% "
                 f"busy{' against ' + format(max(others), '.0f') + '% on the others' if others else ''}"
                 "): fewer workers per rank there, or lighter decoding, would help.")
@@ -270,7 +280,7 @@ class JobView:
 
 
 def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting: bool,
-             series: dict[int, Sequence[RankSummary]] | None = None,
+             series: Mapping[int, Sequence[RankSummary]] | None = None,
              stalled_s: float = STALLED_S) -> JobView:
     """``latest``: each rank's last report with when it was received (rank_states)."""
     summaries = [s for _, s in latest]
@@ -278,7 +288,7 @@ def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting
                    slowest_rank(summaries, series, stalled_s))
 
 
-def summary_from_batches(loader: str, rank: dict, host: str, pid: int, status: str,
+def summary_from_batches(loader: str, rank: dict[str, Any], host: str, pid: int, status: str,
                          elapsed_s: float, batches: Sequence[BatchRecord]) -> RankSummary:
     """A rank's summary from its batches alone (no node figures): what a rank reports starts
     from it (job_report.py), and a job's ranks in a shared history without rank 0's gathered

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
@@ -23,26 +24,29 @@ class RunSoFar(Protocol):
 
     target: str
     tuned_workers: int | None
-    dataset: dict | None
-    config: dict | None
+    dataset: DatasetCard | None
+    config: dict[str, Any] | None
     snippet: str | None
-    consumer: dict | None
+    consumer: dict[str, Any] | None
     system: SystemSnapshot | None
     torch_version: str | None
     warmup_batches: int
-    counting: dict | None
+    counting: dict[str, Any] | None
     batches: list[BatchRecord]
-    resources: list[dict]
-    epochs: list[dict]
+    resources: list[dict[str, Any]]
+    epochs: list[dict[str, Any]]
     error: EngineError | None
     finished_reason: str | None
     elapsed_s: float
-    trials: list[dict]
-    tune_result: dict | None
-    probes: list[dict]
-    label_counts: dict
+    trials: list[dict[str, Any]]
+    tune_result: dict[str, Any] | None
+    probes: list[dict[str, Any]]
+    label_counts: dict[Any, int]  # protocol.Labels.counts
     label_source: str
-    output: PrintedOutput
+
+    # Read-only (a property): a mutable protocol attribute would need exactly PrintedOutput.
+    @property
+    def output(self) -> PrintedOutput: ...
 
 
 def summarize(live: RunSoFar, status: str) -> ProfileResult:
@@ -51,16 +55,17 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     measured = batches[live.warmup_batches:] if steady else batches
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
     idle = metrics.consumer_idle_fraction(batches, steady)
-    has_consumer = bool(live.consumer) and live.consumer.get("kind") != "none"
+    consumer = live.consumer or {}
+    has_consumer = bool(consumer) and consumer.get("kind") != "none"
     # The child reports the GPU (gpu.gpu_info) in its first event; a run that failed before
     # that has no GPU figures either. (No torch here: the parent side stays light.)
-    gpu_info = live.system.gpu if live.system is not None else {
+    gpu_info: dict[str, Any] = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}
     per_batch = metrics.per_batch_costs(measured)
     return ProfileResult(
         status=status,
         target=live.target,
-        dataset=live.dataset,
+        dataset=live.dataset.to_dict() if live.dataset is not None else None,
         config=live.config,
         snippet=live.snippet,
         torch=live.torch_version,
@@ -94,9 +99,12 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
     """The tune's result: the child's recommendation plus what the parent knows (status,
     errors, what the user's code printed)."""
     printed = tuple(live.output.diagnostics())
-    common = dict(status=status, target=live.target, dataset=live.dataset, system=live.system,
-                  consumer=live.consumer, torch=live.torch_version,
-                  error=live.error.to_dict() if live.error is not None else None)
+    # The fields both ways share, as keyword arguments (of several types: hence Any).
+    common: dict[str, Any] = dict(
+        status=status, target=live.target,
+        dataset=live.dataset.to_dict() if live.dataset is not None else None, system=live.system,
+        consumer=live.consumer, torch=live.torch_version,
+        error=live.error.to_dict() if live.error is not None else None)
     if live.tune_result is not None:
         tuned = TuneResult.from_dict({**live.tune_result, "status": status})
         return dataclasses.replace(tuned, **common, warnings=printed + tuned.warnings)
@@ -107,7 +115,8 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
     return TuneResult(**common, trials=tuple(live.trials), warnings=printed)
 
 
-def _counting(rules: dict | None, measured: list) -> dict | None:
+def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
+              ) -> dict[str, Any] | None:
     """How each figure was counted, with how many batches had their CPU time and bytes read."""
     if rules is None:
         return None
@@ -119,7 +128,7 @@ def _counting(rules: dict | None, measured: list) -> dict | None:
     return {**rules, "cpu_time_and_bytes_read_on": read}
 
 
-def _resource_stats(rows: list[dict]) -> dict:
+def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """Mean CPU % over samples and the last RSS. A process's first sample has no CPU reading
     (psutil's first call only primes the counter), so short-lived workers may have none."""
     cpu = [r["cpu_percent"] for r in rows if r["cpu_percent"] is not None]
@@ -129,7 +138,8 @@ def _resource_stats(rows: list[dict]) -> dict:
     }
 
 
-def _workers(live: RunSoFar, batches: list, window: tuple[float, float]) -> list[dict]:
+def _workers(live: RunSoFar, batches: list[BatchRecord], window: tuple[float, float]
+             ) -> list[dict[str, Any]]:
     """One entry per DataLoader worker id; without persistent_workers each epoch starts new
     processes for the same ids, so ``pids`` lists them all and ``pid`` is the latest."""
     busy = metrics.busy_fraction(batches, *window)
@@ -137,7 +147,7 @@ def _workers(live: RunSoFar, batches: list, window: tuple[float, float]) -> list
     for row in live.resources:
         if row["role"] == "worker" and row["worker_id"] is not None:
             pid_to_id.setdefault(row["pid"], row["worker_id"])
-    workers = []
+    workers: list[dict[str, Any]] = []
     for worker_id in sorted(set(pid_to_id.values())):
         pids = [pid for pid, wid in pid_to_id.items() if wid == worker_id]
         rows = [r for r in live.resources if r["pid"] in pids]
@@ -152,28 +162,31 @@ def _workers(live: RunSoFar, batches: list, window: tuple[float, float]) -> list
     return workers
 
 
-def _main_process(live: RunSoFar) -> dict | None:
+def _main_process(live: RunSoFar) -> dict[str, Any] | None:
     rows = [r for r in live.resources if r["role"] == "main"]
     if not rows:
         return None
     return {"pid": rows[0]["pid"], **_resource_stats(rows)}
 
 
-def _transfer(batches: list) -> dict | None:
+def _transfer(batches: list[BatchRecord]) -> dict[str, Any] | None:
     copies = [b.h2d_ms for b in batches if b.h2d_ms is not None]
     others = [b.h2d_other_ms for b in batches if b.h2d_other_ms is not None]
     if not copies:
         return None
     sizes = [b.nbytes for b in batches if b.h2d_ms is not None and b.nbytes is not None]
     p50 = metrics.percentile(copies, 50)
+    size_p50 = metrics.percentile(sizes, 50)
+    # No rate when no timed batch had its bytes read (they are read on some batches only).
+    gb_per_s = (size_p50 / 1e9) / (p50 / 1000) if p50 and size_p50 is not None else None
     return {
         "copy_ms": {"p50": p50, "p95": metrics.percentile(copies, 95)},
         "other_kind_copy_ms": {"p50": metrics.percentile(others, 50)} if others else None,
-        "gb_per_s": (metrics.percentile(sizes, 50) / 1e9) / (p50 / 1000) if p50 else None,
+        "gb_per_s": gb_per_s,
     }
 
 
-def _gpu_idle(batches: list) -> dict | None:
+def _gpu_idle(batches: list[BatchRecord]) -> dict[str, Any] | None:
     gaps = [b.gpu_gap_ms for b in batches if b.gpu_gap_ms is not None]
     if not gaps:
         return None
@@ -181,14 +194,15 @@ def _gpu_idle(batches: list) -> dict | None:
                        "max": max(gaps)}, "total_ms": sum(gaps)}
 
 
-def _warnings(live: RunSoFar, steady, measured: list, per_batch: dict,
-              gpu_info: dict) -> list[Diagnostic]:
+def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[BatchRecord],
+              per_batch: dict[str, float | None], gpu_info: dict[str, Any]) -> list[Diagnostic]:
     """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
     config = live.config or {}
     system = live.system
     workers = config.get("num_workers") or 0
     prefetch = config.get("prefetch_factor") or (2 if workers else 0)
-    found = []
+    found: list[Diagnostic] = []
+    length = live.dataset.length if live.dataset is not None else None
     if live.error is None and live.finished_reason is not None:  # not while a run is starting
         found += pitfalls.short_run(steady.batches if steady else 0, live.warmup_batches)
         if steady is not None and steady.batches >= pitfalls.MIN_STEADY_BATCHES:
@@ -197,11 +211,11 @@ def _warnings(live: RunSoFar, steady, measured: list, per_batch: dict,
     found += pitfalls.duplicated_rng(live.probes)
     if live.label_source == "dataset":  # every label, read from the dataset: order is moot
         found += pitfalls.skewed_labels(live.label_counts, True,
-                                        (live.dataset or {}).get("length"), source="dataset")
+                                        length, source="dataset")
     else:
         found += pitfalls.skewed_labels(live.label_counts,
                                         pitfalls.label_order(config, live.dataset),
-                                        (live.dataset or {}).get("length"))
+                                        length)
     found += pitfalls.worker_memory_growth(live.resources)
     if system is not None:  # the machine as the child saw it (none if it failed first)
         found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.shm)
@@ -212,7 +226,7 @@ def _warnings(live: RunSoFar, steady, measured: list, per_batch: dict,
     return found
 
 
-def fmt(value, spec: str = ".1f", unit: str = "") -> str:
+def fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:
     """A figure, or "n/a" where it was not measured (the CLI's text and the dashboard's)."""
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
@@ -252,14 +266,14 @@ def render_text(result: ProfileResult) -> str:
     elif result.transfer:
         lines.append(f"host-to-device copy: p50 "
                      f"{fmt(result.transfer['copy_ms']['p50'], '.3f', ' ms')}")
-    for w in result.warnings:
-        lines.append(f"{w.severity} [{w.code}]: {w.message}")
-        if w.fix:
-            lines += ["    fix: " + line for line in w.fix.splitlines()]
+    for d in result.warnings:
+        lines.append(f"{d.severity} [{d.code}]: {d.message}")
+        if d.fix:
+            lines += ["    fix: " + line for line in d.fix.splitlines()]
     return "\n".join(lines)
 
 
-def speedup_text(baseline: dict) -> str:
+def speedup_text(baseline: dict[str, Any]) -> str:
     """``1.84x ±6%``, or the reason no speedup is claimed."""
     if baseline.get("speedup") is None:
         return baseline.get("speedup_note") or "no speedup claimed"

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.system import SystemSnapshot
 
 
-def _diagnostics(docs: list | None) -> tuple[Diagnostic, ...]:
+def _diagnostics(docs: list[dict[str, Any]] | None) -> tuple[Diagnostic, ...]:
     return tuple(Diagnostic.from_dict(d, strict=False) for d in docs or [])
+
+
+_R = TypeVar("_R", bound="_Result")
 
 
 @dataclass(frozen=True)
@@ -31,19 +34,19 @@ class _Result:
 
     status: str  # "ok" | "stopped" | "error"
     target: str
-    dataset: dict | None = None
+    dataset: dict[str, Any] | None = None
     system: SystemSnapshot | None = None
-    consumer: dict | None = None
+    consumer: dict[str, Any] | None = None
     torch: str | None = None
     warnings: tuple[Diagnostic, ...] = ()
-    error: dict | None = None  # errors.EngineError.to_dict()
+    error: dict[str, Any] | None = None  # errors.EngineError.to_dict()
     run_id: int | None = None  # where the store keeps it, once saved
 
     # Written only when set, as the documents always were.
     OPTIONAL: ClassVar[tuple[str, ...]] = ("error", "run_id")
 
-    def to_dict(self) -> dict:
-        doc = {}
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in self.OPTIONAL and value is None:
@@ -56,7 +59,7 @@ class _Result:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "_Result":
+    def from_dict(cls: type[_R], doc: dict[str, Any]) -> _R:
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {k: v for k, v in doc.items() if k in names}
         values["warnings"] = _diagnostics(doc.get("warnings"))
@@ -71,7 +74,8 @@ class _Result:
 
     @property
     def error_message(self) -> str:
-        return (self.error or {}).get("message", "")
+        message: str = (self.error or {}).get("message", "")
+        return message
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class ProfileResult(_Result):
     """A profile or verification run: the steady-state figures of the loader as it was set."""
 
     kind: ClassVar[str] = "profile"
-    config: dict | None = None  # LoaderConfig.to_json_dict()
+    config: dict[str, Any] | None = None  # LoaderConfig.to_json_dict()
     snippet: str | None = None  # the DataLoader(...) line of these settings
     seconds: float = 0.0
     epochs: int = 0
@@ -88,25 +92,25 @@ class ProfileResult(_Result):
     steady_batches: int = 0
     samples_per_s: float | None = None  # steady state; None when there was none
     batches_per_s: float | None = None
-    batch_latency_ms: dict | None = None  # p50/p95/max/mean of next() waits
+    batch_latency_ms: dict[str, Any] | None = None  # p50/p95/max/mean of next() waits
     startup_s: float | None = None
-    per_batch: dict | None = None
-    counting: dict | None = None  # how samples and bytes were counted
-    workers: tuple = ()  # one dict per DataLoader worker id
-    main_process: dict | None = None
+    per_batch: dict[str, Any] | None = None
+    counting: dict[str, Any] | None = None  # how samples and bytes were counted
+    workers: tuple[dict[str, Any], ...] = ()  # one dict per DataLoader worker id
+    main_process: dict[str, Any] | None = None
     consumer_idle_frac: float | None = None
     input_bound: str | None = None
-    transfer: dict | None = None
-    gpu_idle: dict | None = None
+    transfer: dict[str, Any] | None = None
+    gpu_idle: dict[str, Any] | None = None
     not_measured: str | None = None  # why the GPU figures are missing
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         doc = super().to_dict()
         doc["workers"] = list(self.workers)
         return _ordered(doc, PROFILE_KEYS)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "ProfileResult":
+    def from_dict(cls, doc: dict[str, Any]) -> "ProfileResult":
         result = super().from_dict(doc)
         return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()))
 
@@ -121,27 +125,27 @@ class TuneResult(_Result):
 
     kind: ClassVar[str] = "tune"
     OPTIONAL: ClassVar[tuple[str, ...]] = ("error", "run_id", "settings_file")
-    recommended: dict | None = None  # DataLoader keyword arguments
+    recommended: dict[str, Any] | None = None  # DataLoader keyword arguments
     snippet: str | None = None
     expected_samples_per_s: float | None = None
     expected_consumer_idle_frac: float | None = None
     uncertainty_pct: float | None = None
-    baseline: dict | None = None  # the starting settings' rate and the claimed speedup
-    trials: tuple = ()
+    baseline: dict[str, Any] | None = None  # the starting settings' rate and the claimed speedup
+    trials: tuple[dict[str, Any], ...] = ()
     reasons: tuple[str, ...] = ()
-    profile: dict | None = None  # the cost profile the search started from
-    limits: dict | None = None
+    profile: dict[str, Any] | None = None  # the cost profile the search started from
+    limits: dict[str, Any] | None = None
     tuning_seconds: float | None = None
     trial_seconds: float | None = None
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         doc = super().to_dict()
         doc["trials"], doc["reasons"] = list(self.trials), list(self.reasons)
         return _ordered(doc, TUNE_KEYS)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "TuneResult":
+    def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":
         result = super().from_dict(doc)
         return dataclasses.replace(result, trials=tuple(doc.get("trials") or ()),
                                    reasons=tuple(doc.get("reasons") or ()))
@@ -168,10 +172,10 @@ TUNE_KEYS = (
     "error", "run_id", "settings_file")
 
 
-def _ordered(doc: dict, keys: tuple[str, ...]) -> dict:
+def _ordered(doc: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: doc[k] for k in keys if k in doc}
 
 
-def result_from_dict(kind: str, doc: dict) -> Result:
+def result_from_dict(kind: str, doc: dict[str, Any]) -> Result:
     """A saved document as its type: tunes by their kind, every other run as a profile."""
     return TuneResult.from_dict(doc) if kind == "tune" else ProfileResult.from_dict(doc)

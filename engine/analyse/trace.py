@@ -8,19 +8,20 @@ counters. Times in the trace are microseconds since the run started.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from dataloader_tuner.record.rows import BatchRecord
 
 US = 1e6
 
 
-def _complete(name: str, pid: int, start_s: float, dur_s: float, **args) -> dict:
+def _complete(name: str, pid: int, start_s: float, dur_s: float,
+              **args: int | None) -> dict[str, Any]:
     return {"ph": "X", "name": name, "cat": "loader", "pid": pid, "tid": pid,
             "ts": round(start_s * US, 3), "dur": round(max(dur_s, 0.0) * US, 3), "args": args}
 
 
-def _process_name(pid: int, name: str, sort_index: int) -> list[dict]:
+def _process_name(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
     return [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}},
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": pid,
@@ -28,12 +29,12 @@ def _process_name(pid: int, name: str, sort_index: int) -> list[dict]:
     ]
 
 
-def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict],
-                 main_pid: int | None = None, label: str = "run") -> dict:
+def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict[str, Any]],
+                 main_pid: int | None = None, label: str = "run") -> dict[str, Any]:
     """The trace document for one run's batches and resource samples."""
     if main_pid is None:
         main_pid = next((r["pid"] for r in resources if r["role"] == "main"), 0)
-    events: list[dict] = _process_name(main_pid, f"main process (consumer) - {label}", 0)
+    events: list[dict[str, Any]] = _process_name(main_pid, f"main process (consumer) - {label}", 0)
     workers = sorted({(b.worker_id, b.worker_pid) for b in batches if b.worker_id >= 0})
     for worker_id, pid in workers:
         events += _process_name(pid, f"DataLoader worker {worker_id} (pid {pid})", 1 + worker_id)

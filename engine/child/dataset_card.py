@@ -9,6 +9,7 @@ from typing import Any
 import itertools
 
 from dataloader_tuner.instrument.probes import payload_bytes
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.child.target import ResolvedTarget, type_name
 
 
@@ -30,27 +31,14 @@ def structure(value: Any, depth: int = 0) -> Any:
     return type(value).__qualname__
 
 
-def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
+def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> DatasetCard:
     dataset = resolved.dataset
     try:
-        length = len(dataset)
+        length: int | None = len(dataset)  # TypeError: no length
     except TypeError:
         length = None
-    info = {
-        "target": resolved.target,
-        "found_as": resolved.found_as,
-        "class": type_name(dataset),
-        "kind": "iterable" if resolved.is_iterable else "map",
-        "length": length,
-        "defines_batch_size": resolved.defines_batch_size,
-        "module_batch_size": resolved.batch_size if resolved.defines_batch_size else None,
-        "has_collate_fn": resolved.collate_fn is not None,
-        "has_sampler": resolved.sampler is not None or resolved.batch_sampler is not None,
-        "has_train_step": resolved.train_step is not None,
-        "has_dataloader_kwargs": bool(resolved.dataloader_kwargs),
-        "sample": None,
-        "sample_bytes": None,
-    }
+    sample: Any = _NONE
+    sample_error = None
     if with_sample:
         try:
             sample = _first_sample(resolved, length)
@@ -58,12 +46,23 @@ def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> dict:
             if not resolved.is_iterable:
                 raise  # sample 0 of a map-style dataset failing is the run's error
             # Some streams only work inside workers (they shard by get_worker_info()).
-            sample = _NONE
-            info["sample_error"] = f"{type(exc).__name__}: {exc}"
-        if sample is not _NONE:
-            info["sample"] = structure(sample)
-            info["sample_bytes"] = payload_bytes(sample)
-    return info
+            sample_error = f"{type(exc).__name__}: {exc}"
+    return DatasetCard(
+        target=resolved.target,
+        found_as=resolved.found_as,
+        class_name=type_name(dataset),
+        kind="iterable" if resolved.is_iterable else "map",
+        length=length,
+        defines_batch_size=resolved.defines_batch_size,
+        module_batch_size=resolved.batch_size if resolved.defines_batch_size else None,
+        has_collate_fn=resolved.collate_fn is not None,
+        has_sampler=resolved.sampler is not None or resolved.batch_sampler is not None,
+        has_train_step=resolved.train_step is not None,
+        has_dataloader_kwargs=bool(resolved.dataloader_kwargs),
+        sample=None if sample is _NONE else structure(sample),
+        sample_bytes=None if sample is _NONE else payload_bytes(sample),
+        sample_error=sample_error,
+    )
 
 
 _NONE = object()

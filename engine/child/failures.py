@@ -66,9 +66,12 @@ def explain_failure(exc: BaseException, worker_signals: dict[int, int] | None = 
     # exception, so search the whole chain.
     killed = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)\.",
                        details)
-    if killed or worker_signals:
-        pid, name = killed.groups() if killed else next(
-            (str(p), signal.strsignal(n)) for p, n in worker_signals.items())
+    if killed is not None or worker_signals:
+        if killed is not None:
+            pid, name = killed.group(1), killed.group(2)
+        else:
+            found_pid, number = next(iter((worker_signals or {}).items()))
+            pid, name = str(found_pid), signal.strsignal(number) or f"signal {number}"
         cause = SIGNAL_CAUSES.get(name, "the worker process died.")
         return RunError(f"A DataLoader worker (pid {pid}) was killed by signal {name}: {cause}",
                         details=details, type="worker_killed")

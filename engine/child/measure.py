@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import (
@@ -95,11 +95,11 @@ class Measurement:
         self.seconds, self.max_batches = seconds, max_batches
         self.on_batch, self.should_stop = on_batch, should_stop
         self.on_epoch, self.on_worker = on_epoch, on_worker
-        self.loader = build_loader(resolved.dataset, config)
+        self.loader: DataLoader[Any] | None = build_loader(resolved.dataset, config)
         self.transfer = gpu.TransferTimer.create()
         self.gaps = gpu.GapTimer.create()
         self.t0 = 0.0
-        self.iterator = None
+        self.iterator: Iterator[Any] | None = None
         self.ledger: BatchLedger | None = None
         self.label_counts: dict[int, int] = {}
 
@@ -121,6 +121,8 @@ class Measurement:
         h2d_ms = other_ms = gap_ms = None
         while True:
             mark = ledger.new_epoch()
+            if self.loader is None:
+                raise RunError("The measurement was closed.", type="engine_internal")
             self.iterator = iterator = iter(self.loader)
             while True:
                 try:
@@ -192,10 +194,10 @@ class Measurement:
         return h2d_ms, other_ms, gap_ms
 
     def _step(self, batch: Any) -> None:
-        kind = self.consumer.kind
-        if kind == "train_step":
+        kind, train_step = self.consumer.kind, self.resolved.train_step
+        if kind == "train_step" and train_step is not None:
             try:
-                self.resolved.train_step(batch)
+                train_step(batch)
             except Exception as exc:  # noqa: BLE001 - the user's step: report, don't crash
                 raise RunError(
                     f"train_step raised {type(exc).__name__}: {exc}",
@@ -209,8 +211,7 @@ class Measurement:
                 time.sleep(self.consumer.step_ms / 1000.0)
 
 
-# Labels are counted on every 8th batch of the first 1024, then every 64th: a histogram at
-# little cost (counting one batch costs ~6 us, as much as a whole tiny batch's making).
+# Labels counted on some batches only: NOTE [ Measuring cost on the fastest batches ].
 LABEL_EVERY, LABEL_DENSE, LABEL_SPARSE = 8, 1024, 64
 MAX_LABEL = 100_000
 

@@ -19,6 +19,7 @@ Parent death: a watchdog thread notices when the parent is gone and stops the ru
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import signal
@@ -202,12 +203,9 @@ class ChildRun:
         self.events.send(ready)
         if request.kind == "inspect":  # the dashboard's check of a target: no loader
             return
-        # Everything made so far (torch, the user's dataset) is moved out of the collector's
-        # reach. Batch rows are tracked containers that live until the next flush, so they
-        # trigger full collections a plain loop never makes, each walking torch's whole heap:
-        # on 50 us batches that cost ~6% of the rate, with 80 ms stalls (bench/real_like.py,
-        # long_tail: 0.80 -> 0.87 of a plain loop). Workers forked later also leave these
-        # objects' pages unwritten by their own collections.
+        # The heap made so far (torch, the user's dataset) out of the collector's reach: NOTE
+        # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections
+        # then leave its pages unwritten too.
         gc.freeze()
         if request.kind == "tune":
             self._tune(resolved, config, consumer, ready.system)
@@ -221,8 +219,8 @@ class ChildRun:
             config,
             consumer,
             seconds=float(request.seconds),
-            # The list's own append: a method of ours here costs ~0.3 us a batch (~1% of a
-            # 50 us batch); the watchdog sees progress as rows waiting to be flushed.
+            # The list's own append (NOTE [ Measuring cost ... ], ledger.py); the watchdog sees
+            # progress as rows waiting to be flushed.
             on_batch=self.recorder.rows.append,
             should_stop=lambda: self.stop_requested,
             on_epoch=self.recorder.epoch_began,
@@ -274,8 +272,9 @@ def main() -> None:
     # not unbuffered: unbuffered, print() writes its text and its newline separately, and two
     # forked workers printing at once interleave into one garbled line of the log (output.py
     # then counts it as a line of its own). A whole line is one write; workers inherit this.
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # as Python starts them (not replaced)
+            stream.reconfigure(line_buffering=True)
     request = RunRequest.from_json(json.loads(sys.stdin.read()))
     if request.cwd:
         os.chdir(request.cwd)

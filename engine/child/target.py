@@ -121,6 +121,10 @@ def _load_file(path: str) -> ModuleType:
     if name in sys.modules or not name.isidentifier():
         name = "_dltuner_user_" + "".join(c if c.isalnum() else "_" for c in name)
     module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:  # not a file Python can import
+        raise TargetError(
+            f"{path} is not a Python module: point at a .py file that defines your Dataset.",
+            type="target_not_found")
     module = importlib.util.module_from_spec(module_spec)
     # The file's own folder goes on sys.path so its sibling imports work as in a script, and
     # the module is registered so worker processes can unpickle classes defined in it.

@@ -85,7 +85,7 @@ class CopyTimes:
     COMPARE_EVERY-th batch is also copied in the other memory kind (pageable if the batch is
     pinned, pinned if not) into a throwaway, so pinned and pageable compare at the real size."""
 
-    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[], Any]) -> None:
+    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[Any], Any]) -> None:
         self.make_event, self.current_stream = make_event, current_stream
         self.pending: collections.deque = collections.deque()
         self.count = 0

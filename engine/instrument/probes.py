@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
@@ -61,16 +61,13 @@ def add_note(exc: BaseException, text: str) -> None:
         exc.add_note(f"{NOTE_PREFIX} {text}")
 
 
-# The costly reads, the process CPU clock (a system call) and the batch's byte size (a walk
-# over its structure: up to ~200 us for a list of per-image dicts), are read on every batch
-# only while they cost under READ_SHARE of the batch's time. Beyond that, on every n-th batch:
-# SAMPLE_EVERY once batches take under FAST_BATCH_S (the clock alone is felt at ~100 us per
-# batch), and as rarely as keeps the walk under READ_SHARE, up to MAX_EVERY. The output says on
-# how many batches they were read (report "counting").
-FAST_BATCH_S = 0.001
+# The costly reads (the process CPU clock, the walk that sizes a batch) are read on every batch
+# only while under READ_SHARE of its time, else on every n-th: NOTE [ Measuring cost on the
+# fastest batches ] in record/ledger.py.
+FAST_BATCH_S = 0.001  # batches faster than this read them on every SAMPLE_EVERY-th only
 SAMPLE_EVERY = 16
 READ_SHARE = 0.005
-MAX_EVERY = 64
+MAX_EVERY = 64  # the rarest they are read
 
 
 class _FetchTimer:
@@ -80,14 +77,14 @@ class _FetchTimer:
                  "made", "every", "worker_id")
 
     def __init__(self) -> None:
-        self.start = None
-        self.cpu_start = None
+        self.start: float | None = None
+        self.cpu_start: float | None = None
         self.total = 0.0
-        self.indices = None  # the batch's indices: for hang and error reports
+        self.indices: Sequence[Any] | None = None  # the batch's: for hang and error reports
         self.fetching = False
         self.pid = os.getpid()
         self.probed = False  # this process's first fetch was probed (see rng_probe)
-        self.probe = None
+        self.probe: dict[str, Any] | None = None
         self.made = 0  # batches this process made
         self.every = 1  # the costly reads happen on every n-th batch (see READ_SHARE)
         self.worker_id: int | None = None  # DataLoader's worker id (-1: main), once known
@@ -149,14 +146,13 @@ class TimedMapDataset(Dataset):
         self._inner_getitems = getattr(inner, "__getitems__", None)
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.inner)  # type: ignore[arg-type]  # a map-style dataset: len() is its
 
     def __getitem__(self, index: Any) -> Any:
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list) -> list:
-        # The timer's bookkeeping is written out here and in TimedCollate rather than in
-        # methods: with 50 us batches each call shows in the throughput (bench/overhead.py).
+        # Written out here and in TimedCollate, not in methods: NOTE [ Measuring cost ... ].
         timer = _timer
         if not timer.probed:
             timer.probed = True
@@ -246,7 +242,8 @@ class TimedIterableDataset(IterableDataset):
             yield item
 
     def __len__(self) -> int:
-        return len(self.inner)  # raises TypeError like the original when there is no length
+        # Raises TypeError like the original when there is no length.
+        return len(self.inner)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
@@ -278,7 +275,7 @@ class RecordingBatchSampler(Sampler):
             yield batch
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.inner)  # type: ignore[arg-type]  # as the wrapped sampler's own len()
 
 
 class TimedCollate:

@@ -4,7 +4,7 @@ the loops learn its layout without importing the analysis package."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 
 class BatchRecord(NamedTuple):
@@ -45,14 +45,14 @@ class BatchRecord(NamedTuple):
     def worker_end(self) -> float:
         return self.fetch_start + self.fetch_s + self.collate_s
 
-    def to_row(self) -> tuple:
+    def to_row(self) -> tuple[Any, ...]:
         return tuple(self)
 
     @classmethod
-    def from_row(cls, row: Sequence) -> "BatchRecord":
+    def from_row(cls, row: Sequence[Any]) -> "BatchRecord":
         return cls(*row)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return self._asdict()
 
 

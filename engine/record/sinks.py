@@ -76,6 +76,6 @@ class HistorySink:
         self.store.record_event(self.run_id, protocol.Finished(
             "error" if status == "error" else "done", elapsed_s))
         live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
-        result = replace(live.summary(status), error=error, run_id=self.run_id)
+        result = replace(live.profile_summary(status), error=error, run_id=self.run_id)
         self.store.finish_run(self.run_id, status, result, error)
         return result

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse.report import summarize, summarize_tune
-from dataloader_tuner.analyse.results import Result
+from dataloader_tuner.analyse.results import ProfileResult, Result, TuneResult
 
 if TYPE_CHECKING:
     from dataloader_tuner.store import RunStore
@@ -26,7 +27,7 @@ class LiveRun:
     def __init__(self, target: str, tuned_workers: int | None = None) -> None:
         self.target = target
         self.tuned_workers = tuned_workers  # a count the tuner measured to pay (pitfalls.py)
-        self.dataset: dict | None = None
+        self.dataset: DatasetCard | None = None
         self.config: dict | None = None
         self.snippet: str | None = None
         self.consumer: dict | None = None
@@ -139,7 +140,14 @@ class LiveRun:
         view.resources = [r for r in self.resources if r["t"] >= since]
         return view
 
-    def summary(self, status: str) -> "Result":
-        if self.mode == "tune":
-            return summarize_tune(self, status)
+    def profile_summary(self, status: str) -> ProfileResult:
+        """The figures of a run that measured one setting (profile, verify, a watched loader)."""
         return summarize(self, status)
+
+    def tune_summary(self, status: str) -> TuneResult:
+        """A tune's trials and recommendation."""
+        return summarize_tune(self, status)
+
+    def summary(self, status: str) -> "Result":
+        """Either, by the run's kind: for what shows any run (the history, the pages)."""
+        return self.tune_summary(status) if self.mode == "tune" else self.profile_summary(status)

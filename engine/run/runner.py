@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import psutil
 
@@ -27,6 +28,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError, RunError, TargetError
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.store import RunStore
 
 
@@ -97,8 +99,10 @@ class EngineChild:
             raise
         finally:
             os.close(write_fd)
-        popen.stdin.write(json.dumps(request.to_json()).encode())
-        popen.stdin.close()
+        stdin = popen.stdin
+        assert stdin is not None  # started with stdin=PIPE
+        stdin.write(json.dumps(request.to_json()).encode())
+        stdin.close()
         return cls(popen), read_fd
 
     def poll(self) -> int | None:
@@ -251,7 +255,7 @@ class RunHandle:
                 if not chunk:
                     break
                 buffer = self._dispatch(buffer + chunk)
-            elif self._proc.poll() is not None:
+            elif self._child.poll() is not None:
                 # The child is gone; orphaned workers may still hold the pipe open, so do
                 # not wait for EOF: take what is there and finish.
                 break
@@ -285,7 +289,7 @@ class RunHandle:
             listener(event)
 
     def _finish(self) -> None:
-        proc = self._proc
+        proc = self._child
         try:
             returncode = proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
@@ -309,7 +313,14 @@ class RunHandle:
         self._done.set()
 
     def _kill_group(self) -> None:
-        self._proc.kill_group()
+        self._child.kill_group()
+
+    @property
+    def _child(self) -> EngineChild:
+        """The child process, once start() made it (the reader thread runs after that)."""
+        if self._proc is None:
+            raise RuntimeError("the run's child process has not been started")
+        return self._proc
 
 
 def _read_available(fd: int) -> bytes:
@@ -357,10 +368,31 @@ def run_to_completion(request: RunRequest, store: RunStore | None = None,
 INSPECT_TIMEOUT_S = 60.0
 
 
-def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict:
+@dataclass(frozen=True)
+class Inspection:
+    """What a target resolves to: its dataset card and the settings a run would start from,
+    or the error that stopped it (the dashboard's card, ``dataloader-tuner inspect``)."""
+
+    dataset: DatasetCard | None = None
+    config: dict[str, Any] | None = None  # LoaderConfig.to_json_dict of the module's settings
+    consumer: dict[str, Any] | None = None
+    system: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # EngineError.to_dict(): set when it failed
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.dataset is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"status": "error", "error": self.error}
+        return {"status": "ok", "dataset": self.dataset.to_dict() if self.dataset else None,
+                "config": self.config, "consumer": self.consumer, "system": self.system}
+
+
+def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> Inspection:
     """What a target resolves to, checked in a short-lived child (importing the user's module
-    may crash, hang or print): ``{"status": "ok", "dataset", "config", "consumer", "system"}``
-    or ``{"status": "error", "error": {...}}``. Nothing is saved in the run history."""
+    may crash, hang or print). Nothing is saved in the run history."""
     handle = RunHandle(RunRequest(target=target, kind="inspect", seconds=0)).start()
     try:
         handle.wait(timeout_s)
@@ -368,12 +400,11 @@ def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict:
         handle.close()
     live = handle.live
     if live.error is not None:
-        return {"status": "error", "error": live.error.to_dict()}
+        return Inspection(error=live.error.to_dict())
     if live.dataset is None:
-        return {"status": "error", "error": TargetError(
+        return Inspection(error=TargetError(
             f"Loading the module took longer than {timeout_s:g} s. "
             "Does it download or read a lot at import time?",
-            details=handle.output_tail(), type="inspect_timeout").to_dict()}
-    return {"status": "ok", "dataset": live.dataset, "config": live.config,
-            "consumer": live.consumer,
-            "system": live.system.to_dict() if live.system is not None else None}
+            details=handle.output_tail(), type="inspect_timeout").to_dict())
+    return Inspection(live.dataset, live.config, live.consumer,
+                      live.system.to_dict() if live.system is not None else None)

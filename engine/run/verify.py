@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState
 from dataloader_tuner.store import RunStore
@@ -34,7 +35,7 @@ class Verification:
         self.runs: list[tuple[str, RunHandle]] = []
         self.state = "running"  # running | ok | stopped | error
         self.error: str | None = None
-        self._result: dict | None = None  # final once the thread has ended
+        self._result: VerificationResult | None = None  # final once the thread has ended
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -79,7 +80,7 @@ class Verification:
                     return
         self.state = "stopped" if self._stop.is_set() else "ok"
 
-    def result(self) -> dict:
+    def result(self) -> "VerificationResult":
         """Per arm: each round's samples/s and consumer idle, their medians, and the ratio.
         Computed once the verification has ended (the page asks on every redraw)."""
         if self._result is not None:
@@ -87,24 +88,46 @@ class Verification:
         final = not self._thread.is_alive() and self.state != "running"
         arms = {}
         for arm in ARMS:
-            results = [h.live.summary(h.state.value) for a, h in self.runs
+            results = [h.live.profile_summary(h.state.value) for a, h in self.runs
                        if a == arm and h.state is RunState.FINISHED]
             rates = [r.samples_per_s for r in results if r.samples_per_s]
             idles = [r.consumer_idle_frac for r in results if r.consumer_idle_frac is not None]
-            arms[arm] = {
-                "config": results[-1].config if results else dict(self.requests[arm].settings),
-                "snippet": results[-1].snippet if results else None,
-                "samples_per_s_rounds": rates,
-                "samples_per_s": statistics.median(rates) if rates else None,
-                "consumer_idle_frac": statistics.median(idles) if idles else None,
-                "run_ids": [h.run_id for a, h in self.runs if a == arm],
-            }
-        before, after = arms["before"]["samples_per_s"], arms["after"]["samples_per_s"]
-        result = {"state": self.state, "error": self.error, "rounds": self.rounds, **arms,
-                  "speedup": after / before if before and after else None}
+            arms[arm] = ArmResult(
+                config=(results[-1].config if results and results[-1].config is not None
+                        else dict(self.requests[arm].settings)),
+                snippet=results[-1].snippet if results else None,
+                samples_per_s_rounds=rates,
+                samples_per_s=statistics.median(rates) if rates else None,
+                consumer_idle_frac=statistics.median(idles) if idles else None,
+                run_ids=[h.run_id for a, h in self.runs if a == arm])
+        before, after = arms["before"].samples_per_s, arms["after"].samples_per_s
+        result = VerificationResult(self.state, self.error, self.rounds, arms["before"],
+                                    arms["after"], after / before if before and after else None)
         if final:
             self._result = result
         return result
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One side of a verification: its settings and what its rounds measured."""
+
+    config: dict[str, Any]  # the loader settings the runs used (LoaderConfig.to_json_dict)
+    snippet: str | None  # the DataLoader(...) line of those settings
+    samples_per_s_rounds: list[float]
+    samples_per_s: float | None  # the median round
+    consumer_idle_frac: float | None  # the median round's share of time waiting for data
+    run_ids: list[int | None]  # the runs in the history
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    state: str  # running | ok | stopped | error
+    error: str | None
+    rounds: int
+    before: ArmResult
+    after: ArmResult
+    speedup: float | None  # after's median samples/s over before's
 
 
 CLAIM_TOLERANCE_PCT = 15.0

@@ -17,11 +17,24 @@ from __future__ import annotations
 import multiprocessing
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
 
 from dataloader_tuner.errors import RunError
 
+if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
+    from dataloader_tuner.child import measure
+    from dataloader_tuner.child.target import ResolvedTarget
+    from dataloader_tuner.config import LoaderConfig
+    from dataloader_tuner.record.rows import BatchRecord
+
 START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
 LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
+
+# What goes over a pipe: (kind, body), the body's type set by the kind ("run": the settings,
+# "rows": (time, samples) per batch, "error": the traceback, else None).
+Message = tuple[str, Any]
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,12 @@ class CompanionRates:
 
 
 class Companions:
-    def __init__(self, target: str, settings: dict, step_ms: float | None, count: int) -> None:
+    def __init__(self, target: str, settings: dict[str, Any], step_ms: float | None,
+                 count: int) -> None:
         self.count = count
         context = multiprocessing.get_context("spawn")  # a fresh interpreter, as a rank's
-        self.pipes, self.processes = [], []
+        self.pipes: list[Connection[Message, Message]] = []
+        self.processes: list[BaseProcess] = []
         for _ in range(count):
             mine, theirs = context.Pipe()
             process = context.Process(target=companion_main,
@@ -55,7 +70,7 @@ class Companions:
             self.close()
             raise
 
-    def start(self, tuned: dict) -> None:
+    def start(self, tuned: dict[str, Any]) -> None:
         """Every companion runs these settings (num_workers, pin_memory, prefetch_factor,
         persistent_workers over the target's own); returns once each has its first batch."""
         for pipe in self.pipes:
@@ -68,7 +83,7 @@ class Companions:
         clock is the machine's: the same in every process)."""
         for pipe in self.pipes:
             pipe.send(("stop", None))
-        rates = []
+        rates: list[float] = []
         seconds = max(window_end - window_start, 1e-9)
         for pipe in self.pipes:
             rows = self._expect(pipe, "rows", START_TIMEOUT_S)
@@ -91,7 +106,7 @@ class Companions:
                 process.kill()
                 process.join(5)
 
-    def _expect(self, pipe, kind: str, timeout_s: float):
+    def _expect(self, pipe: Connection[Message, Message], kind: str, timeout_s: float) -> Any:
         if not pipe.poll(timeout_s):
             raise RunError(f"A companion loader (one of the {self.count} other ranks measured "
                            f"with --local-world-size) did not answer within {timeout_s:g} s.",
@@ -110,7 +125,8 @@ class Companions:
         return body
 
 
-def companion_main(target: str, settings: dict, step_ms: float | None, pipe) -> None:
+def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
+                   pipe: Connection[Message, Message]) -> None:
     """One companion: load the target, then run settings as told until told to exit."""
     import traceback
 
@@ -146,12 +162,15 @@ def companion_main(target: str, settings: dict, step_ms: float | None, pipe) -> 
             pass
 
 
-def _run_until_stopped(resolved, config, consumer, pipe, Measurement) -> list:
-    rows: list = []
+def _run_until_stopped(resolved: ResolvedTarget, config: LoaderConfig,
+                       consumer: measure.Consumer, pipe: Connection[Message, Message],
+                       Measurement: type[measure.Measurement]
+                       ) -> list[tuple[float, int]] | None:
+    rows: list[tuple[float, int]] = []
     started = [False]
     next_look = [0.0]
 
-    def on_batch(record) -> None:
+    def on_batch(record: BatchRecord) -> None:
         rows.append((measurement.t0 + record.t_request + record.wait_s, record.samples))
         if not started[0]:
             started[0] = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from dataloader_tuner.tune.trials import TrialResult
 
@@ -84,7 +85,7 @@ class CostProfile:
         n = math.ceil(margin * demand * self.cycle_ms / 1000.0)
         return max(1, min(n, max_workers))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_share": self.cpu_share, "main_serial_ms": self.main_serial_ms}
 
 

@@ -18,7 +18,9 @@ keeps every epoch's samples and order as the sampler drew them, is in loader.py.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
@@ -45,7 +47,7 @@ class Setting:
         """Batches that come back to back from the prefetch after a switch: not timed."""
         return max(1, self.num_workers * (self.prefetch_factor or 2))
 
-    def kwargs(self) -> dict:
+    def kwargs(self) -> dict[str, int | None]:
         return {"num_workers": self.num_workers,
                 "prefetch_factor": self.prefetch_factor if self.num_workers else None}
 
@@ -83,7 +85,7 @@ class Trial:
         ci = self.interval()
         return ci is not None and ci <= TARGET_CI
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         rate, ci = self.samples_per_s, self.interval()
         return {**asdict(self.setting), "samples_per_s": rate, "batches": len(self.cycles),
                 "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
@@ -95,10 +97,34 @@ class Trial:
 class Decision:
     """A line of the search's log: what was measured and what it led to."""
 
-    setting: dict
+    setting: dict[str, Any]  # the Setting's fields, as the run's log records them
     samples_per_s: float | None
     rate_ci: float | None
     verdict: str  # plain words: "kept: 12% faster than 2 workers", "rolled back: ..."
+
+
+class Search(Protocol):
+    """What the watched loader (watcher/loader.py) asks of a search: ``InPlaceSearch`` on its
+    own, or a node's ``LeaderSearch`` / ``FollowerSearch`` (tune/node.py)."""
+
+    @property
+    def baseline(self) -> Setting: ...
+    @property
+    def current(self) -> Setting: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def best(self) -> Trial | None: ...
+    @property
+    def decisions(self) -> Sequence[Decision]: ...
+    @property
+    def measured(self) -> Sequence[Trial]: ...
+
+    def epoch_started(self, epoch: int) -> None: ...
+    def loader_started(self) -> None: ...
+    def after_batch(self, samples: int, cycle_s: float) -> Setting | None: ...
+    def setting_failed(self, setting: Setting, why: str) -> Setting: ...
+    def close(self) -> None: ...
 
 
 class InPlaceSearch:
@@ -116,7 +142,7 @@ class InPlaceSearch:
 
     @property
     def current(self) -> Setting:
-        return self.trial.setting if not self.finished else self.best.setting
+        return self.trial.setting if not self.finished else self._best().setting
 
     def epoch_started(self, epoch: int) -> None:
         """(A node's coordinated search times its switches by epoch and batch: tune/node.py.)"""
@@ -171,6 +197,11 @@ class InPlaceSearch:
     def _fallback(self) -> Setting:
         return self.best.setting if self.best is not None else self.baseline
 
+    def _best(self) -> Trial:
+        """The best trial so far: there is one from the first decision on (and once finished)."""
+        assert self.best is not None, "no setting measured yet"
+        return self.best
+
     def _decide(self) -> Setting | None:
         trial, best = self.trial, self.best
         self.measured.append(trial)
@@ -179,36 +210,42 @@ class InPlaceSearch:
         if best is None:
             self.best = trial
             verdict = f"measured as the starting point ({name}, the job's own setting)"
-        elif self.direction == "up" and rate >= (1 + MORE_WORKERS_GAIN) * best.samples_per_s:
-            verdict = (f"kept: {rate / best.samples_per_s - 1:.0%} faster than "
-                       f"{_name(best.setting)}")
-            self.best = trial
-        elif (self.direction in ("down", "zero")
-              and rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate()):
-            share = rate / best.samples_per_s
-            verdict = (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
-                       if share >= 1 else
-                       f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer workers "
-                       f"(within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known to)")
-            self.best = trial
-            if self.direction == "zero":
-                self.direction = "done"
         else:
-            verdict = (f"rolled back to {_name(best.setting)}: {rate / best.samples_per_s:.0%} "
-                       "of its rate")
-            if self.direction == "up" and len(self.measured) == 2:
-                self.direction = "down"  # the first step up did not pay: try fewer instead
+            # Judged against the best so far, a measured trial. (One put back unmeasured by
+            # setting_failed has no rate: judging against it fails, as the arithmetic did.)
+            best_rate = best.samples_per_s
+            assert best_rate is not None, f"{_name(best.setting)} has no rate to judge against"
+            if self.direction == "up" and rate >= (1 + MORE_WORKERS_GAIN) * best_rate:
+                verdict = (f"kept: {rate / best_rate - 1:.0%} faster than "
+                           f"{_name(best.setting)}")
+                self.best = trial
+            elif (self.direction in ("down", "zero")
+                  and rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate()):
+                share = rate / best_rate
+                verdict = (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
+                           if share >= 1 else
+                           f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer "
+                           f"workers (within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known "
+                           "to)")
+                self.best = trial
+                if self.direction == "zero":
+                    self.direction = "done"
             else:
-                self.direction = "done"
+                verdict = (f"rolled back to {_name(best.setting)}: {rate / best_rate:.0%} "
+                           "of its rate")
+                if self.direction == "up" and len(self.measured) == 2:
+                    self.direction = "down"  # the first step up did not pay: try fewer instead
+                else:
+                    self.direction = "done"
         self.decisions.append(Decision(asdict(trial.setting), trial.samples_per_s,
                                        trial.interval(), verdict))
         following = self._next_setting()
         if following is None:
             self.finished = True
-            self.decisions.append(Decision(asdict(self.best.setting), self.best.samples_per_s,
-                                           self.best.interval(),
-                                           f"chosen: {_name(self.best.setting)}"))
-            return self.best.setting if self.best.setting != trial.setting else None
+            chosen = self._best()
+            self.decisions.append(Decision(asdict(chosen.setting), chosen.samples_per_s,
+                                           chosen.interval(), f"chosen: {_name(chosen.setting)}"))
+            return chosen.setting if chosen.setting != trial.setting else None
         self.trial = Trial(following)
         return following
 
@@ -218,10 +255,11 @@ class InPlaceSearch:
         return max((t.samples_per_s or 0.0) for t in self.measured)
 
     def _next_setting(self) -> Setting | None:
-        n = self.best.setting.num_workers
+        best = self._best().setting
+        n = best.num_workers
         while self.direction in ("up", "down"):
             candidate = grow(n) if self.direction == "up" else shrink(n)
-            setting = Setting(candidate, self.best.setting.prefetch_factor)
+            setting = Setting(candidate, best.prefetch_factor)
             tried = tried_or_failed(self)
             if 0 <= candidate <= self.max_workers and candidate != n and setting not in tried:
                 return setting
@@ -238,7 +276,7 @@ class InPlaceSearch:
             return zero
         return None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"baseline": asdict(self.baseline), "finished": self.finished,
                 "chosen": asdict(self.best.setting) if self.finished and self.best else None,
                 "trials": [t.to_dict() for t in self.measured],

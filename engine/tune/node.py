@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from dataloader_tuner.tune.in_place import Decision, InPlaceSearch, Setting, Trial
 from dataloader_tuner.watcher.job_report import report_key
@@ -50,6 +52,14 @@ class NodePlan:
     def from_json(cls, text: str | bytes) -> "NodePlan":
         data = json.loads(text)
         return cls(**{**data, "setting": Setting(**data["setting"])})
+
+
+class NodeStore(Protocol):
+    """What is used of the job's key-value store (torch.distributed's Store)."""
+
+    def set(self, key: str, value: str, /) -> None: ...
+    def get(self, key: str, /) -> bytes: ...
+    def check(self, keys: list[str], /) -> bool: ...
 
 
 def plan_key(loader: str, node: int) -> str:
@@ -87,8 +97,9 @@ class Pace:
 class _StoreThread:
     """Reads and writes the node's keys every POLL_S on a thread of its own."""
 
-    def __init__(self, connect, name: str) -> None:
-        self.connect, self._store = connect, None
+    def __init__(self, connect: Callable[[], NodeStore | None], name: str) -> None:
+        self.connect = connect
+        self._store: NodeStore | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -116,7 +127,7 @@ class _StoreThread:
         """Nothing more to read or say: the thread ends."""
         raise NotImplementedError
 
-    def exchange(self, store) -> None:
+    def exchange(self, store: NodeStore) -> None:
         raise NotImplementedError
 
 
@@ -124,7 +135,7 @@ class LeaderSearch(_StoreThread):
     """Local rank 0's search, announced to its node."""
 
     def __init__(self, search: InPlaceSearch, loader: str, node: int, local_world_size: int,
-                 connect) -> None:
+                 connect: Callable[[], NodeStore | None]) -> None:
         super().__init__(connect, "dataloader-tuner-node-leader")
         self.search, self.loader, self.node = search, loader, node
         self.local_world_size = local_world_size
@@ -145,11 +156,25 @@ class LeaderSearch(_StoreThread):
     def current(self) -> Setting:
         return self._running
 
-    baseline = property(lambda self: self.search.baseline)
-    finished = property(lambda self: self.search.finished and self.pending is None)
-    decisions = property(lambda self: self.search.decisions)
-    measured = property(lambda self: self.search.measured)
-    best = property(lambda self: self.search.best)
+    @property
+    def baseline(self) -> Setting:
+        return self.search.baseline
+
+    @property
+    def finished(self) -> bool:
+        return self.search.finished and self.pending is None
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return self.search.decisions
+
+    @property
+    def measured(self) -> list[Trial]:
+        return self.search.measured
+
+    @property
+    def best(self) -> Trial | None:
+        return self.search.best
 
     def epoch_started(self, epoch: int) -> None:
         self.epoch, self.index = epoch, 0
@@ -231,7 +256,7 @@ class LeaderSearch(_StoreThread):
     def done(self) -> bool:
         return self.search.finished and self.pending is None and not self._outbox
 
-    def exchange(self, store) -> None:
+    def exchange(self, store: NodeStore) -> None:
         while self._outbox:
             store.set(plan_key(self.loader, self.node), self._outbox[0].to_json())
             self._outbox.pop(0)
@@ -254,7 +279,7 @@ class FollowerSearch(_StoreThread):
     """Any other rank of the node: runs what the node's plan says, when it says."""
 
     def __init__(self, baseline: Setting, loader: str, node: int, local_rank: int,
-                 connect) -> None:
+                 connect: Callable[[], NodeStore | None]) -> None:
         super().__init__(connect, "dataloader-tuner-node-follower")
         self.baseline, self.loader, self.node, self.local_rank = baseline, loader, node, local_rank
         self.epoch, self.index = 0, 0
@@ -268,7 +293,7 @@ class FollowerSearch(_StoreThread):
         self._outbox: list[str] = []
         self._epochs = 0  # tuned epochs begun
         self.pace = Pace()  # reported to the leader, who judges the node by its slowest
-        self._pace_sent: tuple | None = None
+        self._pace_sent: tuple[int, int, float] | None = None
 
     @property
     def current(self) -> Setting:
@@ -326,7 +351,7 @@ class FollowerSearch(_StoreThread):
     def done(self) -> bool:
         return self.finished and not self._outbox
 
-    def exchange(self, store) -> None:
+    def exchange(self, store: NodeStore) -> None:
         while self._outbox:
             store.set(failure_key(self.loader, self.node, self.local_rank), self._outbox[0])
             self._outbox.pop(0)

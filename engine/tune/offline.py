@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -20,9 +20,10 @@ from dataloader_tuner.child.measure import Consumer, Measurement
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.tune.recommend import Limits
+from dataloader_tuner.tune.recommend import Limits, Recommendation
 from dataloader_tuner.settings import recommended_config, snippet_names
 from dataloader_tuner.child.target import ResolvedTarget
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
@@ -51,7 +52,8 @@ class TrialClock:
     MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
     batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S."""
 
-    def __init__(self, records: list, warmup: int, block: int, max_trial_s: float) -> None:
+    def __init__(self, records: list[BatchRecord], warmup: int, block: int,
+                 max_trial_s: float) -> None:
         self.records, self.warmup, self.block = records, warmup, block
         self.max_trial_s = max_trial_s
         self.started = time.monotonic()
@@ -83,19 +85,19 @@ class TrialClock:
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
-                  attempts: list | None = None,
+                  attempts: list[str] | None = None,
                   companions: Companions | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while."""
     warmup = config.warmup_batches
-    records: list = []
+    records: list[BatchRecord] = []
     others = measurement = None
-    started = False
+    running: Companions | None = None  # the companions, once they run this trial's settings
     try:
         if companions is not None:
             companions.start({key: getattr(config, key) for key in TUNED_KEYS})
-            started = True
+            running = companions
         clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
         cpu_before = time.process_time()
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
@@ -105,12 +107,12 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         private = workers_private_mb() if config.num_workers else None
     finally:
         try:
-            if started:  # the companions stopped before this loader's workers are
+            if running is not None:  # the companions stopped before this loader's workers are
                 steady = metrics.steady_state(records, warmup)
                 t0 = measurement.t0 if measurement is not None else time.monotonic()
                 window = ((t0 + steady.start, t0 + steady.end) if steady
                           else (t0, time.monotonic()))
-                others = companions.stop(*window)
+                others = running.stop(*window)
         finally:
             if measurement is not None:
                 measurement.close()
@@ -123,7 +125,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
         phase=phase, repeat=repeat,
     )
-    if trial is not None and others is not None:
+    if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
                         node_samples_per_s=others.node_total(trial.samples_per_s))
     if trial is None and attempts is not None and phase != "prewarm":
@@ -135,7 +137,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
              system: SystemSnapshot,
-             request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict:
+             request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict[str, Any]:
     """Search, then measure the module's own settings as the baseline; returns the document."""
     try:
         length = len(resolved.dataset)
@@ -232,7 +234,7 @@ def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
 
 def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
               outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str,
-              companions: Companions | None = None) -> dict:
+              companions: Companions | None = None) -> dict[str, Any]:
     """What the recommendation is compared with: the settings the run started from (the
     module's own, with the caller's choices on top; see settings.py). Measured, unless a search
     trial already measured exactly those settings."""
@@ -253,7 +255,8 @@ def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer
     }
 
 
-def speedup_claim(rec, base: TrialResult | None, same_settings: bool = False) -> dict:
+def speedup_claim(rec: Recommendation, base: TrialResult | None,
+                  same_settings: bool = False) -> dict[str, float | str | None]:
     """The speedup over the baseline with its 95% uncertainty, or why none is claimed: a claim
     needs both rates measured long enough to believe (trials.MIN_STEADY_BATCHES and a known
     interval)."""
@@ -276,8 +279,8 @@ def speedup_claim(rec, base: TrialResult | None, same_settings: bool = False) ->
             "speedup_pct": (pick_pct ** 2 + base_pct ** 2) ** 0.5, "speedup_note": None}
 
 
-def tune_document(outcome: TuneOutcome, baseline: dict, config: LoaderConfig,
-                  seconds: float, expressions: dict | None = None) -> dict:
+def tune_document(outcome: TuneOutcome, baseline: dict[str, Any], config: LoaderConfig,
+                  seconds: float, expressions: dict[str, str] | None = None) -> dict[str, Any]:
     rec = outcome.recommendation
     recommended = {k: v for k, v in rec.kwargs.items() if v is not None or k == "batch_size"}
     if config.batch_sampler is not None:  # the user's batch sampler makes the batches

@@ -56,7 +56,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Recommendation:
-    kwargs: dict
+    kwargs: dict[str, int | bool | None]  # DataLoader keyword arguments
     expected_samples_per_s: float
     uncertainty_pct: float | None
     reasons: tuple[str, ...]
@@ -103,7 +103,7 @@ def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = N
     """The fewest workers within ``FEWER_WORKERS_TOLERANCE`` of the fastest measured setting.
     ``limits`` say which cap stopped the search when the pick sits at the top."""
     rates = {n: median_rate(ts) for n, ts in groups.items()}
-    best_n = max(rates, key=rates.get)
+    best_n = max(rates, key=lambda n: rates[n])
     pick = min(n for n, r in rates.items() if r >= (1 - FEWER_WORKERS_TOLERANCE) * rates[best_n])
     if pick == best_n:
         more = [n for n in rates if n > pick]
@@ -118,8 +118,9 @@ def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = N
                 # The search ended (its worker limit, memory or budget) before the curve
                 # flattened: say so, or the user takes the edge of the search for the peak.
                 prev = max(fewer)
-                if (limits is not None and limits.memory_binds
-                        and pick >= limits.memory_max_workers):
+                memory_cap = (limits.memory_max_workers
+                              if limits is not None and limits.memory_binds else None)
+                if memory_cap is not None and pick >= memory_cap:
                     how = "memory allows no more here (see below)"
                 elif limits is not None and pick >= limits.max_workers:
                     how = ("raise the limit (--max-workers, or \"Most workers to try\" on "
@@ -142,8 +143,8 @@ def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
     Idle alone can mislead when the step runs on the CPU too: extra workers steal its cores,
     the step stretches and its idle share falls while the training as a whole gets slower.
     """
-    idles = {n: median_idle(ts) for n, ts in groups.items()}
-    idles = {n: i for n, i in idles.items() if i is not None}
+    medians = {n: median_idle(ts) for n, ts in groups.items()}
+    idles = {n: i for n, i in medians.items() if i is not None}
     rates = {n: median_rate(groups[n]) for n in idles}
     top_rate = max(rates.values())
     fast = {n: i for n, i in idles.items() if rates[n] >= (1 - FED_RATE_TOLERANCE) * top_rate}
@@ -157,7 +158,7 @@ def pick_fed(groups: dict[int, list[TrialResult]]) -> tuple[int, str]:
     if fewer:
         below = max(fewer)
         why += f" With {below} it waits {idles[below]:.1%}."
-    least_idle = min(idles, key=idles.get)
+    least_idle = min(idles, key=lambda n: idles[n])
     if least_idle not in fast:
         why += (f" {least_idle} worker(s) waited least ({idles[least_idle]:.1%}) but ran at "
                 f"{rates[least_idle]:.0f} samples/s against {rates[pick]:.0f}: their CPU use "
@@ -244,7 +245,7 @@ def main_process_reason(groups: dict[int, list[TrialResult]], has_consumer: bool
     pick actually allowed."""
     rate = median_rate(groups[0])
     rates = {n: median_rate(ts) for n, ts in groups.items() if n > 0}
-    best = max(rates, key=rates.get)
+    best = max(rates, key=lambda n: rates[n])
     if rate >= rates[best]:
         return (f"Loading in the main process beats worker processes here ({rate:.0f} "
                 f"samples/s against {rates[best]:.0f} at best, with {best}): handing each batch "
@@ -287,7 +288,8 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
     persistent, persistent_reason = persistent_decision(n, chosen, limits, rate)
     prefetch, prefetch_reason = prefetch_decision(n, chosen, has_consumer)
     reasons += [r for r in (pin_reason, persistent_reason, prefetch_reason) if r]
-    kwargs = {"batch_size": batch_size, "num_workers": n, "pin_memory": pin}
+    kwargs: dict[str, int | bool | None] = {"batch_size": batch_size, "num_workers": n,
+                                            "pin_memory": pin}
     if n > 0:
         kwargs["persistent_workers"] = persistent
         if prefetch is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
@@ -52,10 +53,10 @@ class TrialResult:
         return 1000.0 * (self.batch_size or 1) / self.samples_per_s
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[int, int | None, bool, bool]:
         return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -27,8 +27,9 @@ from typing import Callable
 from dataloader_tuner.tune import costmodel
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation, by_workers,
-                        median_idle, median_rate, pick_fed, recommend)
+from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation,
+                                             by_workers, median_idle, median_rate, pick_fed,
+                                             recommend)
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.trials import TrialResult
 
@@ -88,7 +89,7 @@ class Tuner:
         self,
         measure: Callable[[TrialSpec], TrialResult | None],
         limits: Limits,
-        system: dict,
+        system: SystemSnapshot,
         has_consumer: bool,
         step_on_cpu: bool,
         budget_s: float,
@@ -193,16 +194,17 @@ class Tuner:
                 break
             current = nxt
         # Down while fewer workers lose nothing against the best worker count so far.
-        with_workers = [n for n in self._measured() if n > 0 and self._score(n) is not None]
+        with_workers = {n: score for n in self._measured()
+                        if n > 0 and (score := self._score(n)) is not None}
         if not with_workers:
             return
-        best = max(with_workers, key=lambda n: (self._score(n), -n))
+        best = max(with_workers, key=lambda n: (with_workers[n], -n))
         current = best
         while not self.out_of_budget and current > 1:
-            nxt = shrink(current)
+            nxt = shrink(current)  # below best: best's trials, and so its score, stay as they are
             self._measure(nxt)
             new = self._score(nxt)
-            if new is None or not self._no_worse(new, self._score(best)):
+            if new is None or not self._no_worse(new, with_workers[best]):
                 break
             current = nxt
 
@@ -220,8 +222,7 @@ class Tuner:
 
     def _confirm(self) -> None:
         """Re-measure, interleaved, the candidates whose order noise could flip."""
-        scores = {n: self._score(n) for n in self._measured()}
-        scores = {n: s for n, s in scores.items() if s is not None}
+        scores = {n: s for n in self._measured() if (s := self._score(n)) is not None}
         if len(scores) < 2:
             return
         leaders = self._fed_boundary(scores) if self.has_consumer else self._leaders(scores)
@@ -245,7 +246,7 @@ class Tuner:
         below = [n for n in scores if n < pick]
         if below and scores[max(below)] >= best - 2 * LESS_IDLE_GAIN:
             return [max(below), pick]
-        least_idle = max(scores, key=scores.get)
+        least_idle = max(scores, key=lambda n: scores[n])
         if pick != least_idle and scores[pick] < best - LESS_IDLE_GAIN / 2:
             return [pick, least_idle]  # the pick sits in the band's upper half
         return []

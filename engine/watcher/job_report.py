@@ -54,7 +54,7 @@ def job_store():
     return None
 
 
-def report_key(loader: str, rank: int) -> str:
+def report_key(loader: str, rank: int | str) -> str:
     # A restarted job (torchrun --max-restarts) reports afresh: its attempt is in the key.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"dataloader-tuner/{attempt}/{loader}/{rank}"

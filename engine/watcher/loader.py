@@ -24,10 +24,12 @@ import threading
 import time
 import warnings
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
@@ -39,12 +41,13 @@ from dataloader_tuner.store import RunStore
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
-from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
+from dataloader_tuner.tune.in_place import InPlaceSearch, Search, Setting
 from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
 from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.recorder import Recorder
 from dataloader_tuner.record.sinks import HistorySink
 
@@ -61,9 +64,10 @@ def process_identity() -> dict:
 
 def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
           tune: bool = False, max_workers: int | None = None,
-          settings_out: str | None = None) -> "WatchedLoader":
+          settings_out: str | None = None) -> "WatchedLoader | DataLoader[Any]":
     """Wrap ``loader`` so every batch the training loop takes is measured and saved to the run
-    history (``db``, default: the dashboard's), where the dashboard shows it live.
+    history (``db``, default: the dashboard's), where the dashboard shows it live. If it cannot
+    be watched (say, the history cannot be written), says why and returns ``loader`` itself.
 
     ``tune=True`` also tries worker counts inside the job (in_place.py), up to ``max_workers``
     (default: twice the usable CPUs), switching only between batches and keeping each epoch's
@@ -88,7 +92,7 @@ class WatchedLoader:
         self.loader = loader
         self.name = name or "loader"
         self.probed, self.unprobed_reason = instrumented(loader)
-        self.search: InPlaceSearch | None = None
+        self.search: Search | None = None
         self.tune_off_because: str | None = None
         self.max_workers = max_workers
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
@@ -149,15 +153,17 @@ class WatchedLoader:
         # The node's CPUs are shared by its ranks' loaders (each rank searches on its own).
         sharing = self.rank.local_world_size if self.rank else 1
         start = Setting(workers, prefetch)
-        search = InPlaceSearch(start, self.max_workers
-                               or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+        alone = InPlaceSearch(start, self.max_workers
+                              or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+        search: Search = alone
         if self.rank is not None and self.rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (tune/node.py).
             node, local = self.rank.node_rank, self.rank.local_rank
-            search = (LeaderSearch(search, self.job_key, node, self.rank.local_world_size,
-                                   job_store) if local == 0 else
-                      FollowerSearch(start, self.job_key, node, local, job_store))
-            search.start()
+            node_search = (LeaderSearch(alone, self.job_key, node, self.rank.local_world_size,
+                                        job_store) if local == 0 else
+                           FollowerSearch(start, self.job_key, node, local, job_store))
+            node_search.start()
+            search = node_search
         self.search = search
         # persistent_workers keep the probed copy's workers alive between epochs: not while
         # the search runs its own.
@@ -170,7 +176,7 @@ class WatchedLoader:
                 and self.tune_off_because is None):
             self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
-            return self._tuned_batches()
+            return self._tuned_batches(self.search)
         if self.probed is not None:
             return self._batches(iter(self.probed), probed=True)
         return self._batches(iter(self.loader), probed=False)
@@ -259,13 +265,14 @@ class WatchedLoader:
             finally:  # also the last batch of a loop that breaks off (the generator closed)
                 rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
 
-    def _tuned_batches(self):
+    def _tuned_batches(self, search: Search) -> Iterator[Any]:
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
         batch sampler once, as DataLoader would (its sampler first, then the workers' base
         seed, from the loader's generator: later epochs draw exactly as without the tool);
         each setting's loader is handed the batches not yet taken, so a switch between two
         batches repeats and skips nothing and keeps the order."""
-        loader, search = self.loader, self.search
+        loader = self.loader
+        assert loader.batch_sampler is not None  # in_place_blocker turns such loaders away
         sampler_iter = iter(loader.batch_sampler)
         base_seed = int(torch.empty((), dtype=torch.int64).random_(
             generator=loader.generator).item())
@@ -274,7 +281,7 @@ class WatchedLoader:
         taken, segment = 0, 0
         mark = ledger.new_epoch()
         search.epoch_started(mark.epoch)
-        source = self._open(plan, 0, search.current, base_seed, segment)
+        source = self._open(search, plan, 0, search.current, base_seed, segment)
         try:
             while taken < len(plan):
                 try:
@@ -288,10 +295,10 @@ class WatchedLoader:
                     # Each setting fails once at most (then it is dropped; a failing best gives
                     # way to the job's own), so a bad sample ends at the job's own error.
                     fallback = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
-                    self._log_decisions()
+                    self._log_decisions(search)
                     _shutdown(source)
                     segment += 1
-                    source = self._open(plan, taken, fallback, base_seed, segment)
+                    source = self._open(search, plan, taken, fallback, base_seed, segment)
                     continue
                 ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
@@ -306,27 +313,29 @@ class WatchedLoader:
                 # decision was logged: tune/node.py.)
                 if len(search.decisions) > self._logged or (search.finished
                                                              and not self._saved):
-                    self._log_decisions()
+                    self._log_decisions(search)
                 if switch is not None and taken < len(plan):
                     _shutdown(source)
                     segment += 1
-                    source = self._open(plan, taken, switch, base_seed, segment)
+                    source = self._open(search, plan, taken, switch, base_seed, segment)
         finally:
             _shutdown(source)
 
-    def _open(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
+    def _open(self, search: Search, plan: list[Any], start: int, setting: Setting,
+              base_seed: int, segment: int) -> Iterator[Any]:
         """``_segment``, and if a tried setting cannot even start, the best one so far (or the
         job's own) instead: tuning must never be what stops training."""
         while True:
             try:
-                return self._segment(plan, start, setting, base_seed, segment)
+                return self._segment(search, plan, start, setting, base_seed, segment)
             except Exception as exc:  # noqa: BLE001
-                if setting == self.search.baseline:
+                if setting == search.baseline:
                     raise  # the job's own settings: its own error, as without the tool
-                setting = self.search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
-                self._log_decisions()
+                setting = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
+                self._log_decisions(search)
 
-    def _segment(self, plan: list, start: int, setting: Setting, base_seed: int, segment: int):
+    def _segment(self, search: Search, plan: list[Any], start: int, setting: Setting,
+                 base_seed: int, segment: int) -> Iterator[Any]:
         """An iterator over ``plan[start:]`` with ``setting``, probed like the watched copy."""
         loader = self.loader
         # Workers seeded from this epoch's base seed, not from the loader's generator: that one
@@ -335,16 +344,15 @@ class WatchedLoader:
                              torch.Generator().manual_seed(base_seed + 1_000_003 * segment))
         kwargs.update(batch_sampler=plan[start:],
                       collate_fn=TimedCollate(loader.collate_fn, True))
-        self.search.loader_started()
+        search.loader_started()
         with warnings.catch_warnings():  # torch's "suggested max number of worker": the
             # search tries such counts on purpose and judges them by the loop's own rate
             warnings.filterwarnings("ignore", message=".*suggested max number of worker")
             return iter(DataLoader(wrap_dataset(loader.dataset), **kwargs))
 
-    def _log_decisions(self) -> None:
+    def _log_decisions(self, search: Search) -> None:
         """New lines of the search's log: into the run (shown live) and on stderr; at the end,
         the chosen settings printed and saved."""
-        search = self.search
         for decision in search.decisions[self._logged:]:
             self.recorder.events.append(protocol.Trial({
                 **decision.setting, "phase": "in_place", "samples_per_s": decision.samples_per_s,
@@ -357,11 +365,13 @@ class WatchedLoader:
         self._logged = len(search.decisions)
         if search.finished and not self._saved:
             self._saved = True
-            self._save_choice()
+            self._save_choice(search)
 
-    def _save_choice(self) -> None:
-        search = self.search
-        chosen = search.best.setting
+    def _save_choice(self, search: Search) -> None:
+        best = search.best
+        chosen = best.setting if best is not None else search.baseline
+        rate = best.samples_per_s if best is not None else None
+        interval = best.interval() if best is not None else None
         recommended = {"num_workers": chosen.num_workers, "pin_memory": self.loader.pin_memory,
                        "prefetch_factor": chosen.prefetch_factor if chosen.num_workers else None,
                        "persistent_workers": bool(self.loader.persistent_workers
@@ -369,8 +379,8 @@ class WatchedLoader:
         config = self.config.replace(**{k: v for k, v in recommended.items()})
         result = TuneResult(
             status="ok", target=process_identity()["script"], recommended=recommended,
-            snippet=config.snippet(), expected_samples_per_s=search.best.samples_per_s,
-            uncertainty_pct=(100 * search.best.interval()) if search.best.interval() else None,
+            snippet=config.snippet(), expected_samples_per_s=rate,
+            uncertainty_pct=100 * interval if interval else None,
             baseline={"source": "the job's own settings", **asdict(search.baseline)},
             reasons=tuple(d.verdict for d in search.decisions))
         # From the next epoch on, the chosen settings run as a probed copy of the job's loader
@@ -382,7 +392,7 @@ class WatchedLoader:
         chosen_loader = DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
                                    **copy_kwargs(loader, chosen.num_workers,
                                                  chosen.prefetch_factor,
-                                                 recommended["persistent_workers"],
+                                                 bool(recommended["persistent_workers"]),
                                                  loader.generator))
         self.probed = instrumented(chosen_loader)[0] or self.probed
         if isinstance(search, FollowerSearch):  # the node's leader saves it, once
@@ -401,7 +411,7 @@ class WatchedLoader:
     def _ready(self) -> protocol.Ready:
         dataset = self.loader.dataset
         try:
-            length = len(dataset)
+            length: int | None = len(dataset)  # type: ignore[arg-type]  # TypeError: no length
         except TypeError:
             length = None
         counting = counting_rules(self.config)
@@ -411,11 +421,16 @@ class WatchedLoader:
         return protocol.Ready(
             mode="watch",
             pid=os.getpid(),
-            dataset={"target": self.name, "class": f"{type(dataset).__module__}."
-                     f"{type(dataset).__qualname__}",
-                     "kind": "iterable" if isinstance(dataset, IterableDataset) else "map",
-                     "length": length, "probed": self.probed is not None,
-                     "not_probed_because": self.unprobed_reason},
+            # (Whether its workers could be probed is in ``counting``.)
+            dataset=DatasetCard(
+                target=self.name, found_as="watch(loader)",
+                class_name=f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+                kind="iterable" if isinstance(dataset, IterableDataset) else "map",
+                length=length, defines_batch_size=False, module_batch_size=None,
+                has_collate_fn=self.loader.collate_fn not in (default_collate, default_convert),
+                has_sampler=not isinstance(self.loader.sampler, (SequentialSampler, RandomSampler,
+                                                                 _InfiniteConstantSampler)),
+                has_train_step=False, has_dataloader_kwargs=False),
             config=self.config.to_json_dict(),
             snippet=self.config.snippet(),
             consumer={"kind": "training_loop", "step_ms": None},
@@ -439,7 +454,7 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
     if not getattr(loader, "in_order", True):
         return "with in_order=False batches arrive out of order: a switch could repeat or skip"
     try:
-        batches = len(loader.batch_sampler)
+        batches = len(loader.batch_sampler)  # type: ignore[arg-type]  # TypeError: no length
     except TypeError:
         return "its batch sampler has no length (an endless sampler): an epoch cannot be planned"
     if batches > MAX_PLANNED_BATCHES:

@@ -18,4 +18,4 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-COMMANDS: list[Command] = [profile, tune, inspect, runs, trace, dashboard]  # type: ignore[list-item]
+COMMANDS: list[Command] = [profile, tune, inspect, runs, trace, dashboard]

@@ -18,12 +18,13 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = inspect_target(args.target)
+    inspection = inspect_target(args.target)
+    doc = inspection.to_dict()
     if args.json:
         print_json(doc)
-    elif doc["status"] == "error":
+    elif not inspection.ok:
         print(f"ERROR: {doc['error']['message']}")
     else:
         for key, value in doc["dataset"].items():
             print(f"{key}: {value}")
-    return EXIT_RUN_FAILED if doc["status"] == "error" else EXIT_OK
+    return EXIT_OK if inspection.ok else EXIT_RUN_FAILED

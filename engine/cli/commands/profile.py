@@ -64,13 +64,14 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=sys.stderr.isatty())
     handle = run_to_completion(request, store, on_event=progress.on_event)
     progress.done()
-    result = replace(handle.live.summary(handle.state.value), run_id=handle.run_id)
+    result = replace(handle.live.profile_summary(handle.state.value), run_id=handle.run_id)
     if args.json:
         print_json(result.to_dict())
     else:
         print(render_text(result))
-    if result.failed and not args.json and result.error.get("details"):
-        print("\ndetails:\n" + result.error["details"].rstrip(), file=sys.stderr)
+    details = (result.error or {}).get("details")
+    if result.failed and not args.json and details:
+        print("\ndetails:\n" + details.rstrip(), file=sys.stderr)
     return EXIT_RUN_FAILED if result.failed else EXIT_OK
 
 

@@ -42,7 +42,7 @@ def render_tune_text(result: TuneResult) -> str:
         return f"ERROR: {result.error_message}"
     if result.status == "stopped" or not result.recommended:
         return "Tuning stopped before a recommendation."
-    lines = [result.snippet, ""]
+    lines = [result.snippet or "", ""]
     base = result.baseline or {}
     uncertainty = result.uncertainty_pct
     noise = f" (±{uncertainty:.0f}%)" if uncertainty is not None else ""
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     )
     store = RunStore(args.db)
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
-    result = replace(handle.live.summary(handle.state.value), run_id=handle.run_id)
+    result = replace(handle.live.tune_summary(handle.state.value), run_id=handle.run_id)
     if args.out and result.recommended:
         with open(args.out, "w", encoding="utf-8") as handle_out:
             json.dump(settings_file(result), handle_out, indent=2)

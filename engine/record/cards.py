@@ -1,0 +1,48 @@
+"""What a run learns of the user's dataset before measuring it (the dataset card): built in the
+engine's child (child/dataset_card.py), sent in the Ready event, kept in the run history and
+shown on the page. JSON keys as they have always been written (``class`` for the class name)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DatasetCard:
+    target: str  # as the user gave it: path.py[:attr] or pkg.module[:attr]
+    found_as: str  # how the dataset was found there ("make_dataset()", "dataset", ...)
+    class_name: str  # the dataset's class, qualified
+    kind: str  # "map" or "iterable"
+    length: int | None  # None: no len() (an IterableDataset)
+    defines_batch_size: bool  # the module sets batch_size itself (None: it batches itself)
+    module_batch_size: int | None
+    has_collate_fn: bool
+    has_sampler: bool  # a sampler or batch sampler of the module's own
+    has_train_step: bool
+    has_dataloader_kwargs: bool
+    sample: Any = None  # a JSON-safe outline of sample 0 (or an iterable's first item)
+    sample_bytes: int | None = None  # its size as it would cross from a worker
+    sample_error: str | None = None  # why there is no sample (a stream that needs workers)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["class"] = doc.pop("class_name")
+        if doc["sample_error"] is None:
+            del doc["sample_error"]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "DatasetCard":
+        """Also a card an older version wrote (a watched run's lacked most fields)."""
+        get = doc.get
+        return cls(
+            target=get("target", ""), found_as=get("found_as", ""),
+            class_name=get("class", "?"), kind=get("kind", "map"), length=get("length"),
+            defines_batch_size=bool(get("defines_batch_size")),
+            module_batch_size=get("module_batch_size"),
+            has_collate_fn=bool(get("has_collate_fn")), has_sampler=bool(get("has_sampler")),
+            has_train_step=bool(get("has_train_step")),
+            has_dataloader_kwargs=bool(get("has_dataloader_kwargs")),
+            sample=get("sample"), sample_bytes=get("sample_bytes"),
+            sample_error=get("sample_error"))
