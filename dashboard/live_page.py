@@ -269,11 +269,11 @@ def _recommendation_block(jobs: Jobs) -> None:
 def _tune_progress(tune: RunHandle) -> None:
     budget = tune.request.budget_s
     elapsed = time.monotonic() - (tune.started_at or time.monotonic())
-    trials = list(tune.live.trials)
-    last = trials[-1] if trials else None
+    trials = [t.to_dict() for t in tune.live.trials]
+    last = tune.live.trials[-1] if trials else None
     text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s of about {budget:.0f} s"
-            + (f"; last: num_workers={last['num_workers']} gave "
-               f"{views.fmt(last['samples_per_s'])} samples/s" if last else "; loading the dataset"))
+            + (f"; last: num_workers={last.num_workers} gave "
+               f"{views.fmt(last.samples_per_s)} samples/s" if last else "; loading the dataset"))
     st.progress(min(elapsed / max(budget, 1.0), 0.99), text=text)
     if trials:
         st.plotly_chart(charts.tune_figure(trials), key="tune-live")

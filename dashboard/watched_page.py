@@ -7,7 +7,8 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import LiveRun, ProfileResult, RunStore, StoredRun
+from dataloader_tuner import (InPlaceTrial, LiveRun, ProfileResult, RunStore, StoredRun,
+                              TrialRecord)
 
 from . import job_board, views
 from .shared import get_jobs
@@ -70,17 +71,17 @@ def _request_tune(store: RunStore, run: StoredRun) -> None:
     job_board.request_tune(store, run)
 
 
-def _tuning_log(trials: list[dict]) -> None:
+def _tuning_log(trials: list[TrialRecord]) -> None:
     """The in-place search's decisions, as the job logged them."""
-    decisions = [t for t in trials if t.get("phase") == "in_place"]
+    decisions = [t for t in trials if isinstance(t, InPlaceTrial)]
     if not decisions:
         return
     st.markdown("**Tuning in place**")
     st.dataframe([{
-        "num_workers": d.get("num_workers"),
-        "samples/s": None if d.get("samples_per_s") is None else round(d["samples_per_s"], 1),
-        "±": None if d.get("rate_ci") is None else f"{d['rate_ci']:.0%}",
-        "decision": d.get("verdict"),
+        "num_workers": d.num_workers,
+        "samples/s": _round(d.samples_per_s),
+        "±": None if d.rate_ci is None else f"{d.rate_ci:.0%}",
+        "decision": d.verdict,
     } for d in decisions], hide_index=True)
 
 

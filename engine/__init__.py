@@ -5,14 +5,17 @@ only (tests/test_api.py keeps ``__all__`` complete and the dashboard to it). No 
 imported here: the parent side (starting runs, reading them, showing them) stays light, and
 torch lives in the engine's child process.
 
-The packages behind it:
-    engine/run/      the parent side of a run: start the child, fold its events, store them
-    engine/child/    the engine's child process: the target, measuring loop, probes, GPU, tune
-    engine/tune/     the search for settings (pure: measurements come in through a function)
-    engine/analyse/  pure reading of measurements: metrics, diagnostics, results, traces
-    engine/cli/      python -m dataloader_tuner
-    engine/watcher/  watch(loader): a user's training job, measured in its own process
-and, shared by all: protocol (request and events), wire, errors, system, config, settings.
+The packages behind it (docs/development.md says more):
+    engine/run/        the parent side of a run: start the child, fold its events, store them
+    engine/child/      the engine's child process: the target, its dataset card, the measuring
+    engine/instrument/ probes in the workers, resource samples, GPU and copy timing
+    engine/record/     the batch row, the per-batch ledger, the recorder and its sinks, what
+                       travels (wire, dataset card, trials)
+    engine/tune/       every search for settings: offline, in place, a node's ranks together
+    engine/analyse/    pure reading of measurements: metrics, diagnostics, results, traces
+    engine/watcher/    watch(loader): a user's training job, measured in its own process
+    engine/cli/        python -m dataloader_tuner, one module per command
+and, shared by all: protocol (request and events), store, errors, system, config, settings.
 """
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
@@ -28,6 +31,8 @@ from dataloader_tuner.errors import ConfigError, EngineError, RunError, TargetEr
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S, RunRequest)
 from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.record.trials import InPlaceTrial, TrialRecord, TrialResult
+from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.run.runner import (Inspection, RunHandle, RunState, inspect_target,
                                          run_to_completion)
 from dataloader_tuner.store import RunStore, StoredRun, default_db_path
@@ -50,7 +55,8 @@ __all__ = [
     # watch a training job
     "watch",
     # start and follow runs
-    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "Inspection", "LiveRun",
+    "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "Inspection",
+    "LiveRun",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "Verification", "check_claim",
     # the run history
@@ -59,7 +65,7 @@ __all__ = [
     "LoaderConfig", "load_settings", "recommended_settings", "settings_file",
     # what runs produce
     "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord",
-    "busy_timeline", "chrome_trace", "fmt", "speedup_text",
+    "DatasetCard", "TrialRecord", "TrialResult", "InPlaceTrial", "busy_timeline", "chrome_trace", "fmt", "speedup_text",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     # errors

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence, Union
 
 from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.trials import TrialRecord, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
@@ -200,8 +201,14 @@ class WarningCaught:
 
 @dataclass(frozen=True)
 class Trial:
+    """One measured setting: an offline tune's trial, or a watched job's in-place decision."""
+
     kind: ClassVar[str] = "trial"
-    trial: dict[str, Any]  # tuner.TrialResult.to_dict()
+    trial: TrialRecord
+
+    @classmethod
+    def from_wire(cls, doc: dict[str, Any]) -> "Trial":
+        return cls(trial_from_dict(doc["trial"]))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.trials import InPlaceTrial, TrialResult
 from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
@@ -19,6 +20,8 @@ ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
 ROW = tuple(BatchRecord(3, 0, 0.5, 1e-4, 2e-6, 64, None, -1, 4242, 0.25, 3e-5, 1e-5, None,
                         None, None, None))
 
+TRIAL = TrialResult(2, None, False, False, 8, 1000.0, 200, 1.5, 0.05, 0.1, 0.2, 0.4, 3.0, 2.5,
+                    0.1, 1.0, 0.3, 4096.0, 12.0, rate_ci=0.02)
 CARD = DatasetCard("data.py", "dataset", "data.Small", "map", 10, False, None, False, False,
                    False, False)
 
@@ -33,11 +36,22 @@ EXAMPLES = [
     protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),
     protocol.Labels({0: 880, 9: 40}, "dataset"),
     protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
-    protocol.Trial({"num_workers": 2, "samples_per_s": 10.0}),
+    protocol.Trial(InPlaceTrial(2, 10.0, 0.03, "kept: 12% faster than 1 worker")),
+    protocol.Trial(TRIAL),
     protocol.Tuned({"recommended": {"num_workers": 2}}),
     protocol.Error(RunError("boom", type="getitem_error").to_dict()),
     protocol.Finished(reason="deadline", t=3.0),
 ]
+
+
+def test_a_trial_document_from_an_older_version_is_read_by_its_phase():
+    from dataloader_tuner.record.trials import trial_from_dict
+
+    old = trial_from_dict({"phase": "in_place", "num_workers": 3, "samples_per_s": None,
+                           "rate_ci": None, "verdict": "tuning in place is off: no len()"})
+    assert old == InPlaceTrial(3, None, None, "tuning in place is off: no len()")
+    doc = {k: v for k, v in TRIAL.to_dict().items() if k not in ("ranks_measured", "phase")}
+    assert trial_from_dict({**doc, "unknown_later_field": 1}) == TRIAL
 
 
 def test_every_event_kind_has_an_example_here():

@@ -9,6 +9,7 @@ from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.system import SystemSnapshot
@@ -38,7 +39,7 @@ class RunSoFar(Protocol):
     error: EngineError | None
     finished_reason: str | None
     elapsed_s: float
-    trials: list[dict[str, Any]]
+    trials: list[TrialRecord]
     tune_result: dict[str, Any] | None
     probes: list[dict[str, Any]]
     label_counts: dict[Any, int]  # protocol.Labels.counts
@@ -112,7 +113,7 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
         common.update(status="error", error=common["error"] or RunError(
             "The tuner stopped before reaching a recommendation.",
             type="tune_incomplete").to_dict())
-    return TuneResult(**common, trials=tuple(live.trials), warnings=printed)
+    return TuneResult(**common, trials=tuple(t.to_dict() for t in live.trials), warnings=printed)
 
 
 def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]

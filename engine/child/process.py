@@ -234,7 +234,7 @@ class ChildRun:
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()
-            self.events.send(protocol.Trial(trial.to_dict()))
+            self.events.send(protocol.Trial(trial))
 
         document = run_tune(resolved, config, consumer, system, self.request, on_trial)
         self.events.send(protocol.Tuned(document))

@@ -14,6 +14,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse.report import summarize, summarize_tune
@@ -43,7 +44,7 @@ class LiveRun:
         self.finished_reason: str | None = None
         self.elapsed_s = 0.0
         self.mode = "profile"
-        self.trials: list[dict] = []  # tune runs: each measured configuration
+        self.trials: list[TrialRecord] = []  # each measured setting (tunes, in-place searches)
         self.tune_result: dict | None = None
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.label_counts: dict = {}

@@ -1,63 +1,13 @@
-"""TrialResult: one measured loader configuration, reduced to the numbers the tuner reasons on."""
+"""One measured loader configuration reduced to the numbers the tuner reasons on (the
+record/trials.py TrialResult), and when a trial is conclusive."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.trials import TrialResult
 
-
-@dataclass(frozen=True)
-class TrialResult:
-    num_workers: int
-    prefetch_factor: int | None
-    persistent_workers: bool
-    pin_memory: bool
-    batch_size: int | None
-    samples_per_s: float
-    batches: int  # steady-state batches behind samples_per_s
-    seconds: float  # wall time the trial cost, start-up included
-    startup_s: float  # iterator created -> first batch
-    consumer_idle_frac: float | None
-    latency_p50_ms: float | None
-    latency_p95_ms: float | None
-    worker_ms: float | None  # median fetch + collate per batch inside a worker (or main)
-    worker_cpu_ms: float | None  # median CPU of that work
-    worker_ms_cv: float | None  # spread of per-batch worker time (burstiness)
-    step_ms: float | None  # median consumer step per batch
-    main_cpu_ms: float | None  # main-process CPU per batch (receiving batches, the step)
-    batch_bytes: float | None
-    worker_private_mb: float | None  # per-worker memory not shared with the parent
-    h2d_ms: float | None = None  # copy as delivered (pinned when pin_memory)
-    h2d_other_ms: float | None = None  # the other memory kind, same batches
-    repeat: int = 0
-    phase: str = "search"
-    # 95% confidence half-width of samples_per_s as a fraction of it (batch means); None when
-    # the trial was too short to say. A trial is conclusive when it had MIN_STEADY_BATCHES
-    # steady batches and its interval was known: only such trials back a claim.
-    rate_ci: float | None = None
-    conclusive: bool = True
-    batches_per_s: float | None = None  # with batch_size=None a batch holds many samples
-    # --local-world-size N: the trial ran N loaders at once (tune/companions.py); its own
-    # rate is one rank's under that contention, this the N loaders' together.
-    ranks_measured: int = 1
-    node_samples_per_s: float | None = None
-
-    @property
-    def ms_per_batch(self) -> float:
-        """Wall time per batch at this trial's rate."""
-        if self.batches_per_s:
-            return 1000.0 / self.batches_per_s
-        return 1000.0 * (self.batch_size or 1) / self.samples_per_s
-
-    @property
-    def key(self) -> tuple[int, int | None, bool, bool]:
-        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["MIN_STEADY_BATCHES", "TARGET_CI", "TrialResult", "summarize_trial"]
 
 
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim

@@ -49,6 +49,7 @@ from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumente
 from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.record.trials import InPlaceTrial
 from dataloader_tuner.record.sinks import HistorySink
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
@@ -144,9 +145,9 @@ class WatchedLoader:
         self.tune_off_because = in_place_blocker(loader, self.probed)
         if self.tune_off_because:
             _say(f"{self.name}: tuning in place is off: {self.tune_off_because}")
-            self.recorder.events.append(protocol.Trial({
-                "phase": "in_place", "num_workers": loader.num_workers, "samples_per_s": None,
-                "rate_ci": None, "verdict": f"tuning in place is off: {self.tune_off_because}"}))
+            self.recorder.events.append(protocol.Trial(InPlaceTrial(
+                loader.num_workers, None, None,
+                f"tuning in place is off: {self.tune_off_because}")))
             return
         workers = loader.num_workers
         prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
@@ -354,9 +355,9 @@ class WatchedLoader:
         """New lines of the search's log: into the run (shown live) and on stderr; at the end,
         the chosen settings printed and saved."""
         for decision in search.decisions[self._logged:]:
-            self.recorder.events.append(protocol.Trial({
-                **decision.setting, "phase": "in_place", "samples_per_s": decision.samples_per_s,
-                "rate_ci": decision.rate_ci, "verdict": decision.verdict}))
+            self.recorder.events.append(protocol.Trial(InPlaceTrial(
+                decision.setting["num_workers"], decision.samples_per_s, decision.rate_ci,
+                decision.verdict, decision.setting.get("prefetch_factor"))))
             rate = (f"{decision.samples_per_s:.1f} samples/s" if decision.samples_per_s
                     else "no rate")
             ci = f" ±{decision.rate_ci:.0%}" if decision.rate_ci is not None else ""

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 from dataloader_tuner import protocol
+from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.analyse.report import speedup_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
@@ -64,12 +65,12 @@ class _TrialProgress:
     def on_event(self, event: protocol.Event) -> None:
         if isinstance(event, protocol.Ready):
             sys.stderr.write("tuning: dataset loaded, measuring...\n")
-        elif isinstance(event, protocol.Trial):
+        elif isinstance(event, protocol.Trial) and isinstance(event.trial, TrialResult):
             t = event.trial
-            idle = t.get("consumer_idle_frac")
+            idle = t.consumer_idle_frac
             extra = f", consumer idle {idle:.0%}" if idle is not None else ""
-            sys.stderr.write(f"  [{t['phase']}] num_workers={t['num_workers']:<3d} "
-                             f"{t['samples_per_s']:10.1f} samples/s{extra}\n")
+            sys.stderr.write(f"  [{t.phase}] num_workers={t.num_workers:<3d} "
+                             f"{t.samples_per_s:10.1f} samples/s{extra}\n")
         sys.stderr.flush()
 
 

@@ -1,0 +1,98 @@
+"""The trials a search measures, as they travel (the Trial event) and are kept: an offline
+trial of the engine's tune (``TrialResult``, from tune/trials.py) and a decision of the search
+inside a watched job (``InPlaceTrial``, from tune/in_place.py)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    num_workers: int
+    prefetch_factor: int | None
+    persistent_workers: bool
+    pin_memory: bool
+    batch_size: int | None
+    samples_per_s: float
+    batches: int  # steady-state batches behind samples_per_s
+    seconds: float  # wall time the trial cost, start-up included
+    startup_s: float  # iterator created -> first batch
+    consumer_idle_frac: float | None
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    worker_ms: float | None  # median fetch + collate per batch inside a worker (or main)
+    worker_cpu_ms: float | None  # median CPU of that work
+    worker_ms_cv: float | None  # spread of per-batch worker time (burstiness)
+    step_ms: float | None  # median consumer step per batch
+    main_cpu_ms: float | None  # main-process CPU per batch (receiving batches, the step)
+    batch_bytes: float | None
+    worker_private_mb: float | None  # per-worker memory not shared with the parent
+    h2d_ms: float | None = None  # copy as delivered (pinned when pin_memory)
+    h2d_other_ms: float | None = None  # the other memory kind, same batches
+    repeat: int = 0
+    phase: str = "search"
+    # 95% confidence half-width of samples_per_s as a fraction of it (batch means); None when
+    # the trial was too short to say. A trial is conclusive when it had MIN_STEADY_BATCHES
+    # steady batches and its interval was known: only such trials back a claim.
+    rate_ci: float | None = None
+    conclusive: bool = True
+    batches_per_s: float | None = None  # with batch_size=None a batch holds many samples
+    # --local-world-size N: the trial ran N loaders at once (tune/companions.py); its own
+    # rate is one rank's under that contention, this the N loaders' together.
+    ranks_measured: int = 1
+    node_samples_per_s: float | None = None
+
+    @property
+    def ms_per_batch(self) -> float:
+        """Wall time per batch at this trial's rate."""
+        if self.batches_per_s:
+            return 1000.0 / self.batches_per_s
+        return 1000.0 * (self.batch_size or 1) / self.samples_per_s
+
+    @property
+    def key(self) -> tuple[int, int | None, bool, bool]:
+        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "TrialResult":
+        """Also one an older version wrote (fields added since take their defaults)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+
+@dataclass(frozen=True)
+class InPlaceTrial:
+    """A line of a watched job's search log: the setting tried, what the job's own loop
+    measured with it, and the decision (tune/in_place.py)."""
+
+    num_workers: int
+    samples_per_s: float | None
+    rate_ci: float | None  # 95% half-width of samples_per_s, as a fraction of it
+    verdict: str  # plain words: "kept: 12% faster than 2 workers", "tuning in place is off: ..."
+    prefetch_factor: int | None = None
+    phase: str = "in_place"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "InPlaceTrial":
+        return cls(num_workers=doc["num_workers"], samples_per_s=doc.get("samples_per_s"),
+                   rate_ci=doc.get("rate_ci"), verdict=doc.get("verdict") or "",
+                   prefetch_factor=doc.get("prefetch_factor"))
+
+
+TrialRecord = Union[TrialResult, InPlaceTrial]
+
+
+def trial_from_dict(doc: dict[str, Any]) -> TrialRecord:
+    """The trial a JSON document stands for, by its phase."""
+    if doc.get("phase") == "in_place":
+        return InPlaceTrial.from_dict(doc)
+    return TrialResult.from_dict(doc)
