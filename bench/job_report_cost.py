@@ -55,7 +55,7 @@ def main() -> None:
         for world in (8, 64, 256, 1024):
             run_id = history.create_run("watch", "bench", {}, label=f"w{world}")
             reporter = RankReporter(RankIdentity(0, world, 0, 8, 0, "bench"), f"w{world}",
-                                    Recorder(HistorySink(history, run_id), time.monotonic()), history,
+                                    Recorder(HistorySink(history, run_id), time.monotonic(), keep_recent=True), history,
                                     run_id, connect=lambda: client)
             times = []
             for round_no in range(args.rounds):

@@ -81,6 +81,7 @@ class Jobs:
         with self._lock:
             self._stop_jobs()
             self._profiles.clear()
+            self._tunes.clear()
             self.run = RunHandle(self._with_tuned_workers(request), self.store).start()
             self.last_request = request
             self.applied = None

@@ -143,6 +143,9 @@ def default_db_path() -> str:
     return os.path.join(base, "dataloader-tuner", "runs.sqlite")
 
 
+COMPOUND_LIMIT = 250  # runs per query in recent_batches (SQLite allows 500 SELECTs in one)
+
+
 class RunStore:
     """Thread-safe: one connection per thread, all on the same file."""
 
@@ -242,44 +245,18 @@ class RunStore:
 
     def record_event(self, run_id: int, event: protocol.Event) -> None:
         """Persist one event from a run, in its own transaction."""
+        self.record_events(run_id, [event])
+
+    def record_events(self, run_id: int, events: Sequence[protocol.Event],
+                      heartbeat: bool = False) -> None:
+        """Persist a run's events in one transaction: all of them or none (a writer that
+        retries after a failure never writes a row twice); with the writer's heartbeat."""
         with self._conn() as conn:
-            if isinstance(event, protocol.Batches):
-                marks = ", ".join("?" * (len(BATCH_COLUMNS) + 1))
-                conn.executemany(
-                    f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
-                    [(run_id, *row) for row in event.rows],
-                )
-                return
-            if isinstance(event, protocol.LateTimings):
-                conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
-                                 [(gap, run_id, seq) for seq, gap in event.gaps])
-                conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
-                                 "WHERE run_id = ? AND seq = ?",
-                                 [(ms, other, run_id, seq) for seq, ms, other in event.copies])
-                return
-            if isinstance(event, protocol.Resources):
-                conn.executemany(
-                    f"INSERT INTO resources (run_id, {', '.join(RESOURCE_COLUMNS)}) "
-                    f"VALUES ({', '.join('?' * (len(RESOURCE_COLUMNS) + 1))})",
-                    [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
-                     for p in event.procs],
-                )
-                if event.gpu:
-                    conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
-                                 (run_id, event.t, event.gpu["util_percent"],
-                                  event.gpu["memory_used_mb"]))
-                return
-            if isinstance(event, protocol.Ready):
-                conn.execute(
-                    "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
-                    (json.dumps(event.config), json.dumps(event.dataset.to_dict()),
-                     json.dumps(event.system.to_dict()), run_id),
-                )
-            elif isinstance(event, protocol.Error):
-                conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
-                             (json.dumps(event.error), run_id))
-            conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
-                         (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))
+            for event in events:
+                _write_event(conn, run_id, event)
+            if heartbeat:
+                conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?",
+                             (time.time(), run_id))
 
     def finish_run(self, run_id: int, status: str, result: Result, error: dict | None) -> None:
         with self._conn() as conn:
@@ -337,14 +314,20 @@ class RunStore:
         found: dict[int, list[BatchRecord]] = {run_id: [] for run_id in run_ids}
         if not found:
             return found
-        columns = ", ".join(BATCH_COLUMNS)
-        marks = ", ".join("?" * len(found))
-        rows = self._conn().execute(
-            f"SELECT run_id, {columns} FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY run_id "
-            f"ORDER BY seq DESC) AS newest FROM batches WHERE run_id IN ({marks})) "
-            "WHERE newest <= ? ORDER BY run_id, seq", (*found, last)).fetchall()
-        for row in rows:
-            found[row[0]].append(BatchRecord.from_row(_typed_batch_row(tuple(row)[1:])))
+        # Each run's newest through the (run_id, seq) index, then glued: a window function
+        # over the runs would number every batch of each (a week-long job has millions).
+        one = (f"SELECT * FROM (SELECT run_id, {', '.join(BATCH_COLUMNS)} FROM batches "
+               "WHERE run_id = ? ORDER BY seq DESC LIMIT ?)")
+        ids = list(found)
+        for start in range(0, len(ids), COMPOUND_LIMIT):  # SQLite caps a compound SELECT
+            chunk = ids[start:start + COMPOUND_LIMIT]
+            rows = self._conn().execute(
+                " UNION ALL ".join([one] * len(chunk)),
+                [value for run_id in chunk for value in (run_id, last)]).fetchall()
+            for row in rows:
+                found[row[0]].append(BatchRecord.from_row(_typed_batch_row(tuple(row)[1:])))
+        for batches in found.values():
+            batches.sort(key=lambda b: b.seq)
         return found
 
     def resources(self, run_id: int) -> list[dict]:
@@ -445,3 +428,44 @@ def _typed_batch_row(row: tuple) -> tuple:
         int(v) if (name in INTEGER_COLUMNS and v is not None) else v
         for name, v in zip(BATCH_COLUMNS, row)
     )
+
+
+def _write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) -> None:
+    """One event into the tables it belongs in (the caller holds the transaction)."""
+    if isinstance(event, protocol.Batches):
+        marks = ", ".join("?" * (len(BATCH_COLUMNS) + 1))
+        conn.executemany(
+            f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
+            [(run_id, *row) for row in event.rows],
+        )
+        return
+    if isinstance(event, protocol.LateTimings):
+        conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
+                         [(gap, run_id, seq) for seq, gap in event.gaps])
+        conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
+                         "WHERE run_id = ? AND seq = ?",
+                         [(ms, other, run_id, seq) for seq, ms, other in event.copies])
+        return
+    if isinstance(event, protocol.Resources):
+        conn.executemany(
+            f"INSERT INTO resources (run_id, {', '.join(RESOURCE_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * (len(RESOURCE_COLUMNS) + 1))})",
+            [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
+             for p in event.procs],
+        )
+        if event.gpu:
+            conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
+                         (run_id, event.t, event.gpu["util_percent"],
+                          event.gpu["memory_used_mb"]))
+        return
+    if isinstance(event, protocol.Ready):
+        conn.execute(
+            "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
+            (json.dumps(event.config), json.dumps(event.dataset.to_dict()),
+             json.dumps(event.system.to_dict()), run_id),
+        )
+    elif isinstance(event, protocol.Error):
+        conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
+                     (json.dumps(event.error), run_id))
+    conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
+                 (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))

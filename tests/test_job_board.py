@@ -89,3 +89,14 @@ def test_asking_a_job_to_tune_asks_every_running_rank_of_that_loader(tmp_path):
     assert sorted(asked) == train
     assert [store.tune_requested(r) for r in (*train, val, alone)] == [True, True, False, False]
     assert job_board.request_tune(store, store.get_run(alone)) == [alone]
+
+
+def test_recent_batches_of_more_runs_than_one_query_holds(tmp_path, monkeypatch):
+    import dataloader_tuner.store as store_module
+
+    monkeypatch.setattr(store_module, "COMPOUND_LIMIT", 2)
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    runs = [_watched(store, batches=10 + i) for i in range(5)]
+    recent = store.recent_batches(runs, last=3)
+    for i, run_id in enumerate(runs):
+        assert [b.seq for b in recent[run_id]] == [7 + i, 8 + i, 9 + i]

@@ -32,7 +32,7 @@ def rank_of(rank: int, tmp_path, port: int, step_s: float = 0.004):
     batches in its recorder (as the recorder keeps them after writing them)."""
     history = RunStore(str(tmp_path / f"node{rank}.sqlite"))
     run_id = history.create_run("watch", "train.py", {}, label="train")
-    recorder = Recorder(HistorySink(history, run_id), time.monotonic() - 1.0)
+    recorder = Recorder(HistorySink(history, run_id), time.monotonic() - 1.0, keep_recent=True)
     for seq in range(100):  # 2 ms wait on rank 0, 8 ms on rank 1 (its loader is slow)
         wait = 0.002 if rank == 0 else 0.008
         recorder.recent.append((seq, 0, seq * (wait + step_s), wait, step_s, 16, None, 0, 1,
@@ -103,7 +103,7 @@ def test_an_unreachable_store_never_reaches_the_training_job(tmp_path, capsys):
         raise ConnectionRefusedError("no store")
 
     reporter = RankReporter(RankIdentity(1, 2, 1, 2, 0, "j"), "train",
-                            Recorder(HistorySink(history, run_id), time.monotonic()), history, run_id,
+                            Recorder(HistorySink(history, run_id), time.monotonic(), keep_recent=True), history, run_id,
                             connect=refused)
     reporter.report("running")
     reporter.report("running")

@@ -34,7 +34,7 @@ def _rows(first: int, n: int) -> list[tuple]:
 
 def test_events_go_before_the_rows_and_late_timings_wait_for_their_rows():
     sink = ListSink()
-    recorder = Recorder(sink, time.monotonic())
+    recorder = Recorder(sink, time.monotonic(), keep_recent=True)
     recorder.epoch_began(0, 0.0, 0.05)
     recorder.rows.extend(_rows(0, 3))
     recorder.gaps.extend([(2, 1.5), (3, 2.5)])  # batch 3's row has not come yet
@@ -45,7 +45,8 @@ def test_events_go_before_the_rows_and_late_timings_wait_for_their_rows():
     recorder.copies.append((3, 0.4, None))
     recorder.flush()
     assert sink.written[-1] == protocol.LateTimings([(3, 2.5)], [(3, 0.4, None)])
-    assert not recorder.gaps and not recorder.copies and len(recorder.recent) == 4
+    assert not recorder.gaps and not recorder.copies and len(recorder.recent or ()) == 4
+    assert Recorder(ListSink(), time.monotonic()).recent is None  # the engine keeps none
 
 
 def test_a_failed_write_is_reported_once_kept_and_capped(monkeypatch, capsys):

@@ -4,6 +4,7 @@ run history while it trains, without changing what the loop receives."""
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -269,21 +270,41 @@ def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
     assert len(RunStore(db_path).batches(run.id)) == 4
 
 
-def test_a_failed_write_is_retried_not_lost(db_path, monkeypatch, capsys):
+def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, capsys):
+    """The history fails after a flush's rows went in but before its end (the resource sample):
+    nothing of that flush is kept, and the retry writes each batch once."""
+    import dataloader_tuner.store as store_module
+
     watched = watch(shuffled(0), name="retry", db=db_path)
-    store = watched.history.store
-    real = store.record_event
+    real = store_module._write_event
     failing = {"on": True}
 
-    def flaky(run_id, event):
-        if failing["on"] and type(event).__name__ == "Batches":
-            raise OSError("database is locked")
-        return real(run_id, event)
+    def flaky(conn, run_id, event):
+        real(conn, run_id, event)
+        if failing["on"] and type(event).__name__ == "Resources":
+            raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr(store, "record_event", flaky)
+    monkeypatch.setattr(store_module, "_write_event", flaky)
     epochs_of(watched, 1)
-    watched.recorder.flush()  # fails: the rows stay in the buffer
+    watched.recorder.flush(sample=True)  # fails after its rows: they stay in the buffer
     assert watched.recorder.rows and "could not write" in capsys.readouterr().err
+    assert RunStore(db_path).batches(watched.run_id) == []  # rolled back, not half written
     failing["on"] = False
     watched.close()
-    assert len(RunStore(db_path).batches(watched.run_id)) == 12  # every batch, written later
+    seqs = [b.seq for b in RunStore(db_path).batches(watched.run_id)]
+    assert seqs == list(range(12))  # every batch, written later, once
+
+
+def test_the_card_of_a_watched_loader_says_whether_the_job_chose_its_sampler():
+    from torch.utils.data import BatchSampler, SequentialSampler, WeightedRandomSampler
+
+    from dataloader_tuner.watcher.loader import _own_sampler
+
+    data = torch.arange(16)
+    own_batches = BatchSampler(SequentialSampler(data), 4, False)
+    assert not _own_sampler(DataLoader(data, batch_size=4))
+    assert not _own_sampler(DataLoader(data, batch_size=4, shuffle=True))
+    assert not _own_sampler(DataLoader(data, batch_size=None))
+    assert _own_sampler(DataLoader(data, sampler=WeightedRandomSampler([1.0] * 16, 16)))
+    assert _own_sampler(DataLoader(data, batch_sampler=[[0, 1], [2, 3]]))
+    assert not _own_sampler(DataLoader(data, batch_sampler=own_batches))  # as DataLoader builds

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
@@ -38,9 +38,11 @@ RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_r
 
 class Recorder:
     def __init__(self, sink: Sink, t0: float, gaps: GapEvents | None = None,
-                 own_workers_only: bool = False) -> None:
+                 own_workers_only: bool = False, keep_recent: bool = False) -> None:
         """``own_workers_only``: resource samples keep the main process and the workers this
-        loader's batches came from (a training job's other children belong to other runs)."""
+        loader's batches came from (a training job's other children belong to other runs);
+        ``keep_recent``: the last RECENT_ROWS rows written stay in ``recent`` (a rank's
+        report to its job is figured from them)."""
         self.sink, self.t0 = sink, t0
         self.own_workers_only = own_workers_only
         self.rows: list = []  # appended by the measuring thread, taken by the flush
@@ -50,7 +52,9 @@ class Recorder:
         # The measuring thread's per-batch bookkeeping: its rows, epochs and workers come here.
         self.ledger = BatchLedger(t0, self.epoch_began, self.worker_seen, gaps, self.gaps)
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
-        self.recent: deque = deque(maxlen=RECENT_ROWS)  # rows written, the newest last
+        # Rows written, the newest last (only where read: the engine's fast path keeps none).
+        self.recent: deque[tuple[Any, ...]] | None = (deque(maxlen=RECENT_ROWS) if keep_recent
+                                                       else None)
         self.last_resources: protocol.Resources | None = None
         self.streaming = True  # False: the thread runs on_tick only (a tune sends its trials)
         self._written_seq = -1  # the last batch row written: a late timing waits for its row
@@ -111,16 +115,20 @@ class Recorder:
                 [c for c in self.copies[:] if c[0] <= written_seq])
             batch = events + ([protocol.Batches(rows)] if rows else [])
             batch += [late] if late.gaps or late.copies else []
-            try:
-                if sample:
+            if sample:
+                try:
                     self.last_resources = self._resources()
                     batch.append(self.last_resources)
+                except Exception:  # noqa: BLE001 - a sampling hiccup: this sample is skipped
+                    pass
+            try:
                 if batch:
                     self.sink.write(batch)
             except Exception:  # noqa: BLE001 - never the measured job's problem
                 self.report_failure()
-                if len(self.rows) > MAX_BACKLOG:  # a sink that stays unwritable
-                    del self.rows[:len(self.rows) - MAX_BACKLOG]
+                for pending in (self.rows, self.gaps, self.copies):  # a sink that stays down
+                    if len(pending) > MAX_BACKLOG:
+                        del pending[:len(pending) - MAX_BACKLOG]
                 return
             del self.events[:len(events)]
             del self.rows[:len(rows)]
@@ -128,7 +136,8 @@ class Recorder:
                 for item in done:
                     pending.remove(item)
             self._written_seq = written_seq
-            self.recent.extend(rows)
+            if self.recent is not None:
+                self.recent.extend(rows)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:

@@ -6,6 +6,7 @@ recorder's one policy."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from dataclasses import replace
 from typing import Protocol, Sequence
@@ -64,11 +65,12 @@ class HistorySink:
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
 
     def write(self, events: Sequence[protocol.Event]) -> None:
-        for event in events:
-            self.store.record_event(self.run_id, event)
-        self.store.heartbeat(self.run_id)
+        self.store.record_events(self.run_id, events, heartbeat=True)  # all or nothing
         if not self.tune_requested:
-            self.tune_requested = self.store.tune_requested(self.run_id)
+            try:
+                self.tune_requested = self.store.tune_requested(self.run_id)
+            except sqlite3.Error:  # asked again at the next flush; the flush itself is written
+                pass
 
     def finish(self, status: str, elapsed_s: float, error: dict | None) -> ProfileResult:
         """End the run and return its result, summarised from what was written (not kept in

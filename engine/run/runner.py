@@ -308,7 +308,12 @@ class RunHandle:
         else:
             self._state = RunState.FINISHED
         if self.store is not None and self.run_id is not None:
-            self.store.finish_run(self.run_id, self._state.value, self.live.summary(self._state.value),
+            # By what was asked, as the CLI and the page read it: a tune that failed before
+            # its child said so is still a tune.
+            status = self._state.value
+            result = (self.live.tune_summary(status) if self.request.kind == "tune"
+                      else self.live.profile_summary(status))
+            self.store.finish_run(self.run_id, status, result,
                                   self.live.error.to_dict() if self.live.error else None)
         self._done.set()
 

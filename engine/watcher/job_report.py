@@ -134,7 +134,7 @@ class RankReporter:
 
     def summary(self, status: str) -> RankSummary:
         recorder = self.recorder
-        batches = [BatchRecord(*row) for row in list(recorder.recent)]
+        batches = [BatchRecord(*row) for row in list(recorder.recent or ())]
         elapsed = time.monotonic() - recorder.t0
         last = batches[-1] if batches else None
         resources = recorder.last_resources

@@ -27,9 +27,9 @@ from dataclasses import asdict
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
+                              SequentialSampler)
 from torch.utils.data._utils.collate import default_collate, default_convert
-from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
@@ -55,6 +55,18 @@ from dataloader_tuner.record.sinks import HistorySink
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
 _names_taken: dict[str, int] = {}  # loaders watched under each name in this process
+
+
+# The samplers DataLoader makes itself (the last for an IterableDataset; private, so looked up).
+_DEFAULT_SAMPLERS = tuple(cls for cls in (
+    SequentialSampler, RandomSampler,
+    getattr(torch.utils.data.dataloader, "_InfiniteConstantSampler", None)) if cls is not None)
+
+
+def _own_sampler(loader: DataLoader[Any]) -> bool:
+    """Whether the job gave its loader a sampler or batch sampler of its own."""
+    return (not isinstance(loader.sampler, _DEFAULT_SAMPLERS)
+            or type(loader.batch_sampler) not in (BatchSampler, type(None)))
 
 
 def process_identity() -> dict:
@@ -108,7 +120,7 @@ class WatchedLoader:
                                   rank=self.rank.to_dict() if self.rank else None)
         self.history = HistorySink(store, run_id)
         self.recorder = Recorder(self.history, self.t0, gaps=StepGaps.create(),
-                                 own_workers_only=True)
+                                 own_workers_only=True, keep_recent=True)
         self.ledger = self.recorder.ledger
         self.result: ProfileResult | None = None  # once the run has ended
         self._ended = False
@@ -429,8 +441,7 @@ class WatchedLoader:
                 kind="iterable" if isinstance(dataset, IterableDataset) else "map",
                 length=length, defines_batch_size=False, module_batch_size=None,
                 has_collate_fn=self.loader.collate_fn not in (default_collate, default_convert),
-                has_sampler=not isinstance(self.loader.sampler, (SequentialSampler, RandomSampler,
-                                                                 _InfiniteConstantSampler)),
+                has_sampler=_own_sampler(self.loader),
                 has_train_step=False, has_dataloader_kwargs=False),
             config=self.config.to_json_dict(),
             snippet=self.config.snippet(),
