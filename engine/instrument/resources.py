@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -38,9 +39,13 @@ class ResourceSampler:
 
     def sample(self, t: float) -> protocol.Resources:
         procs, primed = [], set()
-        for child in self.me.children(recursive=False):
-            if child.pid not in self.known:
-                self.known[child.pid] = child
+        for pid in self._children():
+            if pid not in self.known:
+                try:
+                    child = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+                self.known[pid] = child
                 primed.add(child.pid)
                 try:
                     child.cpu_percent(None)  # the first reading only primes the counter
@@ -73,6 +78,19 @@ class ResourceSampler:
             except Exception:  # noqa: BLE001
                 pass
         return protocol.Resources(t, procs, gpu_sample)
+
+    def _children(self) -> list[int]:
+        """This process's children. From /proc/PID/task/*/children where the kernel has it:
+        psutil's own way reads every process on the machine (~1% of a 2-core child's time on
+        50 us batches, sampled twice a second)."""
+        pids: list[int] = []
+        try:
+            for task in os.listdir(f"/proc/{self.me.pid}/task"):
+                with open(f"/proc/{self.me.pid}/task/{task}/children") as f:
+                    pids.extend(int(pid) for pid in f.read().split())
+            return pids
+        except (OSError, ValueError):  # not Linux, or a kernel without the file
+            return [child.pid for child in self.me.children(recursive=False)]
 
     def _private_mb(self, pid: int, proc: psutil.Process) -> dict:
         """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
