@@ -270,3 +270,22 @@ def test_loaders_that_cannot_be_planned_are_watched_untuned(db_path):
                           db=db_path, tune=True)
         assert unordered.search is None and "in_order=False" in unordered.tune_off_because
         unordered.close()
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_the_best_failing_while_another_setting_is_tried_falls_back_to_the_measured_own():
+    """A node's follower reports that the node's best failed while the leader tries another
+    count: the search goes on against the job's own, measured, instead of a rate it lacks."""
+    search = InPlaceSearch(Setting(1), max_workers=8)
+    rates = {1: 500.0, 2: 1000.0, 3: 1100.0, 4: 1150.0}
+    while search.best is None or search.best.setting != Setting(2):
+        search.after_batch(32, 32 / rates[search.current.num_workers])
+    assert search.current == Setting(3)
+    search.setting_failed(Setting(2), "worker killed on rank 1")
+    assert search.best is not None and search.best.setting == Setting(1)
+    assert search.best.samples_per_s is not None
+    for _ in range(5000):  # the trial of 3 is judged against 1's rate: no crash
+        if search.finished:
+            break
+        search.after_batch(32, 32 / rates.get(search.current.num_workers, 1000.0))
+    assert search.finished and search.best.setting != Setting(2)

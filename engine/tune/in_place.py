@@ -47,10 +47,6 @@ class Setting:
         """Batches that come back to back from the prefetch after a switch: not timed."""
         return max(1, self.num_workers * (self.prefetch_factor or 2))
 
-    def kwargs(self) -> dict[str, int | None]:
-        return {"num_workers": self.num_workers,
-                "prefetch_factor": self.prefetch_factor if self.num_workers else None}
-
 
 @dataclass
 class Trial:
@@ -183,7 +179,10 @@ class InPlaceSearch:
         job goes on with the best setting measured, or its own."""
         self.failed.add(setting)
         if self.best is not None and self.best.setting == setting:
-            self.best = Trial(self.baseline)  # the best so far failed too: the job's own
+            # The best so far failed too (a node's follower can say so while another setting
+            # is being tried): the job's own, as measured if it was.
+            self.best = next((t for t in self.measured if t.setting == self.baseline
+                              and t.samples_per_s is not None), Trial(self.baseline))
         self.decisions.append(Decision(asdict(setting), None, None,
                                        f"failed and dropped ({why}); back to "
                                        f"{_name(self._fallback())}"))
@@ -207,14 +206,15 @@ class InPlaceSearch:
         self.measured.append(trial)
         rate = trial.samples_per_s or 0.0
         name = _name(trial.setting)
+        best_rate = best.samples_per_s if best is not None else None
         if best is None:
             self.best = trial
             verdict = f"measured as the starting point ({name}, the job's own setting)"
+        elif best_rate is None:  # the best failed and the job's own was never measured
+            self.best = trial
+            verdict = (f"measured as the new starting point ({name}): "
+                       f"{_name(best.setting)} has no rate to compare with")
         else:
-            # Judged against the best so far, a measured trial. (One put back unmeasured by
-            # setting_failed has no rate: judging against it fails, as the arithmetic did.)
-            best_rate = best.samples_per_s
-            assert best_rate is not None, f"{_name(best.setting)} has no rate to judge against"
             if self.direction == "up" and rate >= (1 + MORE_WORKERS_GAIN) * best_rate:
                 verdict = (f"kept: {rate / best_rate - 1:.0%} faster than "
                            f"{_name(best.setting)}")
