@@ -3,6 +3,7 @@ it, the engine never imports the dashboard, no module imports another through a 
 nothing imports the folders by their repository names."""
 
 import ast
+import re
 import os
 import tomllib
 
@@ -148,3 +149,21 @@ def test_every_package_folder_is_in_the_wheel():
     folders = {module for module, path in package_modules().items()
                if path.endswith("__init__.py")}
     assert listed == folders
+
+
+NOTE = re.compile(r"NOTE \[ ([^\]\n]+) \]")
+
+
+def test_every_note_referred_to_by_name_is_written_once():
+    """A comment that says "NOTE [ name ]" points at one block that starts with that line."""
+    defined: dict[str, int] = {}
+    referred: set[str] = set()
+    for path in package_modules().values():
+        for line in open(path, encoding="utf-8"):
+            for name in NOTE.findall(line):
+                if line.strip() == f"NOTE [ {name} ]":
+                    defined[name] = defined.get(name, 0) + 1
+                else:
+                    referred.add(name)
+    assert defined and all(count == 1 for count in defined.values()), defined
+    assert referred <= set(defined), referred - set(defined)

@@ -65,9 +65,8 @@ def short_run(steady_batches: int, warmup: int) -> list[Diagnostic]:
         "are rough. Run longer (--seconds).", {"steady_batches": steady_batches})]
 
 
-# Below this time per batch the measuring's own few microseconds per batch are a visible share
-# (bench/real_like.py, 2-core machine: 51 us batches reported at 0.82-0.87 of a plain loop,
-# 87 us at ~0.87, 136 us at 0.97-0.99).
+# Below this time per batch measuring is a visible share of it (record/ledger.py's
+# NOTE [ Measuring cost on the fastest batches ]).
 MEASURING_COST_BATCH_S = 100e-6
 
 

@@ -219,8 +219,8 @@ class ChildRun:
             config,
             consumer,
             seconds=float(request.seconds),
-            # The list's own append (NOTE [ Measuring cost ... ], ledger.py); the watchdog sees
-            # progress as rows waiting to be flushed.
+            # The list's own append: NOTE [ Measuring cost on the fastest batches ] (ledger.py).
+            # The watchdog sees progress as rows waiting to be flushed.
             on_batch=self.recorder.rows.append,
             should_stop=lambda: self.stop_requested,
             on_epoch=self.recorder.epoch_began,

@@ -62,8 +62,8 @@ def add_note(exc: BaseException, text: str) -> None:
 
 
 # The costly reads (the process CPU clock, the walk that sizes a batch) are read on every batch
-# only while under READ_SHARE of its time, else on every n-th: NOTE [ Measuring cost on the
-# fastest batches ] in record/ledger.py.
+# only while under READ_SHARE of its time, else on every n-th (why: record/ledger.py's
+# NOTE [ Measuring cost on the fastest batches ]).
 FAST_BATCH_S = 0.001  # batches faster than this read them on every SAMPLE_EVERY-th only
 SAMPLE_EVERY = 16
 READ_SHARE = 0.005
@@ -152,7 +152,8 @@ class TimedMapDataset(Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list) -> list:
-        # Written out here and in TimedCollate, not in methods: NOTE [ Measuring cost ... ].
+        # Written out here and in TimedCollate, not in methods (why: record/ledger.py's
+        # NOTE [ Measuring cost on the fastest batches ]).
         timer = _timer
         if not timer.probed:
             timer.probed = True

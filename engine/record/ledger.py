@@ -11,9 +11,10 @@ Its cost is the loops' hot path: NOTE [ Measuring cost on the fastest batches ].
 
 NOTE [ Measuring cost on the fastest batches ]
 
-    Tiny in-memory batches take 50-140 us each, so every microsecond spent measuring one is
-    visible in its rate (bench/overhead.py, bench/real_like.py; 2-core machine). What it cost,
-    and what the code does about it:
+    Tiny in-memory batches take 40-140 us each, so every microsecond spent measuring one is
+    visible in its rate (bench/overhead.py, bench/real_like.py; 2-core machine): 43 us batches
+    are reported at 0.88 of a plain loop, 73 us at 0.90, 136 us at 0.97-0.99; below 100 us a
+    run says so (pitfalls.measuring_cost). What it cost, and what the code does about it:
 
     - the process CPU clock (a system call) is felt at ~100 us per batch, and the walk that
       sizes a batch takes up to ~200 us for a list of per-image dicts: both are read on every

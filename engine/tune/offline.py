@@ -2,6 +2,14 @@
 
 All trials run in the one child (torch is imported once), each with a fresh DataLoader whose
 workers are shut down before the next trial starts.
+
+NOTE [ Persistent workers while searching ]
+
+    The search's trials keep their workers across epochs (persistent_workers=True): trials of a
+    small dataset cross epochs, and restarting many workers at each would be charged to the
+    count itself. Without it a memmap store's search stopped at 21 workers, 0.73 of the rate of
+    the 32 that a grid of persistent loaders found best. What restarting costs a setting is
+    judged on its own afterwards (persistent_decision).
 """
 
 from __future__ import annotations
@@ -150,10 +158,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     attempts: list[str] = []
 
     def measure(spec: TrialSpec) -> TrialResult | None:
-        # Persistent workers in the search: trials of a small dataset cross epochs, and
-        # restarting many workers at each would be charged to the count itself (a memmap
-        # store's search stopped at 21 workers, 0.73 of the 32 a grid of persistent loaders
-        # found best); the restart cost is judged on its own (persistent_decision).
+        # NOTE [ Persistent workers while searching ]: the restart cost is judged apart.
         trial_config = search_config.replace(num_workers=spec.num_workers,
                                              persistent_workers=spec.num_workers > 0)
         return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,

@@ -2,6 +2,14 @@
 
 Pure functions over recorded measurements (no clocks, no processes), so the logic is tested
 on recorded trials. Every reason quotes the numbers it rests on.
+
+NOTE [ Picks within the noise ]
+
+    A trial's rate is known to +-4% (trials.TARGET_CI, 95%), so two worker counts whose rates
+    are that close cannot be told apart, and the fewer workers are taken
+    (FEWER_WORKERS_TOLERANCE). At 2% the pick followed noise on a flat plateau: cpu_bound
+    picked 4 workers in 2 of 3 tunes where 2 measured fastest head to head (4 ran at 0.94 and
+    0.96 of 2's rate; bench/tune_quality.py).
 """
 
 from __future__ import annotations
@@ -14,10 +22,7 @@ from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.trials import TARGET_CI, TrialResult
 
-# Take fewer workers when within this of the fastest: a trial's rate is known to +-4%
-# (trials.TARGET_CI), so a count that close cannot be told from the fastest. At 2% the pick
-# followed noise on a flat plateau: cpu_bound picked 4 workers in 2 of 3 tunes where 2 measured
-# fastest head to head (0.94 and 0.96 of it, bench/tune_quality.py).
+# Fewer workers when within this of the fastest: NOTE [ Picks within the noise ].
 FEWER_WORKERS_TOLERANCE = TARGET_CI
 STILL_RISING_GAIN = 0.03  # the top count beat the one below by this much: the peak lies beyond
 FED_TOLERANCE = 0.02  # consumer idle within 2 points of the best counts as fed
