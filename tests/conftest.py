@@ -1,3 +1,4 @@
+import gc
 import importlib.util
 import os
 import sys
@@ -34,6 +35,25 @@ def dataset_path(name: str) -> str:
 def live_descendants() -> list[psutil.Process]:
     """Our descendants, zombies included: a zombie is a process nobody reaped."""
     return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def collect_before_forking_workers():
+    """Workers forked from this long-lived test process copy the garbage earlier tests left in
+    reference cycles, and a worker that collects it runs their finalizers: once in CI a worker
+    aborted so ("Fatal Python error: Aborted", garbage-collecting in the worker). A training
+    process has no such history; collected here before each multi-worker iterator starts."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    original = _MultiProcessingDataLoaderIter.__init__
+
+    def collected_first(self, loader):
+        gc.collect()
+        original(self, loader)
+
+    _MultiProcessingDataLoaderIter.__init__ = collected_first
+    yield
+    _MultiProcessingDataLoaderIter.__init__ = original
 
 
 @pytest.fixture(autouse=True)
