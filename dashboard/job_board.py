@@ -36,10 +36,12 @@ class Board:
         return jobs
 
 
-def read_board(store: RunStore) -> Board:
+def read_board(store: RunStore, live_rates: bool = True) -> Board:
     """The watched runs and their samples/s: the result's, or while a run goes (its result
-    comes at its end) the rate of its latest batches."""
+    comes at its end) the rate of its latest batches (not read without ``live_rates``)."""
     runs = [run for run in store.list_runs(RUNS_SHOWN) if run.kind == "watch"]
+    if not live_rates:
+        return Board(runs, {run.id: run.samples_per_s for run in runs})
     running = [run.id for run in runs if run.samples_per_s is None and run.status == "running"]
     recent = store.recent_batches(running, RATE_WINDOW_BATCHES)
     rates = {run.id: run.samples_per_s if run.id not in recent

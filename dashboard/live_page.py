@@ -14,7 +14,8 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
+from dataloader_tuner import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
+                              DEFAULT_SECONDS,
                               DEFAULT_TIMEOUT_S, Inspection, RunHandle, check_claim, settings_file,
                               speedup_text)
 
@@ -29,7 +30,7 @@ REFRESH_S = 1.0
 WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (another tab)
 
 CONTROL_DEFAULTS = {
-    "batch_size": 32, "self_batching": False, "batch_sampler": False, "num_workers": 0,
+    "batch_size": DEFAULT_BATCH_SIZE, "self_batching": False, "batch_sampler": False, "num_workers": 0,
     "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
     "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
     "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S,

@@ -107,7 +107,7 @@ def _ranks_view() -> None:
     """Each torchrun job's loaders, rank by rank and node by node, and the rank that holds the
     others back (re-read every RANKS_REFRESH_S while a rank runs)."""
     store = get_jobs().store
-    for job in job_board.job_views(store, job_board.read_board(store)):
+    for job in job_board.job_views(store, job_board.read_board(store, live_rates=False)):
         (job_id, label), view = job.key, job.view
         st.markdown(f"**Job `{job_id}`, loader {label}: {len(view.ranks)} of "
                     f"{job.world_size} ranks, {len(view.nodes)} node(s)**")

@@ -37,7 +37,8 @@ from dataloader_tuner.run.runner import (Inspection, RunHandle, RunState, inspec
                                          run_to_completion)
 from dataloader_tuner.store import RunStore, StoredRun, default_db_path
 from dataloader_tuner.run.verify import Verification, check_claim
-from dataloader_tuner.settings import load_settings, recommended_settings, settings_file
+from dataloader_tuner.settings import (DEFAULT_BATCH_SIZE, load_settings, recommended_settings,
+                                       settings_file)
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -58,6 +59,7 @@ __all__ = [
     "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "Inspection",
     "LiveRun",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
+    "DEFAULT_BATCH_SIZE",
     "Verification", "check_claim",
     # the run history
     "RunStore", "StoredRun", "default_db_path",

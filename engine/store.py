@@ -214,11 +214,6 @@ class RunStore:
                                    (run_id,)).fetchone()
         return row is not None and row[0] is not None
 
-    def heartbeat(self, run_id: int) -> None:
-        """The writer is alive (called with each flush of a watched run)."""
-        with self._conn() as conn:
-            conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?", (time.time(), run_id))
-
     def mark_lost_runs(self) -> list[int]:
         """Runs still "running" whose writer is gone (killed, crashed) become "lost", ended at
         their last heartbeat, their data kept up to the last flush. A writer on this host is

@@ -57,6 +57,9 @@ def test_the_board_reads_every_running_run_s_rate_in_one_query(tmp_path):
     for run_id in running:
         assert abs(board.rates[run_id] - 800) < 40, board.rates  # 8 samples every 10 ms
     assert board.rates[ended] == board.runs[0].samples_per_s
+    seen.clear()
+    jobs_only = job_board.read_board(store, live_rates=False)  # the ranks view: no batches read
+    assert jobs_only.runs == board.runs and len(seen) == 1
     assert abs(board.rates[ended] - 400) < 20
 
 

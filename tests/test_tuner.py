@@ -8,7 +8,7 @@ import pytest
 from dataloader_tuner.tune import costmodel
 from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, recommend
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.tune.trials import TrialResult
+from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.tuner import Tuner, grow, memory_max_workers, shrink
 
 SYSTEM_DOC = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,

@@ -31,12 +31,17 @@ def structure(value: Any, depth: int = 0) -> Any:
     return type(value).__qualname__
 
 
+def dataset_length(dataset: Any) -> int | None:
+    """``len(dataset)``, or None for one without a length (an IterableDataset's, usually)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
 def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> DatasetCard:
     dataset = resolved.dataset
-    try:
-        length: int | None = len(dataset)  # TypeError: no length
-    except TypeError:
-        length = None
+    length = dataset_length(dataset)
     sample: Any = _NONE
     sample_error = None
     if with_sample:

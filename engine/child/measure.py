@@ -100,7 +100,6 @@ class Measurement:
         self.gaps = gpu.GapTimer.create()
         self.t0 = 0.0
         self.iterator: Iterator[Any] | None = None
-        self.ledger: BatchLedger | None = None
         self.label_counts: dict[int, int] = {}
 
     def run(self) -> int:
@@ -115,7 +114,7 @@ class Measurement:
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         on_batch, should_stop = self.on_batch, self.should_stop
-        self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
+        ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
         next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
         h2d_ms = other_ms = gap_ms = None

@@ -18,11 +18,13 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
+
+from dataloader_tuner.record.rows import BatchMeta
 
 if TYPE_CHECKING:
     from dataloader_tuner.config import LoaderConfig
@@ -36,22 +38,6 @@ cpu_clock = time.process_time
 # Exceptions from the user's code get a note starting with this; failures.py reads it back
 # from the exception (0 workers) or from the worker's traceback text (torch re-raises those).
 NOTE_PREFIX = "[dataloader-tuner]"
-
-
-class BatchMeta(NamedTuple):
-    """Where and how a batch was made. ``worker_id`` is -1 for the main process. ``probe``
-    rides only with the first batch of each process (see rng_probe). The batch's size is
-    measured here too: in a worker, that work stays off the main process."""
-
-    worker_id: int
-    pid: int
-    fetch_start: float
-    fetch_s: float
-    collate_s: float
-    fetch_cpu_s: float
-    samples: int
-    nbytes: int
-    probe: dict | None = None
 
 
 def add_note(exc: BaseException, text: str) -> None:

@@ -37,13 +37,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Protocol
 
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchMeta, BatchRecord
 
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
-# What the probes send with each batch (instrument/probes.py): worker_id, pid, fetch_start,
-# fetch_s, collate_s, fetch_cpu_s, samples, nbytes, and the worker's first-fetch probe or None.
-BatchMeta = tuple
-SAMPLES = 6  # where a meta holds its batch's sample count
+# A meta is read by position on the hot path: where it holds its batch's sample count.
+SAMPLES = BatchMeta._fields.index("samples")
 
 
 class GapEvents(Protocol):
@@ -58,7 +56,7 @@ class GapEvents(Protocol):
 
 def unprobed_meta(t_request: float, samples: int) -> BatchMeta:
     """The meta of a batch whose worker is not known (a loader that could not be probed)."""
-    return (UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None, samples, None, None)
+    return BatchMeta(UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None, samples, None, None)
 
 
 class EpochMark:

@@ -60,3 +60,20 @@ BATCH_COLUMNS = BatchRecord._fields
 INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "worker_id", "worker_pid"})
 # An int where present, None on batches it was not read for (sampled, see probes.READ_SHARE).
 OPTIONAL_INT_COLUMNS = frozenset({"nbytes"})
+
+
+class BatchMeta(NamedTuple):
+    """Where and how a batch was made, as the probes send it with each batch
+    (instrument/probes.py) and the ledger reads it. ``worker_id`` is -1 for the main process;
+    ``probe`` rides only with the first batch of each process (see probes.rng_probe). The
+    batch's size is measured in the worker too: that work stays off the main process."""
+
+    worker_id: int
+    pid: int
+    fetch_start: float
+    fetch_s: float
+    collate_s: float
+    fetch_cpu_s: float | None  # None on batches it was not read for (sampled)
+    samples: int
+    nbytes: int | None  # likewise
+    probe: dict[str, Any] | None = None

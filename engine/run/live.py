@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 
 
 class LiveRun:
-    def __init__(self, target: str, tuned_workers: int | None = None) -> None:
+    def __init__(self, target: str, tuned_workers: int | None = None,
+                 mode: str = "profile") -> None:
+        """``mode``: the run's kind as asked (a tune that fails before its child's Ready is
+        still summarised as a tune); Ready confirms it."""
         self.target = target
         self.tuned_workers = tuned_workers  # a count the tuner measured to pay (pitfalls.py)
         self.dataset: DatasetCard | None = None
@@ -43,7 +46,7 @@ class LiveRun:
         self.error: EngineError | None = None
         self.finished_reason: str | None = None
         self.elapsed_s = 0.0
-        self.mode = "profile"
+        self.mode = mode
         self.trials: list[TrialRecord] = []  # each measured setting (tunes, in-place searches)
         self.tune_result: dict | None = None
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed

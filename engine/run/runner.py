@@ -33,7 +33,6 @@ from dataloader_tuner.store import RunStore
 
 
 STOP_GRACE_S = 1.2  # child's own clean stop; then its process group is killed
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class RunState(enum.Enum):
@@ -81,7 +80,6 @@ class EngineChild:
         _become_subreaper()
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env.pop("PYTHONUNBUFFERED", None)  # the child line-buffers instead (child.main)
         env[protocol.EVENT_FD_ENV] = str(write_fd)
         try:
@@ -151,7 +149,8 @@ class RunHandle:
         self.request = request
         self.store = store
         self.starter = starter  # None: child_starter, read when the run starts
-        self.live = LiveRun(request.target, request.tuned_workers)
+        self.live = LiveRun(request.target, request.tuned_workers,
+                            mode="tune" if request.kind == "tune" else "profile")
         self._state = RunState.STARTING
         self._stop_requested = False
         self._proc: EngineChild | None = None
@@ -308,12 +307,8 @@ class RunHandle:
         else:
             self._state = RunState.FINISHED
         if self.store is not None and self.run_id is not None:
-            # By what was asked, as the CLI and the page read it: a tune that failed before
-            # its child said so is still a tune.
             status = self._state.value
-            result = (self.live.tune_summary(status) if self.request.kind == "tune"
-                      else self.live.profile_summary(status))
-            self.store.finish_run(self.run_id, status, result,
+            self.store.finish_run(self.run_id, status, self.live.summary(status),
                                   self.live.error.to_dict() if self.live.error else None)
         self._done.set()
 

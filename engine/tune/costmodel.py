@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dataloader_tuner.tune.trials import TrialResult
+from dataloader_tuner.record.trials import TrialResult
 
 PEAK_SHARE = 0.97  # workers enough to reach this share of the binding limit count as "the peak"
 

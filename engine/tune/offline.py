@@ -32,7 +32,8 @@ from dataloader_tuner.tune.recommend import Limits, Recommendation
 from dataloader_tuner.settings import recommended_config, snippet_names
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, TrialResult, summarize_trial
+from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, summarize_trial
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")

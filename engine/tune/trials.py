@@ -1,4 +1,4 @@
-"""One measured loader configuration reduced to the numbers the tuner reasons on (the
+"""One measured loader configuration reduced to the numbers the tuner reasons on (a
 record/trials.py TrialResult), and when a trial is conclusive."""
 
 from __future__ import annotations
@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
-
-__all__ = ["MIN_STEADY_BATCHES", "TARGET_CI", "TrialResult", "summarize_trial"]
 
 
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim

@@ -31,7 +31,7 @@ from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Re
                                              by_workers, median_idle, median_rate, pick_fed,
                                              recommend)
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.tune.trials import TrialResult
+from dataloader_tuner.record.trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
 LESS_IDLE_GAIN = 0.02

@@ -47,6 +47,8 @@ from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
 from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
+from dataloader_tuner.child.dataset_card import dataset_length
+from dataloader_tuner.child.target import type_name
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.recorder import Recorder
 from dataloader_tuner.record.trials import InPlaceTrial
@@ -69,10 +71,9 @@ def _own_sampler(loader: DataLoader[Any]) -> bool:
             or type(loader.batch_sampler) not in (BatchSampler, type(None)))
 
 
-def process_identity() -> dict:
+def training_script() -> str:
     """Who is training: for the history's list of watched jobs."""
-    return {"pid": os.getpid(), "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0]
-            else "<interactive>"}
+    return os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "<interactive>"
 
 
 def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
@@ -112,11 +113,11 @@ class WatchedLoader:
         self._logged = 0  # decisions of the search already written to the run
         self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
-        who = process_identity()
+        self.script = training_script()
         self.t0 = time.monotonic()
         self.rank = rank_identity()  # None outside a torchrun job
-        run_id = store.create_run("watch", who["script"], self.config.to_json_dict(),
-                                  label=self.name, script=who["script"],
+        run_id = store.create_run("watch", self.script, self.config.to_json_dict(),
+                                  label=self.name, script=self.script,
                                   rank=self.rank.to_dict() if self.rank else None)
         self.history = HistorySink(store, run_id)
         self.recorder = Recorder(self.history, self.t0, gaps=StepGaps.create(),
@@ -391,7 +392,7 @@ class WatchedLoader:
                                                   and chosen.num_workers)}
         config = self.config.replace(**{k: v for k, v in recommended.items()})
         result = TuneResult(
-            status="ok", target=process_identity()["script"], recommended=recommended,
+            status="ok", target=self.script, recommended=recommended,
             snippet=config.snippet(), expected_samples_per_s=rate,
             uncertainty_pct=100 * interval if interval else None,
             baseline={"source": "the job's own settings", **asdict(search.baseline)},
@@ -423,10 +424,6 @@ class WatchedLoader:
 
     def _ready(self) -> protocol.Ready:
         dataset = self.loader.dataset
-        try:
-            length: int | None = len(dataset)  # type: ignore[arg-type]  # TypeError: no length
-        except TypeError:
-            length = None
         counting = counting_rules(self.config)
         if self.unprobed_reason:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
@@ -437,9 +434,9 @@ class WatchedLoader:
             # (Whether its workers could be probed is in ``counting``.)
             dataset=DatasetCard(
                 target=self.name, found_as="watch(loader)",
-                class_name=f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+                class_name=type_name(dataset),
                 kind="iterable" if isinstance(dataset, IterableDataset) else "map",
-                length=length, defines_batch_size=False, module_batch_size=None,
+                length=dataset_length(dataset), defines_batch_size=False, module_batch_size=None,
                 has_collate_fn=self.loader.collate_fn not in (default_collate, default_convert),
                 has_sampler=_own_sampler(self.loader),
                 has_train_step=False, has_dataloader_kwargs=False),
