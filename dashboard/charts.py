@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dataloader_tuner import BatchRecord
+from dataloader_tuner import BatchRecord, timed
+
 
 MAX_POINTS = 600  # per series, before binning
 TIMELINE_BATCHES = 240  # the worker timeline shows the most recent batches...
@@ -107,7 +108,7 @@ def worker_utilization_figure(busy_rows: Sequence[dict]) -> go.Figure:
 def worker_timeline_figure(batches: Sequence[BatchRecord], last_n: int = TIMELINE_BATCHES,
                            last_s: float = TIMELINE_SECONDS) -> go.Figure:
     """Which worker made which batch, split into dataset fetch and collate time."""
-    recent = list(batches[-last_n:])
+    recent = timed(batches[-last_n:])  # fast batches' making is timed on a sample
     if recent:
         since = max(b.worker_end for b in recent) - last_s
         recent = [b for b in recent if b.worker_end >= since]

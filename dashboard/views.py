@@ -10,7 +10,7 @@ import psutil
 import streamlit as st
 
 from dataloader_tuner import (BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline,
-                              fmt)
+                              fmt, timed)
 
 from . import charts
 
@@ -60,7 +60,8 @@ def headline(result: ProfileResult) -> None:
                         "(the module's train_step or a simulated step); n/a without one.")
     if result.steady_batches is not None:
         counting = result.counting or {}
-        how = (f" Samples counted: {counting['samples']}; CPU time and bytes read on "
+        how = (f" Samples counted: {counting['samples']}; fetch and collate timed on "
+               f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
                f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}."
                if counting else "")
         st.caption(f"{result.batches} batches in {result.seconds:.1f} s; figures are steady "
@@ -70,7 +71,8 @@ def headline(result: ProfileResult) -> None:
 def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:
     """The four charts of one run."""
     warmup = result.warmup_batches or 0
-    end = max((b.worker_end for b in batches), default=0.0)
+    end = max((b.t_ready + b.step_s for b in batches), default=0.0)
+    end = max([end] + [b.worker_end for b in timed(batches)])
     start = batches[0].t_request if batches else 0.0
     if start < 1.0:  # a whole run: from its start
         start = 0.0

@@ -20,7 +20,7 @@ and, shared by all: protocol (request and events), store, errors, system, config
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.metrics import busy_timeline
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                   window_figures)
 from dataloader_tuner.analyse.report import fmt, speedup_text
@@ -66,7 +66,7 @@ __all__ = [
     # settings
     "LoaderConfig", "load_settings", "recommended_settings", "settings_file",
     # what runs produce
-    "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord",
+    "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord", "timed",
     "DatasetCard", "TrialRecord", "TrialResult", "InPlaceTrial", "busy_timeline", "chrome_trace", "fmt", "speedup_text",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",

@@ -7,11 +7,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dataloader_tuner.record.ledger import UNKNOWN_WORKER, BatchLedger, unprobed_meta
+from dataloader_tuner.record.ledger import UNKNOWN_WORKER, BatchLedger, samples_of, unprobed_meta
+from dataloader_tuner.record.rows import BatchMeta
 
 
-def meta(pid: int, worker_id: int = 0, samples: int = 4, probe=None) -> tuple:
-    return (worker_id, pid, 0.0, 0.001, 0.0, None, samples, 64, probe)
+def meta(pid: int, worker_id: int = 0, samples: int = 4, probe=None) -> BatchMeta:
+    return BatchMeta(worker_id, pid, 0.0, 0.001, 0.0, None, samples, 64, probe)
 
 
 def ledger_with_log():
@@ -61,11 +62,22 @@ def test_the_row_carries_the_batch_as_the_loop_saw_it():
 def test_an_unprobed_batch_notes_no_worker():
     ledger, log = ledger_with_log()
     mark = ledger.new_epoch()
-    unprobed = unprobed_meta(ledger.t0, 8)
+    unprobed = unprobed_meta(8)
     ledger.handed(mark, ledger.t0, unprobed)
     row = ledger.row(0, mark.epoch, ledger.t0, ledger.t0, ledger.t0, unprobed)
-    assert row.worker_id == UNKNOWN_WORKER and row.samples == 8
+    assert row.worker_id == UNKNOWN_WORKER and row.samples == samples_of(unprobed) == 8
+    assert (row.fetch_start, row.fetch_s, row.collate_s, row.worker_end) == (None,) * 4
     assert not [entry for entry in log if entry[0] == "worker"]
+
+
+def test_a_batch_whose_making_was_not_timed_keeps_its_worker_and_samples():
+    ledger, log = ledger_with_log()
+    mark = ledger.new_epoch()
+    ledger.handed(mark, ledger.t0, meta(11, worker_id=1))
+    ledger.handed(mark, ledger.t0, (1, 11, 32))  # the probes' untimed meta
+    row = ledger.row(5, mark.epoch, ledger.t0, ledger.t0, ledger.t0, (1, 11, 32))
+    assert (row.worker_id, row.worker_pid, row.samples, row.fetch_s) == (1, 11, 32, None)
+    assert [entry for entry in log if entry[0] == "worker"] == [("worker", 11, 1, None)]
 
 
 @pytest.mark.parametrize("ending", [StopIteration, ValueError, KeyboardInterrupt])

@@ -44,6 +44,20 @@ def test_fast_batches_read_the_cpu_clock_and_bytes_on_a_sample():
     assert 200 // MAX_EVERY - 1 <= len(read) <= 200 / 4
 
 
+def test_fast_batches_each_keep_a_row_with_their_making_timed_on_a_sample():
+    from dataloader_tuner.instrument import probes
+
+    probes._after_fork()  # a fresh per-process timer, as a new worker has
+    records, _ = _measure("small_map.py", dict(batch_size=1), max_batches=400)
+    assert [r.seq for r in records] == list(range(400))  # a row per batch, samples exact
+    assert all(r.samples == 1 and r.worker_id == -1 for r in records)
+    timed = [r.seq for r in records if r.fetch_s is not None]
+    assert timed[:probes.TIME_ALL_FIRST] == list(range(probes.TIME_ALL_FIRST))
+    # ...then every 16th (a batch slowed past 1 ms by a busy machine makes the next timed too)
+    assert (400 - probes.TIME_ALL_FIRST) // probes.TIME_EVERY <= len(
+        timed) - probes.TIME_ALL_FIRST < (400 - probes.TIME_ALL_FIRST) / 2
+
+
 def test_several_workers_are_attributed():
     records, _ = _measure("small_map.py", dict(batch_size=8, num_workers=2),
                           max_batches=16)

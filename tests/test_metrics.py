@@ -63,6 +63,28 @@ def test_busy_timeline_windows():
     assert [r["busy_frac"] for r in rows] == [pytest.approx(0.5), pytest.approx(0.5)]
 
 
+def untimed(b: BatchRecord) -> BatchRecord:
+    """The row of a batch whose making was not timed (the probes time fast ones on a sample)."""
+    return b._replace(fetch_start=None, fetch_s=None, collate_s=None, fetch_cpu_s=None,
+                      nbytes=None)
+
+
+def test_busy_figures_scale_up_from_the_batches_whose_making_was_timed():
+    # Two workers alternate; each makes a batch in 40 ms of every 100 ms: 40% busy.
+    records = [batch(i, 0.05 * i, 0.0, worker=i % 2, fetch_start=0.05 * i, fetch=0.04)
+               for i in range(200)]
+    sampled = [b if b.seq % 8 < 2 else untimed(b) for b in records]  # 1 in 4 of each worker's
+    full = metrics.busy_fraction(records, 1.0, 9.0)
+    assert full == {0: pytest.approx(0.4), 1: pytest.approx(0.4)}
+    assert metrics.busy_fraction(sampled, 1.0, 9.0) == {0: pytest.approx(0.4, rel=0.05),
+                                                        1: pytest.approx(0.4, rel=0.05)}
+    rows = metrics.busy_timeline(sampled, end=10.0, window_s=2.0)
+    assert [round(r["busy_frac"], 2) for r in rows] == [0.4] * 10
+    costs = metrics.per_batch_costs(sampled)
+    assert costs["fetch_ms"] == pytest.approx(40.0)  # medians of the timed ones, not None's
+    assert metrics.per_batch_costs([untimed(b) for b in records])["fetch_ms"] is None
+
+
 def test_consumer_idle_fraction_and_verdicts():
     # after warm-up: each 0.1 s cycle waits 0.03 s then steps 0.07 s
     batches = [batch(0, 0.0, 0.0)]

@@ -24,6 +24,15 @@ class WithGetitems(SmallMap):
         return [self[i] for i in indices]
 
 
+@pytest.fixture(autouse=True)
+def fresh_timer():
+    """Each test starts as a new worker process does: no batches made yet (the main process's
+    timer otherwise carries earlier tests' batches, and fast ones are timed on a sample)."""
+    from dataloader_tuner.instrument import probes
+
+    probes._after_fork()
+
+
 def _loader(dataset, **kwargs):
     auto = kwargs.get("batch_size", 1) is not None
     return DataLoader(wrap_dataset(dataset), collate_fn=TimedCollate(None, auto), **kwargs)
@@ -125,6 +134,36 @@ def test_a_self_made_batch_is_counted_by_its_tensors_not_its_key_strings():
     batch = (keys, torch.zeros(256, 3, 8, 8), torch.zeros(256, dtype=torch.int64))
     assert samples_in(batch) == 256
     assert samples_in([{"a": 1}, {"a": 2}]) == 2  # a list of per-sample dicts
+
+
+def test_fast_batches_have_their_making_timed_on_a_sample_and_still_say_who_made_them():
+    from dataloader_tuner.instrument import probes
+
+    collate = TimedCollate(None, auto_collation=True)
+    dataset = TimedMapDataset(SmallMap(64))
+    metas = [collate(dataset.__getitems__([0, 1, 2, 3]))[1] for _ in range(200)]
+    timed = [i for i, m in enumerate(metas) if isinstance(m, BatchMeta)]
+    # The first TIME_ALL_FIRST all timed, then (these take microseconds) every TIME_EVERY-th.
+    assert timed[:probes.TIME_ALL_FIRST] == list(range(probes.TIME_ALL_FIRST))
+    later = [i for i in timed if i >= probes.TIME_ALL_FIRST]
+    assert later and all(i % probes.TIME_EVERY == 0 for i in later)
+    assert len(later) == len(range(probes.TIME_ALL_FIRST, 200, probes.TIME_EVERY))
+    untimed = [m for m in metas if not isinstance(m, BatchMeta)]
+    assert untimed and all(m == (-1, metas[0].pid, 4) for m in untimed)
+
+
+def test_slow_batches_have_their_making_timed_on_every_batch():
+    class Slow(SmallMap):
+        def __getitem__(self, index):
+            time.sleep(0.0012)  # past FAST_BATCH_S for a 1-sample batch
+            return super().__getitem__(index)
+
+    collate = TimedCollate(None, auto_collation=True)
+    dataset = TimedMapDataset(Slow(8))
+    from dataloader_tuner.instrument import probes
+    probes._timer.made = probes.TIME_ALL_FIRST  # as if past the first batches already
+    metas = [collate(dataset.__getitems__([1]))[1] for _ in range(20)]
+    assert all(isinstance(m, BatchMeta) for m in metas)
 
 
 def test_costly_reads_are_sampled_when_they_would_cost_over_half_a_percent():

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -139,11 +139,15 @@ def busy_fraction(
     span = window_end - window_start
     if span <= 0:
         return {}
+    batches = list(batches)
+    made = timed(batches)
+    scale = timed_scale(batches, made)  # fast batches' making is timed on a sample
     busy: dict[int, float] = {}
-    for b in batches:
-        busy.setdefault(b.worker_id, 0.0)
-        busy[b.worker_id] += overlap(b.fetch_start, b.worker_end, window_start, window_end)
-    return {worker: min(total / span, 1.0) for worker, total in sorted(busy.items())}
+    for b in made:
+        busy[b.worker_id] = busy.get(b.worker_id, 0.0) + overlap(
+            b.fetch_start, b.worker_end, window_start, window_end)
+    return {worker: min(total * scale[worker] / span, 1.0)
+            for worker, total in sorted(busy.items())}
 
 
 def busy_timeline(
@@ -155,8 +159,10 @@ def busy_timeline(
     One pass over the batches (the live view recomputes this every second on long runs).
     """
     n_windows = int(math.ceil((end - start) / window_s)) if end > start else 0
+    made = timed(batches)
+    scale = timed_scale(batches, made)  # fast batches' making is timed on a sample
     busy: dict[int, list[float]] = {}
-    for b in batches:
+    for b in made:
         totals = busy.setdefault(b.worker_id, [0.0] * n_windows)
         lo, hi = max(b.fetch_start, start), min(b.worker_end, end)
         first = max(int((lo - start) // window_s), 0)
@@ -168,7 +174,8 @@ def busy_timeline(
         lo, hi = start + i * window_s, min(start + (i + 1) * window_s, end)
         for worker in sorted(busy):
             rows.append({"t": lo, "worker_id": worker,
-                         "busy_frac": min(busy[worker][i] / (hi - lo), 1.0) if hi > lo else 0.0})
+                         "busy_frac": min(busy[worker][i] * scale[worker] / (hi - lo), 1.0)
+                         if hi > lo else 0.0})
     return rows
 
 
@@ -196,14 +203,15 @@ def input_bound_verdict(idle_frac: float | None) -> str | None:
 
 def per_batch_costs(batches: Sequence[BatchRecord]) -> dict[str, float | None]:
     """Median work per batch inside the workers: what the tuner's cost model starts from."""
-    if not batches:
+    made = timed(batches)
+    if not made:
         return {"fetch_ms": None, "fetch_cpu_ms": None, "collate_ms": None, "bytes": None}
     return {
-        "fetch_ms": percentile([b.fetch_s * 1000 for b in batches], 50),
+        "fetch_ms": percentile([b.fetch_s * 1000 for b in made], 50),
         "fetch_cpu_ms": percentile(
-            [b.fetch_cpu_s * 1000 for b in batches if b.fetch_cpu_s is not None], 50),
-        "collate_ms": percentile([b.collate_s * 1000 for b in batches], 50),
-        "bytes": percentile([b.nbytes for b in batches if b.nbytes is not None], 50),
+            [b.fetch_cpu_s * 1000 for b in made if b.fetch_cpu_s is not None], 50),
+        "collate_ms": percentile([b.collate_s * 1000 for b in made], 50),
+        "bytes": percentile([b.nbytes for b in made if b.nbytes is not None], 50),
     }
 
 

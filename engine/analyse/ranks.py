@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause
@@ -87,8 +87,10 @@ def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict[str,
     measured = batches[warmup:]
     busy: float | None = None
     workers = {b.worker_id for b in measured if b.worker_id >= 0}
-    if steady is not None and workers and steady.seconds > 0:
-        making = sum(b.fetch_s + b.collate_s for b in measured)
+    made = timed(measured)
+    if steady is not None and workers and made and steady.seconds > 0:
+        scale = timed_scale(measured, made)  # fast batches' making is timed on a sample
+        making = sum(b.making_s * scale[b.worker_id] for b in made)
         busy = min(1.0, making / (steady.seconds * len(workers)))
     return {
         "samples_per_s": steady.samples_per_s if steady else None,

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
@@ -118,15 +118,19 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
 
 def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
               ) -> dict[str, Any] | None:
-    """How each figure was counted, with how many batches had their CPU time and bytes read."""
+    """How each figure was counted, with how many batches had their making timed and their CPU
+    time and bytes read."""
     if rules is None:
         return None
+    timed_share = len(timed(measured)) / len(measured) if measured else None
     share = metrics.read_share(measured)
     read = ("every batch" if share is None or share >= 1.0 else
             f"{share:.0%} of batches (sampled, to keep measuring cheap: on every 16th batch "
             "when a batch takes under 1 ms to make, and rarer when reading a batch's bytes "
             "costs over 0.5% of its time)")
-    return {**rules, "cpu_time_and_bytes_read_on": read}
+    return {**rules, "cpu_time_and_bytes_read_on": read,
+            "making_timed_on": ("every batch" if timed_share is None or timed_share >= 1.0
+                                else f"{timed_share:.0%} of batches (sampled: see making)")}
 
 
 def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -251,8 +255,9 @@ def render_text(result: ProfileResult) -> str:
     ]
     counting = result.counting or {}
     if counting:
-        lines.append(f"samples counted: {counting['samples']}; CPU time and bytes read on "
-                     f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
+        lines.append(f"samples counted: {counting['samples']}; making timed on "
+                     f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes "
+                     f"read on {counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
     if result.consumer_idle_frac is not None:
         lines.append(f"consumer idle: {result.consumer_idle_frac * 100:.1f}% "
                      f"({result.input_bound})")

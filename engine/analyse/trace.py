@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed
 
 US = 1e6
 
@@ -39,18 +39,22 @@ def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict[str, A
     for worker_id, pid in workers:
         events += _process_name(pid, f"DataLoader worker {worker_id} (pid {pid})", 1 + worker_id)
     for b in batches:
-        maker = b.worker_pid if b.worker_id >= 0 else main_pid
         batch_args = {"batch": b.seq, "epoch": b.epoch, "samples": b.samples, "bytes": b.nbytes}
-        events.append(_complete("fetch", maker, b.fetch_start, b.fetch_s, **batch_args))
-        events.append(_complete("collate", maker, b.fetch_start + b.fetch_s, b.collate_s,
-                                **batch_args))
         events.append(_complete("wait in next()", main_pid, b.t_request, b.wait_s, **batch_args))
         if b.step_s > 0:
             events.append(_complete("step", main_pid, b.t_ready, b.step_s, batch=b.seq))
-        if b.worker_id >= 0:  # an arrow from the worker's collate end to the hand-off
+    by_seq = {b.seq: b for b in batches}
+    for t in timed(batches):  # where the making was timed (fast batches': a sample)
+        maker = t.worker_pid if t.worker_id >= 0 else main_pid
+        b = by_seq[t.seq]
+        batch_args = {"batch": b.seq, "epoch": b.epoch, "samples": b.samples, "bytes": b.nbytes}
+        events.append(_complete("fetch", maker, t.fetch_start, t.fetch_s, **batch_args))
+        events.append(_complete("collate", maker, t.fetch_start + t.fetch_s, t.collate_s,
+                                **batch_args))
+        if t.worker_id >= 0:  # an arrow from the worker's collate end to the hand-off
             flow = {"name": "batch", "cat": "handoff", "id": b.seq}
             events.append({**flow, "ph": "s", "pid": maker, "tid": maker,
-                           "ts": round(b.worker_end * US, 3)})
+                           "ts": round(t.worker_end * US, 3)})
             events.append({**flow, "ph": "f", "bp": "e", "pid": main_pid, "tid": main_pid,
                            "ts": round(b.t_ready * US, 3)})
     for row in resources:

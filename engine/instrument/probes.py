@@ -24,7 +24,7 @@ from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from dataloader_tuner.record.rows import BatchMeta
+from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
 if TYPE_CHECKING:
     from dataloader_tuner.config import LoaderConfig
@@ -54,13 +54,18 @@ FAST_BATCH_S = 0.001  # batches faster than this read them on every SAMPLE_EVERY
 SAMPLE_EVERY = 16
 READ_SHARE = 0.005
 MAX_EVERY = 64  # the rarest they are read
+# Fast batches' making (fetch, collate, worker) is timed on every TIME_EVERY-th batch of each
+# process only, once it has timed its first TIME_ALL_FIRST (same NOTE); the others carry their
+# sample count alone.
+TIME_EVERY = SAMPLE_EVERY
+TIME_ALL_FIRST = 64
 
 
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
     __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe",
-                 "made", "every", "worker_id")
+                 "made", "every", "timed_every", "worker_id")
 
     def __init__(self) -> None:
         self.start: float | None = None
@@ -73,6 +78,7 @@ class _FetchTimer:
         self.probe: dict[str, Any] | None = None
         self.made = 0  # batches this process made
         self.every = 1  # the costly reads happen on every n-th batch (see READ_SHARE)
+        self.timed_every = 1  # the making is timed on every n-th batch (see TIME_EVERY)
         self.worker_id: int | None = None  # DataLoader's worker id (-1: main), once known
 
     def begin(self) -> float:
@@ -86,7 +92,13 @@ class _FetchTimer:
         """How often to read, after a batch of ``batch_s`` whose reads took ``reads_s``."""
         base = SAMPLE_EVERY if batch_s < FAST_BATCH_S else 1
         share = math.ceil(reads_s / (READ_SHARE * batch_s)) if batch_s > 0 else MAX_EVERY
-        return min(max(base, share), MAX_EVERY)
+        every = min(max(base, share), MAX_EVERY)
+        # Read on timed batches only: a multiple of how often those come.
+        return -(-every // self.timed_every) * self.timed_every
+
+    def time_every(self, batch_s: float) -> int:
+        """How often to time a batch's making, after a timed batch of ``batch_s``."""
+        return TIME_EVERY if batch_s < FAST_BATCH_S and self.made >= TIME_ALL_FIRST else 1
 
     def add(self, start: float, end: float) -> None:
         if self.start is None:
@@ -148,10 +160,12 @@ class TimedMapDataset(Dataset):
             timer.probe = rng_probe(before, rng_state(self.inner))
             return items
         timer.indices, timer.fetching = indices, True
-        if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
-                and timer.made % timer.every == 0):  # ...and it reads the costly figures
-            timer.cpu_start = cpu_clock()
-        start = clock()
+        timed = timer.made % timer.timed_every == 0
+        if timed:
+            if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
+                    and timer.made % timer.every == 0):  # ...and it reads the costly figures
+                timer.cpu_start = cpu_clock()
+            start = clock()
         if self._inner_getitems:
             try:
                 items = self._inner_getitems(indices)
@@ -166,10 +180,11 @@ class TimedMapDataset(Dataset):
                 add_note(exc, f"while fetching sample index {_failed_index(exc)!r} "
                               f"(batch indices {list(indices)[:64]})")
                 raise
-        end = clock()
-        if timer.start is None:
-            timer.start = start
-        timer.total += end - start
+        if timed:
+            end = clock()
+            if timer.start is None:
+                timer.start = start
+            timer.total += end - start
         timer.fetching = False
         return items
 
@@ -274,8 +289,19 @@ class TimedCollate:
         # (len of the list collate gets): exact, whatever the collate returns.
         self.auto_collation = auto_collation
 
-    def __call__(self, samples: Any) -> tuple[Any, BatchMeta]:
+    def __call__(self, samples: Any) -> tuple[Any, BatchMeta | UntimedMeta]:
         timer = _timer
+        if timer.made % timer.timed_every:  # not timed: who made it and its sample count
+            try:
+                batch = self.collate_fn(samples)
+            except Exception as exc:
+                self._failed(exc, samples)
+                raise
+            timer.made += 1
+            timer.start = timer.cpu_start = None  # an iterable dataset times each item
+            timer.total = 0.0
+            return batch, (timer.worker_id, timer.pid,  # type: ignore[return-value]  # set
+                           len(samples) if self.auto_collation else samples_in(batch))
         start = clock()
         # _FetchTimer.take, written out (see TimedMapDataset.__getitems__)
         fetch_start = timer.start if timer.start is not None else start
@@ -286,18 +312,17 @@ class TimedCollate:
         try:
             batch = self.collate_fn(samples)
         except Exception as exc:
-            mismatch = shape_mismatch(samples) if isinstance(samples, list) else None
-            where = f"batch indices {list(timer.indices)[:64]}" if timer.indices else "a batch"
-            add_note(exc, f"in collate_fn for {where}" + (f"; {mismatch}" if mismatch else ""))
+            self._failed(exc, samples)
             raise
         end = clock()
         counted = len(samples) if self.auto_collation else None
+        timer.made += 1
+        timer.timed_every = timer.time_every(end - fetch_start)
         if fetch_cpu_s is not None:  # a batch whose costly figures are read (see READ_SHARE)
             samples_n, nbytes = sizes_of(batch, counted)
             timer.every = timer.read_every(end - fetch_start, clock() - end)
         else:
             samples_n, nbytes = (counted if counted is not None else samples_in(batch)), None
-        timer.made += 1
         if timer.worker_id is None:  # once per process: DataLoader's worker id, -1 in main
             info = get_worker_info()
             timer.worker_id = -1 if info is None else info.id
@@ -306,6 +331,14 @@ class TimedCollate:
         return batch, tuple.__new__(BatchMeta, (
             timer.worker_id, timer.pid, fetch_start, fetch_s, end - start, fetch_cpu_s,
             samples_n, nbytes, probe))
+
+    @staticmethod
+    def _failed(exc: Exception, samples: Any) -> None:
+        """Note on the user's collate error which batch it was and what did not match."""
+        mismatch = shape_mismatch(samples) if isinstance(samples, list) else None
+        indices = _timer.indices
+        where = f"batch indices {list(indices)[:64]}" if indices else "a batch"
+        add_note(exc, f"in collate_fn for {where}" + (f"; {mismatch}" if mismatch else ""))
 
 
 def shape_mismatch(samples: list) -> str | None:
@@ -490,4 +523,8 @@ def counting_rules(config: "LoaderConfig") -> dict:
         "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
                   f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
                   f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
+        "making": (f"each batch's fetch and collate are timed where it is made, except when "
+                   f"batches take under {FAST_BATCH_S * 1000:g} ms to make: then each process "
+                   f"times its first {TIME_ALL_FIRST} and every {TIME_EVERY}th after, and each "
+                   f"worker's busy share is scaled up from the batches it timed"),
     }

@@ -13,9 +13,19 @@ NOTE [ Measuring cost on the fastest batches ]
 
     Tiny in-memory batches take 40-140 us each, so every microsecond spent measuring one is
     visible in its rate (bench/overhead.py, bench/real_like.py; 2-core machine): 43 us batches
-    are reported at 0.88 of a plain loop, 73 us at 0.90, 136 us at 0.97-0.99; below 100 us a
-    run says so (pitfalls.measuring_cost). What it cost, and what the code does about it:
+    are reported at 0.90 of a plain loop (0.87 before the making was sampled), 73 us at 0.90,
+    136 us at 0.97-0.99; below 100 us a run says so (pitfalls.measuring_cost). What it cost,
+    and what the code does about it:
 
+    - timing a batch's making (clock reads in the fetch and collate wrappers, the 9-field meta
+      that rides with the batch) cost ~2.8 us of a 45 us batch made in the main process: when
+      batches take under 1 ms, each process times its first 64 and every 16th after
+      (probes.TIME_EVERY); the others carry (worker, pid, samples), so every batch still has
+      its row and exact sample count, and busy shares are scaled up from the timed ones
+      (rows.timed_scale); "counting" in the output says on how many. In-process, the wrapped
+      loader went from +2.8 to +1.0 us a batch; a row per batch is still ~0.8 us and the child's
+      recorder ~0.5 us (long_tail: py-spy puts all of our code at ~3% of the child, yet the
+      reported rate is ~10% under a plain loop's: the rest was not found in the child);
     - the process CPU clock (a system call) is felt at ~100 us per batch, and the walk that
       sizes a batch takes up to ~200 us for a list of per-image dicts: both are read on every
       n-th batch only, as rarely as keeps them under 0.5% of a batch (probes.py, "counting"
@@ -26,6 +36,8 @@ NOTE [ Measuring cost on the fastest batches ]
       collections a plain loop never makes, each walking torch's whole heap: ~6% of the rate
       with 80 ms stalls on 50 us batches (long_tail went 0.80 -> 0.87 of a plain loop once
       the heap made before measuring was frozen, gc.freeze in child/process.py);
+    - asking the owner's should_stop() and the clock for the deadline after every batch shows
+      too: the engine's loop asks every 5 ms (child/measure.py, CHECK_S);
     - a method of ours as the per-row callback costs ~0.3 us a batch (~1% of a 50 us batch):
       the engine hands over the row list's own append (child/process.py);
     - counting labels costs ~6 us a batch, a whole tiny batch's making: every 8th batch of the
@@ -37,7 +49,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Protocol
 
-from dataloader_tuner.record.rows import BatchMeta, BatchRecord
+from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
 
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
 # A meta is read by position on the hot path: where it holds its batch's sample count.
@@ -54,9 +66,14 @@ class GapEvents(Protocol):
     def resolved(self) -> list[tuple[int, float]]: ...
 
 
-def unprobed_meta(t_request: float, samples: int) -> BatchMeta:
+def samples_of(meta: BatchMeta | UntimedMeta) -> int:
+    """The batch's sample count, from either kind of meta."""
+    return meta[2] if meta.__class__ is tuple else meta[SAMPLES]  # type: ignore[return-value]
+
+
+def unprobed_meta(samples: int) -> UntimedMeta:
     """The meta of a batch whose worker is not known (a loader that could not be probed)."""
-    return BatchMeta(UNKNOWN_WORKER, 0, t_request, 0.0, 0.0, None, samples, None, None)
+    return (UNKNOWN_WORKER, 0, samples)
 
 
 class EpochMark:
@@ -119,24 +136,33 @@ class BatchLedger:
             self.resolved_gaps.extend(gaps.resolved())
         return item, t_request, t_ready, seq
 
-    def handed(self, mark: EpochMark, t_ready: float, meta: BatchMeta) -> None:
+    def handed(self, mark: EpochMark, t_ready: float, meta: BatchMeta | UntimedMeta) -> None:
         """What a batch's arrival tells once: its epoch's start-up (the epoch's first batch)
         and its worker (that worker's first). Called outside the timed windows."""
         if not mark.opened:
             mark.opened = True
             self.on_epoch(mark.epoch, mark.start - self.t0, t_ready - mark.start)
+        if meta.__class__ is tuple:  # making not timed (each worker's first batch is)
+            return
         pid = meta[1]
         if pid not in self.seen_pids:
             self.seen_pids.add(pid)
-            self.on_worker(pid, meta[0], meta[8])
+            self.on_worker(pid, meta[0], meta[8])  # type: ignore[misc]  # a BatchMeta
 
     def row(self, seq: int, epoch: int, t_request: float, t_ready: float, t_back: float,
-            meta: BatchMeta, h2d_ms: float | None = None, other_ms: float | None = None,
-            gap_ms: float | None = None) -> BatchRecord:
+            meta: BatchMeta | UntimedMeta, h2d_ms: float | None = None,
+            other_ms: float | None = None, gap_ms: float | None = None) -> BatchRecord:
         """The batch's row: handed over at ``t_ready``, the loop back for the next at
-        ``t_back`` (its step between)."""
-        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, _ = meta
+        ``t_back`` (its step between). A batch whose making was not timed (fast batches' are
+        timed on a sample; a loader that could not be probed) has its fetch figures None."""
         t0 = self.t0
+        if meta.__class__ is tuple:
+            worker_id, pid, samples = meta  # type: ignore[misc]  # an UntimedMeta
+            return tuple.__new__(BatchRecord, (
+                seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
+                None, worker_id, pid, None, None, None, None, h2d_ms, other_ms, gap_ms))
+        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, _ = (
+            meta)  # type: ignore[misc]  # a BatchMeta
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return tuple.__new__(BatchRecord, (
             seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,

@@ -4,7 +4,7 @@ the loops learn its layout without importing the analysis package."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 
 class BatchRecord(NamedTuple):
@@ -27,9 +27,11 @@ class BatchRecord(NamedTuple):
     nbytes: int | None
     worker_id: int
     worker_pid: int
-    fetch_start: float
-    fetch_s: float
-    collate_s: float
+    # Where the batch's making was timed; None on batches it was not (fast batches' making is
+    # timed on a sample: probes.TIME_EVERY), and on a loader that could not be probed.
+    fetch_start: float | None
+    fetch_s: float | None
+    collate_s: float | None
     # CPU time the worker spent in the fetch (its process clock). It and nbytes are None on
     # batches they were not read for: sampled when batches come fast (probes.SAMPLE_EVERY).
     fetch_cpu_s: float | None = None
@@ -42,7 +44,9 @@ class BatchRecord(NamedTuple):
         return self.t_request + self.wait_s
 
     @property
-    def worker_end(self) -> float:
+    def worker_end(self) -> float | None:
+        if self.fetch_start is None or self.fetch_s is None or self.collate_s is None:
+            return None
         return self.fetch_start + self.fetch_s + self.collate_s
 
     def to_row(self) -> tuple[Any, ...]:
@@ -60,6 +64,52 @@ BATCH_COLUMNS = BatchRecord._fields
 INT_BATCH_COLUMNS = frozenset({"seq", "epoch", "samples", "worker_id", "worker_pid"})
 # An int where present, None on batches it was not read for (sampled, see probes.READ_SHARE).
 OPTIONAL_INT_COLUMNS = frozenset({"nbytes"})
+
+
+class TimedBatch(NamedTuple):
+    """A batch whose making was timed: its row's fetch and collate figures, all present."""
+
+    seq: int
+    worker_id: int
+    worker_pid: int
+    fetch_start: float
+    fetch_s: float
+    collate_s: float
+    fetch_cpu_s: float | None
+    nbytes: int | None
+
+    @property
+    def worker_end(self) -> float:
+        return self.fetch_start + self.fetch_s + self.collate_s
+
+    @property
+    def making_s(self) -> float:
+        return self.fetch_s + self.collate_s
+
+
+def timed(batches: Iterable[BatchRecord]) -> list[TimedBatch]:
+    """The batches whose making was timed (all of them, unless batches came fast: then a
+    stated sample, probes.TIME_EVERY), with their figures typed as present."""
+    return [TimedBatch(b.seq, b.worker_id, b.worker_pid, b.fetch_start, b.fetch_s, b.collate_s,
+                       b.fetch_cpu_s, b.nbytes)
+            for b in batches if b.fetch_s is not None and b.fetch_start is not None
+            and b.collate_s is not None]
+
+
+def timed_scale(batches: Sequence[BatchRecord], made: Sequence[TimedBatch]) -> dict[int, float]:
+    """Per worker: its batches over its timed ones, to scale a sum over the timed batches up
+    to all it made (1.0 where every batch was timed)."""
+    counts: dict[int, int] = {}
+    for b in batches:
+        counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
+    timed_counts: dict[int, int] = {}
+    for t in made:
+        timed_counts[t.worker_id] = timed_counts.get(t.worker_id, 0) + 1
+    return {w: counts.get(w, n) / n for w, n in timed_counts.items()}
+
+
+# A batch whose making was not timed: (worker_id, pid, samples), as the probes send it.
+UntimedMeta = tuple[int, int, int]
 
 
 class BatchMeta(NamedTuple):

@@ -4,7 +4,7 @@ record/trials.py TrialResult), and when a trial is conclusive."""
 from __future__ import annotations
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import TrialResult
 
 
@@ -33,9 +33,10 @@ def summarize_trial(
     if steady is None or not steady.samples_per_s:
         return None
     measured = records[warmup:]
-    work = [(b.fetch_s + b.collate_s) * 1000 for b in measured]
-    mean = sum(work) / len(work)
-    variance = sum((w - mean) ** 2 for w in work) / len(work)
+    made = timed(measured)  # fast batches' making is timed on a sample
+    work = [b.making_s * 1000 for b in made]
+    mean = sum(work) / len(work) if work else 0.0
+    variance = sum((w - mean) ** 2 for w in work) / len(work) if work else 0.0
     copies = [b.h2d_ms for b in measured if b.h2d_ms is not None]
     others = [b.h2d_other_ms for b in measured if b.h2d_other_ms is not None]
     idle = metrics.consumer_idle_fraction(records, steady) if has_consumer else None
@@ -55,12 +56,12 @@ def summarize_trial(
         latency_p95_ms=metrics.percentile([b.wait_s * 1000 for b in measured], 95),
         worker_ms=metrics.percentile(work, 50),
         worker_cpu_ms=metrics.percentile(
-            [(b.fetch_cpu_s + b.collate_s) * 1000 for b in measured
+            [(b.fetch_cpu_s + b.collate_s) * 1000 for b in made
              if b.fetch_cpu_s is not None], 50),
         worker_ms_cv=(variance ** 0.5) / mean if mean > 0 else None,
         step_ms=metrics.percentile([b.step_s * 1000 for b in measured], 50),
         main_cpu_ms=(main_cpu_s * 1000 / len(records)) if main_cpu_s is not None else None,
-        batch_bytes=metrics.percentile([b.nbytes for b in measured if b.nbytes is not None], 50),
+        batch_bytes=metrics.percentile([b.nbytes for b in made if b.nbytes is not None], 50),
         worker_private_mb=worker_private_mb,
         h2d_ms=metrics.percentile(copies, 50) if copies else None,
         h2d_other_ms=metrics.percentile(others, 50) if others else None,

@@ -46,7 +46,7 @@ from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
-from dataloader_tuner.record.ledger import SAMPLES, unprobed_meta
+from dataloader_tuner.record.ledger import samples_of, unprobed_meta
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.target import type_name
 from dataloader_tuner.record.cards import DatasetCard
@@ -271,7 +271,7 @@ class WatchedLoader:
             if probed:
                 batch, meta = item
             else:
-                batch, meta = item, unprobed_meta(t_request, samples_in(item))
+                batch, meta = item, unprobed_meta(samples_in(item))
             ledger.handed(mark, t_ready, meta)
             self._handed = seq  # the batch loader.to() copies
             try:
@@ -322,7 +322,7 @@ class WatchedLoader:
                     t_back = clock()
                     rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta))
                 taken += 1
-                switch = search.after_batch(meta[SAMPLES], t_back - t_request)
+                switch = search.after_batch(samples_of(meta), t_back - t_request)
                 # (A node's leader finishes when the node switches to its choice, after the
                 # decision was logged: tune/node.py.)
                 if len(search.decisions) > self._logged or (search.finished
