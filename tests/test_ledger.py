@@ -42,6 +42,18 @@ def test_batches_are_numbered_across_epochs_and_each_epoch_opens_with_its_start_
                                                                 ("worker", 12, 1, None)]
 
 
+def test_an_epochs_first_batch_is_waited_for_from_when_the_epoch_was_asked_for():
+    ledger, _ = ledger_with_log()
+    mark = ledger.new_epoch()
+    time.sleep(0.05)  # iter(loader): starting the workers
+    iterator = iter([("a", meta(11)), ("b", meta(11))])
+    _, t_request, t_ready, _ = ledger.next_batch(iterator, mark)
+    assert t_request == mark.start and t_ready - t_request >= 0.05
+    ledger.handed(mark, t_ready, meta(11))
+    _, t_request, t_ready, _ = ledger.next_batch(iterator, mark)
+    assert t_ready - t_request < 0.05  # the next one from its own next()
+
+
 def test_two_iterators_at_once_keep_their_own_epochs():
     ledger, log = ledger_with_log()
     first, second = ledger.new_epoch(), ledger.new_epoch()

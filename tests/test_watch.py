@@ -64,6 +64,29 @@ def test_the_loop_receives_the_same_batches_in_the_same_order(db_path, workers):
     assert watched.probed is not None and result.counting["samples"].startswith("exact")
 
 
+def slow_start(worker_id: int) -> None:
+    time.sleep(0.3)  # a worker that takes its time to start (opening files, importing)
+
+
+def test_each_epochs_start_up_is_waited_for_as_the_loop_lives_it(db_path):
+    """iter() starting the workers and their first batch: the epoch's first row waits it all,
+    as a loop's own clock around ``for batch in loader`` sees it."""
+    loader = DataLoader(Indices(32), batch_size=8, num_workers=1, worker_init_fn=slow_start)
+    watched = watch(loader, db=db_path)
+    own_waits = []
+    for _ in range(3):
+        asked = time.monotonic()
+        for _batch in watched:
+            own_waits.append(time.monotonic() - asked)
+            asked = time.monotonic()
+    watched.close()
+    batches = RunStore(db_path).batches(watched.run_id)
+    firsts = [b for b in batches if b.seq % 4 == 0]
+    assert len(batches) == 12 and all(b.wait_s >= 0.3 for b in firsts)
+    for own, row in zip(own_waits, batches):  # the loop's clock and the tool's agree
+        assert row.wait_s == pytest.approx(own, abs=0.02)
+
+
 def test_it_iterates_like_the_loader(db_path):
     sampler = DistributedSampler(Indices(), num_replicas=1, rank=0, shuffle=True, seed=3)
     watched = watch(DataLoader(Indices(), batch_size=10, sampler=sampler), db=db_path)

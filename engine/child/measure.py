@@ -126,7 +126,7 @@ class Measurement:
             self.iterator = iterator = iter(self.loader)
             while True:
                 try:
-                    (batch, meta), t_request, t_ready, seq = next_batch(iterator)
+                    (batch, meta), t_request, t_ready, seq = next_batch(iterator, mark)
                 except StopIteration:
                     break
                 if not plain_step:

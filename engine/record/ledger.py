@@ -112,10 +112,13 @@ class BatchLedger:
         self.epochs += 1
         return mark
 
-    def next_batch(self, iterator: Iterator) -> tuple[Any, float, float, int]:
-        """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. StopIteration and
-        errors pass through, the loop no longer shown waiting whatever ended the wait (a job
-        may catch a KeyboardInterrupt and go on)."""
+    def next_batch(self, iterator: Iterator, mark: EpochMark | None = None
+                   ) -> tuple[Any, float, float, int]:
+        """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. The first batch of
+        ``mark``'s epoch was asked for when the epoch was (``iter()`` starting the workers is
+        waiting for data too, as the loop lives it). StopIteration and errors pass through,
+        the loop no longer shown waiting whatever ended the wait (a job may catch a
+        KeyboardInterrupt and go on)."""
         gaps = self.gaps
         if gaps is not None:
             gaps.asking()
@@ -129,6 +132,8 @@ class BatchLedger:
         finally:
             self.asking_since = None
         t_ready = time.monotonic()
+        if mark is not None and not mark.opened:
+            t_request = mark.start
         seq = self.seq
         self.seq = seq + 1
         if gaps is not None:

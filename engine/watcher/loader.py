@@ -46,7 +46,7 @@ from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
-from dataloader_tuner.record.ledger import samples_of, unprobed_meta
+from dataloader_tuner.record.ledger import EpochMark, samples_of, unprobed_meta
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.target import type_name
 from dataloader_tuner.record.cards import DatasetCard
@@ -191,9 +191,11 @@ class WatchedLoader:
             self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
             return self._tuned_batches(self.search)
+        # The epoch starts before iter(): starting the workers is the job's wait too.
+        mark = self.ledger.new_epoch()
         if self.probed is not None:
-            return self._batches(iter(self.probed), probed=True)
-        return self._batches(iter(self.loader), probed=False)
+            return self._batches(mark, iter(self.probed), probed=True)
+        return self._batches(mark, iter(self.loader), probed=False)
 
     def to(self, batch: Any, device: Any, non_blocking: bool | None = None) -> Any:
         """``batch`` with its tensors on ``device`` (tuples, lists, dicts, namedtuples kept),
@@ -258,14 +260,13 @@ class WatchedLoader:
 
     # -- per batch: the training thread's share ----------------------------------------------
 
-    def _batches(self, iterator, probed: bool):
+    def _batches(self, mark: EpochMark, iterator, probed: bool):
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
-        mark = ledger.new_epoch()
         while True:
             try:
-                item, t_request, t_ready, seq = ledger.next_batch(iterator)
+                item, t_request, t_ready, seq = ledger.next_batch(iterator, mark)
             except StopIteration:
                 return
             if probed:
@@ -299,7 +300,7 @@ class WatchedLoader:
         try:
             while taken < len(plan):
                 try:
-                    (batch, meta), t_request, t_ready, seq = ledger.next_batch(source)
+                    (batch, meta), t_request, t_ready, seq = ledger.next_batch(source, mark)
                 except StopIteration:
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
