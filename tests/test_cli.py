@@ -135,6 +135,9 @@ def test_batch_size_none_from_the_command_line(db_path):
     doc = json.loads(result.stdout)
     assert doc["status"] == "ok" and doc["config"]["batch_size"] is None
     assert doc["counting"]["samples"].startswith("batch_size=None")
+    # Items this fast have their making timed on a sample, and the output says on how many.
+    timed_on = doc["counting"]["making_timed_on"]
+    assert "% of batches (" in timed_on and "every 16th" in timed_on, timed_on
 
 
 def test_the_parent_side_does_not_import_torch():

@@ -130,7 +130,8 @@ def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
             "costs over 0.5% of its time)")
     return {**rules, "cpu_time_and_bytes_read_on": read,
             "making_timed_on": ("every batch" if timed_share is None or timed_share >= 1.0
-                                else f"{timed_share:.0%} of batches (sampled: see making)")}
+                                else f"{timed_share:.0%} of batches ("
+                                + rules.get("making", "sampled") + ")")}
 
 
 def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:

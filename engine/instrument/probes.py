@@ -523,8 +523,8 @@ def counting_rules(config: "LoaderConfig") -> dict:
         "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
                   f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
                   f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
-        "making": (f"each batch's fetch and collate are timed where it is made, except when "
-                   f"batches take under {FAST_BATCH_S * 1000:g} ms to make: then each process "
-                   f"times its first {TIME_ALL_FIRST} and every {TIME_EVERY}th after, and each "
-                   f"worker's busy share is scaled up from the batches it timed"),
+        "making": (f"fetch and collate are timed where each batch is made; batches that take "
+                   f"under {FAST_BATCH_S * 1000:g} ms are timed on each process's first "
+                   f"{TIME_ALL_FIRST} and every {TIME_EVERY}th after, and each worker's busy "
+                   f"share is scaled up from the batches it timed"),
     }
