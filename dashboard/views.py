@@ -71,8 +71,8 @@ def headline(result: ProfileResult) -> None:
 def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:
     """The four charts of one run."""
     warmup = result.warmup_batches or 0
-    end = max((b.t_ready + b.step_s for b in batches), default=0.0)
-    end = max([end] + [b.worker_end for b in timed(batches)])
+    end = max([b.t_ready + b.step_s for b in batches]
+              + [t.worker_end for t in timed(batches)], default=0.0)
     start = batches[0].t_request if batches else 0.0
     if start < 1.0:  # a whole run: from its start
         start = 0.0

@@ -122,16 +122,14 @@ def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
     time and bytes read."""
     if rules is None:
         return None
+
+    def on(share: float | None, rule: str) -> str:  # the rule is the child's (probes.py)
+        return ("every batch" if share is None or share >= 1.0
+                else f"{share:.0%} of batches ({rules.get(rule, 'sampled')})")
+
     timed_share = len(timed(measured)) / len(measured) if measured else None
-    share = metrics.read_share(measured)
-    read = ("every batch" if share is None or share >= 1.0 else
-            f"{share:.0%} of batches (sampled, to keep measuring cheap: on every 16th batch "
-            "when a batch takes under 1 ms to make, and rarer when reading a batch's bytes "
-            "costs over 0.5% of its time)")
-    return {**rules, "cpu_time_and_bytes_read_on": read,
-            "making_timed_on": ("every batch" if timed_share is None or timed_share >= 1.0
-                                else f"{timed_share:.0%} of batches ("
-                                + rules.get("making", "sampled") + ")")}
+    return {**rules, "cpu_time_and_bytes_read_on": on(metrics.read_share(measured), "reads"),
+            "making_timed_on": on(timed_share, "making")}
 
 
 def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -523,6 +523,9 @@ def counting_rules(config: "LoaderConfig") -> dict:
         "bytes": (f"tensor and array data, bytes and str, {PY_SCALAR_BYTES} bytes per Python "
                   f"number; at most {WALK_BUDGET} objects are visited per batch and long lists "
                   f"are sampled ({WALK_LIST_SAMPLE} items, scaled up)"),
+        "reads": (f"sampled, to keep measuring cheap: on every {SAMPLE_EVERY}th batch when a "
+                  f"batch takes under {FAST_BATCH_S * 1000:g} ms to make, and rarer when reading "
+                  f"a batch's bytes costs over {READ_SHARE:.1%} of its time"),
         "making": (f"fetch and collate are timed where each batch is made; batches that take "
                    f"under {FAST_BATCH_S * 1000:g} ms are timed on each process's first "
                    f"{TIME_ALL_FIRST} and every {TIME_EVERY}th after, and each worker's busy "
