@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dataloader_tuner import BatchRecord, timed
+from dataloader_tuner import BatchRecord, epoch_starts, timed
 
 
 MAX_POINTS = 600  # per series, before binning
@@ -73,6 +73,14 @@ def batch_latency_figure(batches: Sequence[BatchRecord], warmup: int = 0) -> go.
                                  line={"color": COLORS[0]}))
         traces.append(go.Scatter(x=xs, y=maxima, mode="lines", name="max wait (ms)",
                                  line={"color": COLORS[3], "width": 1}))
+    starts = epoch_starts(batches)  # the warm-up's too: the first start-up is the longest
+    if starts:
+        traces.append(go.Scatter(
+            x=[b.t_ready for b in starts], y=[b.wait_s * 1000 for b in starts], mode="markers",
+            name="epoch start-up (ms)", marker={"size": 9, "symbol": "diamond",
+                                                 "color": COLORS[1]},
+            hovertemplate="epoch %{customdata} start-up: %{y:.0f} ms<extra></extra>",
+            customdata=[b.epoch for b in starts]))
     waits = np.array([b.wait_s for b in measured]) * 1000
     if len(waits):
         counts, edges = np.histogram(waits, bins=min(40, max(len(waits) // 5, 5)))

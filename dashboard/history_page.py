@@ -48,12 +48,12 @@ def _side(run: StoredRun) -> None:
     if run.error:
         views.error_card(run.error)
     lat = (result.batch_latency_ms if result is not None else None) or {}
-    idle = result.consumer_idle_frac if result is not None else None
+    idle = views.input_wait_share(result) if result is not None else None
     cols = st.columns(4)
     cols[0].metric("samples/s", views.fmt(run.samples_per_s))
     cols[1].metric("p50 wait", views.fmt(lat.get("p50"), ".2f", " ms"))
     cols[2].metric("p95 wait", views.fmt(lat.get("p95"), ".2f", " ms"))
-    cols[3].metric("consumer idle", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
+    cols[3].metric("input wait", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
 
 
 def render() -> None:

@@ -10,7 +10,7 @@ import psutil
 import streamlit as st
 
 from dataloader_tuner import (BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline,
-                              fmt, timed)
+                              fmt, startup_text, timed)
 
 from . import charts
 
@@ -51,13 +51,23 @@ def headline(result: ProfileResult) -> None:
     cols[1].metric("batches/s", compact(result.batches_per_s))
     cols[2].metric("p50 batch wait", compact(lat.get("p50"), " ms"))
     cols[3].metric("p95 batch wait", compact(lat.get("p95"), " ms"))
-    idle = result.consumer_idle_frac
-    cols[4].metric("consumer idle", fmt(idle * 100 if idle is not None else None, ".1f", " %"))
+    wait = input_wait_share(result)
+    cols[4].metric("input wait", fmt(wait * 100 if wait is not None else None, ".1f", " %"),
+                   help="The share of the loop's time spent waiting for data, each epoch's "
+                        "start-up included (iter() starting the workers, then their first "
+                        "batch), as a loop timing its own data wait sees it.")
     verdict = result.input_bound
     cols[5].metric("input-bound?", verdict.split()[0] if verdict else "n/a",
-                   help="TensorBoard's input-pipeline-analyzer thresholds: idle under 5 % is not "
-                        "input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
-                        "(the module's train_step or a simulated step); n/a without one.")
+                   help="TensorBoard's input-pipeline-analyzer thresholds: waiting under 5 % is "
+                        "not input-bound, 5-20 % moderately, over 20 % highly. Needs a consumer "
+                        "(the module's train_step, a simulated step or a training loop); n/a "
+                        "without one.")
+    if result.input_wait is not None:
+        startup = startup_text(result.input_wait)
+        st.caption((f"Epoch start-up: {startup}. " if startup else "")
+                   + (f"Steady state (after the first {result.warmup_batches} batches), the "
+                      f"loop waited {result.consumer_idle_frac:.1%} of its time."
+                      if result.consumer_idle_frac is not None else ""))
     if result.steady_batches is not None:
         counting = result.counting or {}
         how = (f" Samples counted: {counting['samples']}; fetch and collate timed on "
@@ -66,6 +76,14 @@ def headline(result: ProfileResult) -> None:
                if counting else "")
         st.caption(f"{result.batches} batches in {result.seconds:.1f} s; figures are steady "
                    f"state, after the first {result.warmup_batches} (prefetched) batches.{how}")
+
+
+def input_wait_share(result: ProfileResult) -> float | None:
+    """The headline wait: the whole run's, start-ups included (runs saved before it existed
+    have the steady state's only)."""
+    if result.input_wait is not None:
+        return result.input_wait["share"]
+    return result.consumer_idle_frac
 
 
 def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:

@@ -173,7 +173,7 @@ def test_history_page_empty_then_compares_and_exports(app_env):
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception
     assert len(at.dataframe) == 1 and len(at.selectbox) == 3
-    assert {m.label for m in at.metric} >= {"samples/s", "p50 wait", "consumer idle"}
+    assert {m.label for m in at.metric} >= {"samples/s", "p50 wait", "input wait"}
     titles = chart_titles(at)
     assert "Throughput over time" in titles and "Batch latency: distribution compared" in titles
     assert at.get("download_button")

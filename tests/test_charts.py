@@ -17,10 +17,20 @@ def test_batch_latency_plots_every_batch_after_warmup_and_a_histogram():
     batches = make_batches(100)
     fig = charts.batch_latency_figure(batches, warmup=4)
     assert "Batch latency" in fig.layout.title.text
-    scatter, histogram = fig.data
+    scatter, start_up, histogram = fig.data
     assert len(scatter.x) == 96
     assert histogram.y.sum() == 96  # every measured batch lands in the distribution
     assert fig.layout.shapes[0].x0 == pytest.approx(batches[3].t_ready)  # warm-up marker
+    assert list(start_up.customdata) == [0]  # the run's first batch opened its one epoch
+
+
+def test_each_epochs_start_up_is_marked_on_the_latency_chart():
+    batches = [b._replace(epoch=b.seq // 25, wait_s=0.3 if b.seq % 25 == 0 else b.wait_s)
+               for b in make_batches(100)]
+    start_up = next(t for t in charts.batch_latency_figure(batches, warmup=4).data
+                    if t.name.startswith("epoch start-up"))
+    assert list(start_up.customdata) == [0, 1, 2, 3]  # the warm-up's epoch included
+    assert list(start_up.y) == pytest.approx([300.0] * 4)
 
 
 def test_long_runs_are_binned_but_keep_their_spikes():

@@ -17,7 +17,7 @@ def cli(*args, db):
 
 
 REQUIRED = {"status", "config", "samples_per_s", "batches", "batch_latency_ms", "workers",
-            "consumer_idle_frac", "transfer", "system", "warnings"}
+            "consumer_idle_frac", "input_wait", "transfer", "system", "warnings"}
 
 
 def test_profile_json_is_one_document_with_the_contract(db_path):
@@ -35,7 +35,8 @@ def test_profile_json_is_one_document_with_the_contract(db_path):
 def test_profile_text_and_the_runs_listing(db_path):
     result = cli("profile", dataset_path("with_step.py"), "--seconds", "1", db=db_path)
     assert result.returncode == 0, result.stderr
-    assert "samples/s" in result.stdout and "consumer idle" in result.stdout
+    assert "samples/s" in result.stdout and "input wait: " in result.stdout
+    assert "epoch start-up: " in result.stdout and "steady state: the loop waited" in result.stdout
     assert "GPU: not measured" in result.stdout
     listing = cli("runs", "--json", db=db_path)
     runs = json.loads(listing.stdout)["runs"]
@@ -129,6 +130,7 @@ def test_profile_of_a_settings_file_keeps_its_settings_and_trusts_its_worker_cou
     assert missing.returncode == 1 and "Cannot read the settings file" in missing.stdout
 
 
+@pytest.mark.slow  # 3 s
 def test_batch_size_none_from_the_command_line(db_path):
     result = cli("profile", dataset_path("stream.py"), "--batch-size", "none", "--seconds", "1",
                  "--json", db=db_path)

@@ -129,6 +129,7 @@ def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_ph
     assert diagnostic["evidence"] and fix_phrase in diagnostic["fix"]
 
 
+@pytest.mark.slow  # 4 s: the flagged case above stays in the quick loop
 def test_fixed_rng_is_not_flagged(db_path):
     """The same dataset with worker_init_fn giving each worker its own generator."""
     code, doc, _ = profile(broken("shared_rng_fixed.py"), "--num-workers", "2", "--seconds", "3",

@@ -67,6 +67,44 @@ def test_fewer_workers_within_tolerance_are_preferred():
     assert drive(search, lambda n: 1000 if n >= 2 else 400).num_workers == 2
 
 
+def drive_epochs(search: InPlaceSearch, cycle_of, startup_of, epoch_batches: int) -> Setting:
+    """Like ``drive``, with each epoch (and each switch) starting the loader anew: its first
+    batch's cycle carries the setting's start-up."""
+    taken = 0
+    search.loader_started()
+    for _ in range(20_000):
+        if search.finished:
+            break
+        n = search.current.num_workers
+        fresh = search.trial.fresh
+        switch = search.after_batch(32, cycle_of(n) + (startup_of(n) if fresh else 0.0))
+        taken += 1
+        if switch is not None or taken % epoch_batches == 0:
+            search.loader_started()
+    assert search.finished, search.to_dict()
+    return search.best.setting
+
+
+@pytest.mark.usefixtures("no_prewarm")
+def test_each_setting_is_charged_its_start_up_as_the_job_pays_it():
+    """2 workers make batches 20% faster than none, but restarting them costs 1 s at each of
+    the job's 50-batch epochs: 1.5 s an epoch against 0.6 s. Uncharged, the steady rate alone
+    would keep them."""
+    def cycle(n):
+        return 0.010 if n else 0.012
+
+    def startup(n):
+        return 1.0 if n else 0.0
+
+    charged = InPlaceSearch(Setting(0), max_workers=2, epoch_batches=50)
+    assert drive_epochs(charged, cycle, startup, 50) == Setting(0)
+    tried = {t.setting.num_workers: t for t in charged.measured}
+    assert tried[1].startup_s() == pytest.approx(1.0) and tried[0].startup_s() == 0.0
+    assert tried[1].to_dict()["startup_ms"] == pytest.approx(1000.0)
+    kept = InPlaceSearch(Setting(0), max_workers=2)  # persistent workers: paid once, not charged
+    assert drive_epochs(kept, cycle, startup, 50).num_workers > 0
+
+
 @pytest.mark.usefixtures("no_prewarm")
 def test_a_failing_setting_is_dropped_for_the_best_so_far():
     search = InPlaceSearch(Setting(2), max_workers=8)

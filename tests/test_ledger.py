@@ -52,6 +52,9 @@ def test_an_epochs_first_batch_is_waited_for_from_when_the_epoch_was_asked_for()
     ledger.handed(mark, t_ready, meta(11))
     _, t_request, t_ready, _ = ledger.next_batch(iterator, mark)
     assert t_ready - t_request < 0.05  # the next one from its own next()
+    switched = time.monotonic()  # a tuned loop swaps loaders: the loop waits from there
+    _, t_request, _, _ = ledger.next_batch(iter([("c", meta(11))]), mark, switched)
+    assert t_request == switched
 
 
 def test_two_iterators_at_once_keep_their_own_epochs():

@@ -101,6 +101,27 @@ def test_consumer_idle_fraction_and_verdicts():
     assert metrics.input_bound_verdict(None) is None
 
 
+def test_input_wait_counts_each_epochs_start_up_and_not_the_time_between_epochs():
+    rows = []
+    t = 0.0
+    for epoch in range(3):
+        for i in range(4):  # the first batch of each epoch waits 0.5 s: its start-up
+            wait = 0.5 if i == 0 else 0.1
+            rows.append(batch(len(rows), t, wait, step=0.2)._replace(epoch=epoch))
+            t += wait + 0.2
+        t += 10.0  # validation between epochs: neither waiting nor stepping
+    wait = metrics.input_wait(rows)
+    loop = 3 * (0.5 + 3 * 0.1 + 4 * 0.2)
+    assert wait.loop_s == pytest.approx(loop) and wait.waited_s == pytest.approx(3 * 0.8)
+    assert wait.share == pytest.approx(2.4 / loop) and wait.startup_s == (0.5, 0.5, 0.5)
+    assert wait.startup_share == pytest.approx(1.5 / loop)
+    doc = wait.to_dict()
+    assert doc["epochs_started"] == 3 and doc["startup_later_median_s"] == pytest.approx(0.5)
+    # A long job's recent rows begin mid-epoch: that epoch's first row is no start-up
+    assert metrics.input_wait(rows[2:]).startup_s == (0.5, 0.5)
+    assert metrics.input_wait([]) is None
+
+
 def test_record_row_roundtrip():
     record = batch(3, 1.0, 0.5)
     assert BatchRecord.from_row(record.to_row()) == record

@@ -8,6 +8,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState, run_to_completion
 from dataloader_tuner.store import RunStore
@@ -123,6 +124,7 @@ def test_hang_times_out_with_a_clear_message():
     assert "No batch arrived within 1 s" in handle.live.error.message
 
 
+@pytest.mark.slow  # 5 s
 def test_iterable_and_train_step_runs():
     stream = run_to_completion(_request("stream.py", seconds=1.0, num_workers=2, batch_size=5))
     assert stream.state is RunState.FINISHED and stream.live.summary("ok").batches > 0

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dataloader_tuner.analyse.trace import chrome_trace
 
 from .conftest import ROOT, dataset_path
@@ -37,6 +39,7 @@ def test_main_process_loading_stays_on_the_main_track():
     assert not [e for e in doc["traceEvents"] if e["ph"] == "s"]
 
 
+@pytest.mark.slow  # 3 s: a real profile first
 def test_cli_exports_a_saved_run(db_path, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "dataloader_tuner", "profile", dataset_path("small_map.py"),

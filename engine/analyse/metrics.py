@@ -190,6 +190,62 @@ def consumer_idle_fraction(batches: Sequence[BatchRecord],
     return min(waited / steady.seconds, 1.0)
 
 
+@dataclass(frozen=True)
+class InputWait:
+    """The loop's wait for data as the loop lives it: every batch's wait in ``next()`` (an
+    epoch's first batch waits from when the epoch was asked for: ``iter()`` starting the
+    workers, then their first batch) over the time the loop spent in its epochs (waiting plus
+    its steps). Time between epochs (validation, checkpoints) counts as neither, as a loop
+    that times its own ``data_time`` and ``batch_time`` (pytorch/examples' imagenet) sees it."""
+
+    waited_s: float
+    loop_s: float
+    startup_s: tuple[float, ...]  # each epoch's start-up among the batches, in order
+
+    @property
+    def share(self) -> float:
+        return self.waited_s / self.loop_s if self.loop_s > 0 else 0.0
+
+    @property
+    def startup_share(self) -> float:
+        return sum(self.startup_s) / self.loop_s if self.loop_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        later = self.startup_s[1:]
+        return {
+            "share": self.share,
+            "startup_share": self.startup_share,
+            "waited_s": self.waited_s,
+            "loop_s": self.loop_s,
+            "epochs_started": len(self.startup_s),
+            "startup_first_s": self.startup_s[0] if self.startup_s else None,
+            "startup_later_median_s": percentile(later, 50),
+            "startup_max_s": max(self.startup_s, default=None),
+        }
+
+
+def input_wait(batches: Sequence[BatchRecord]) -> InputWait | None:
+    """The whole run's ``InputWait`` from its rows; None without any."""
+    if not batches:
+        return None
+    waited = sum(b.wait_s for b in batches)
+    loop = waited + sum(b.step_s for b in batches)
+    return InputWait(waited, loop, tuple(b.wait_s for b in epoch_starts(batches)))
+
+
+def epoch_starts(batches: Sequence[BatchRecord]) -> list[BatchRecord]:
+    """The rows that opened an epoch: their wait is its start-up (the ledger dates an epoch's
+    first request from when the epoch was asked for). A list that begins after the run's first
+    batch (a long job's recent rows) may begin mid-epoch: its first epoch counts from the next."""
+    starts = []
+    previous: int | None = None
+    for b in batches:
+        if b.epoch != previous and (previous is not None or b.seq == 0):
+            starts.append(b)
+        previous = b.epoch
+    return starts
+
+
 def input_bound_verdict(idle_frac: float | None) -> str | None:
     """TensorBoard's input-pipeline-analyzer thresholds: <5% not, 5-20% moderately, >20% highly."""
     if idle_frac is None:

@@ -88,13 +88,15 @@ def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict[str,
     busy: float | None = None
     workers = {b.worker_id for b in measured if b.worker_id >= 0}
     made = timed(measured)
+    wait = metrics.input_wait(batches)
     if steady is not None and workers and made and steady.seconds > 0:
         scale = timed_scale(measured, made)  # fast batches' making is timed on a sample
         making = sum(b.making_s * scale[b.worker_id] for b in made)
         busy = min(1.0, making / (steady.seconds * len(workers)))
     return {
         "samples_per_s": steady.samples_per_s if steady else None,
-        "input_wait_frac": metrics.consumer_idle_fraction(batches, steady) if steady else None,
+        # As the loop lived it: epoch start-ups among these batches included
+        "input_wait_frac": wait.share if wait is not None and wait.loop_s > 0 else None,
         "step_ms": metrics.percentile([b.step_s * 1000 for b in measured], 50)
         if measured else None,
         "worker_busy_frac": busy,

@@ -63,6 +63,7 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     gpu_info: dict[str, Any] = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}
     per_batch = metrics.per_batch_costs(measured)
+    wait = metrics.input_wait(batches) if has_consumer else None
     return ProfileResult(
         status=status,
         target=live.target,
@@ -85,7 +86,10 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
         workers=tuple(_workers(live, batches, window)),
         main_process=_main_process(live),
         consumer_idle_frac=idle if has_consumer else None,
-        input_bound=metrics.input_bound_verdict(idle) if has_consumer else None,
+        input_wait=wait.to_dict() if wait is not None else None,
+        # On the headline figure, the wait the loop lived, start-ups included
+        input_bound=metrics.input_bound_verdict(wait.share if wait is not None else idle)
+        if has_consumer else None,
         transfer=_transfer(measured) if gpu_info.get("available") else None,
         gpu_idle=_gpu_idle(measured) if gpu_info.get("available") else None,
         not_measured=None if gpu_info.get("available") else gpu_info.get("reason"),
@@ -257,9 +261,15 @@ def render_text(result: ProfileResult) -> str:
         lines.append(f"samples counted: {counting['samples']}; making timed on "
                      f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes "
                      f"read on {counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
+    if result.input_wait is not None:
+        lines.append(f"input wait: {result.input_wait['share']:.1%} of the loop's time, epoch "
+                     f"start-ups included ({result.input_bound})")
+        startup = startup_text(result.input_wait)
+        if startup:
+            lines.append(f"epoch start-up: {startup}")
     if result.consumer_idle_frac is not None:
-        lines.append(f"consumer idle: {result.consumer_idle_frac * 100:.1f}% "
-                     f"({result.input_bound})")
+        lines.append(f"steady state: the loop waited {result.consumer_idle_frac * 100:.1f}% of "
+                     f"its time after the first {result.warmup_batches} batch(es)")
     for w in result.workers:
         lines.append(
             f"  worker {w['id']} pid {w['pid']}: busy {fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
@@ -276,6 +286,25 @@ def render_text(result: ProfileResult) -> str:
         if d.fix:
             lines += ["    fix: " + line for line in d.fix.splitlines()]
     return "\n".join(lines)
+
+
+def startup_text(wait: dict[str, Any]) -> str | None:
+    """"12.0% of the loop's time; 3 start(s): 0.40 s the first, 0.38 s each later (median)",
+    or None when no epoch started among the batches."""
+    starts = wait.get("epochs_started") or 0
+    if not starts:
+        return None
+    later = wait.get("startup_later_median_s")
+    each = (f"{seconds_text(wait['startup_first_s'])} the first, {seconds_text(later)} each "
+            "later (median)" if later is not None else seconds_text(wait["startup_first_s"]))
+    return f"{wait['startup_share']:.1%} of the loop's time; {starts} start(s): {each}"
+
+
+def seconds_text(seconds: float) -> str:
+    """1.41 s; 120 ms under a second; 0.4 ms under 10 ms."""
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
 
 
 def speedup_text(baseline: dict[str, Any]) -> str:

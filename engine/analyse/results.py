@@ -98,7 +98,9 @@ class ProfileResult(_Result):
     counting: dict[str, Any] | None = None  # how samples and bytes were counted
     workers: tuple[dict[str, Any], ...] = ()  # one dict per DataLoader worker id
     main_process: dict[str, Any] | None = None
-    consumer_idle_frac: float | None = None
+    consumer_idle_frac: float | None = None  # steady state: after warm-up, to the end
+    # The whole run as the loop lived it, epoch start-ups included (metrics.InputWait.to_dict)
+    input_wait: dict[str, Any] | None = None
     input_bound: str | None = None
     transfer: dict[str, Any] | None = None
     gpu_idle: dict[str, Any] | None = None
@@ -163,7 +165,7 @@ PROFILE_KEYS = (
     "status", "target", "dataset", "config", "snippet", "torch", "consumer", "seconds", "epochs",
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
-    "consumer_idle_frac", "input_bound", "transfer", "gpu_idle", "not_measured", "system",
+    "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured", "system",
     "warnings", "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",

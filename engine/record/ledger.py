@@ -112,11 +112,12 @@ class BatchLedger:
         self.epochs += 1
         return mark
 
-    def next_batch(self, iterator: Iterator, mark: EpochMark | None = None
-                   ) -> tuple[Any, float, float, int]:
+    def next_batch(self, iterator: Iterator, mark: EpochMark | None = None,
+                   since: float | None = None) -> tuple[Any, float, float, int]:
         """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. The first batch of
         ``mark``'s epoch was asked for when the epoch was (``iter()`` starting the workers is
-        waiting for data too, as the loop lives it). StopIteration and errors pass through,
+        waiting for data too, as the loop lives it), and a batch after ``since`` (a tuned
+        loop's switch of loaders, time.monotonic) from then. StopIteration and errors pass through,
         the loop no longer shown waiting whatever ended the wait (a job may catch a
         KeyboardInterrupt and go on)."""
         gaps = self.gaps
@@ -134,6 +135,8 @@ class BatchLedger:
         t_ready = time.monotonic()
         if mark is not None and not mark.opened:
             t_request = mark.start
+        elif since is not None:
+            t_request = since
         seq = self.seq
         self.seq = seq + 1
         if gaps is not None:

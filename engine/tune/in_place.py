@@ -17,6 +17,7 @@ keeps every epoch's samples and order as the sampler drew them, is in loader.py.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,11 +59,30 @@ class Trial:
     taken: int = 0  # all its batches, warm-ups included
     cycles: list[float] = field(default_factory=list)  # wait + step, per steady batch
     samples: list[int] = field(default_factory=list)
+    # Start-up, charged as the job pays it: an epoch of this many batches restarts the workers
+    # (None: the job's loader keeps them, persistent_workers=True, or its length is unknown).
+    epoch_batches: int | None = None
+    firsts: list[float] = field(default_factory=list)  # the first cycle after each loader start
+    fresh: bool = False  # its loader just started: the next batch is that first
 
     @property
     def samples_per_s(self) -> float | None:
-        total = sum(self.cycles)
+        total = sum(self.cycles) + self.startup_charge_s()
         return sum(self.samples) / total if total > 0 else None
+
+    def startup_s(self) -> float | None:
+        """What starting its loader cost beyond a steady batch: the first batch's cycle (its
+        wait dates from the switch or the epoch's start) less the median steady one."""
+        if not self.firsts or not self.cycles:
+            return None
+        return max(statistics.median(self.firsts) - statistics.median(self.cycles), 0.0)
+
+    def startup_charge_s(self) -> float:
+        """The start-up the measured batches would pay in the job: one per epoch_batches."""
+        startup = self.startup_s()
+        if not self.epoch_batches or startup is None:
+            return 0.0
+        return startup * len(self.cycles) / self.epoch_batches
 
     def interval(self) -> float | None:
         """95% half-width of the rate, as a fraction (batch means, as metrics.rate_interval)."""
@@ -83,7 +103,10 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         rate, ci = self.samples_per_s, self.interval()
+        startup = self.startup_s()
         return {**asdict(self.setting), "samples_per_s": rate, "batches": len(self.cycles),
+                "startup_ms": 1000 * startup if startup is not None else None,
+                "startup_charged": bool(self.epoch_batches),
                 "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
                 and ci is not None, "step_and_wait_ms": 1000 * sum(self.cycles)
                 / len(self.cycles) if self.cycles else None}
@@ -124,11 +147,15 @@ class Search(Protocol):
 
 
 class InPlaceSearch:
-    def __init__(self, start: Setting, max_workers: int) -> None:
+    def __init__(self, start: Setting, max_workers: int, epoch_batches: int | None = None
+                 ) -> None:
+        """``epoch_batches``: the job's epoch restarts its loader's workers every so many
+        batches (persistent_workers=False): each setting is charged its start-up that often."""
         self.baseline = start
         self.max_workers = max(max_workers, start.num_workers)
+        self.epoch_batches = epoch_batches
         self.best: Trial | None = None
-        self.trial = Trial(start)
+        self.trial = Trial(start, epoch_batches=epoch_batches)
         self.direction = "up"
         self.decisions: list[Decision] = []
         self.measured: list[Trial] = []
@@ -148,8 +175,9 @@ class InPlaceSearch:
 
     def loader_started(self) -> None:
         """A new loader runs ``current`` (an epoch began): its first batches come from the
-        prefetch, after the workers' start-up, and are not timed."""
+        prefetch, after the workers' start-up, and are not timed; the first is its start-up."""
         self.trial.seen = 0
+        self.trial.fresh = True
 
     def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
         """Feed one batch the loop took under ``current``; returns a setting to switch to
@@ -159,6 +187,9 @@ class InPlaceSearch:
         if self.measuring_from is None:
             self.measuring_from = time.monotonic() + PREWARM_S
         trial = self.trial
+        if trial.fresh:
+            trial.firsts.append(cycle_s)
+            trial.fresh = False
         if time.monotonic() < self.measuring_from:
             trial.started = time.monotonic()
             return None
@@ -246,7 +277,7 @@ class InPlaceSearch:
             self.decisions.append(Decision(asdict(chosen.setting), chosen.samples_per_s,
                                            chosen.interval(), f"chosen: {_name(chosen.setting)}"))
             return chosen.setting if chosen.setting != trial.setting else None
-        self.trial = Trial(following)
+        self.trial = Trial(following, epoch_batches=self.epoch_batches)
         return following
 
     def _fastest_rate(self) -> float:

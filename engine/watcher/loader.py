@@ -168,7 +168,9 @@ class WatchedLoader:
         sharing = self.rank.local_world_size if self.rank else 1
         start = Setting(workers, prefetch)
         alone = InPlaceSearch(start, self.max_workers
-                              or max(2, 2 * system.usable_cpus() // max(sharing, 1)))
+                              or max(2, 2 * system.usable_cpus() // max(sharing, 1)),
+                              # each epoch restarts the workers unless the job keeps them
+                              None if loader.persistent_workers else _epoch_batches(loader))
         search: Search = alone
         if self.rank is not None and self.rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (tune/node.py).
@@ -297,10 +299,12 @@ class WatchedLoader:
         mark = ledger.new_epoch()
         search.epoch_started(mark.epoch)
         source = self._open(search, plan, 0, search.current, base_seed, segment)
+        switched: float | None = None  # a switch's start: the next batch waits from there
         try:
             while taken < len(plan):
                 try:
-                    (batch, meta), t_request, t_ready, seq = ledger.next_batch(source, mark)
+                    (batch, meta), t_request, t_ready, seq = ledger.next_batch(source, mark,
+                                                                               switched)
                 except StopIteration:
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
@@ -311,10 +315,12 @@ class WatchedLoader:
                     # way to the job's own), so a bad sample ends at the job's own error.
                     fallback = search.setting_failed(setting, f"{type(exc).__name__}: {exc}")
                     self._log_decisions(search)
+                    switched = switched or clock()
                     _shutdown(source)
                     segment += 1
                     source = self._open(search, plan, taken, fallback, base_seed, segment)
                     continue
+                switched = None
                 ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
                 try:
@@ -330,6 +336,7 @@ class WatchedLoader:
                                                              and not self._saved):
                     self._log_decisions(search)
                 if switch is not None and taken < len(plan):
+                    switched = clock()  # stopping one loader, starting the next: the loop waits
                     _shutdown(source)
                     segment += 1
                     source = self._open(search, plan, taken, switch, base_seed, segment)
@@ -475,6 +482,14 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
 
 def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
+
+
+def _epoch_batches(loader: DataLoader) -> int | None:
+    """Batches in one of the loader's epochs, where its batch sampler knows."""
+    try:
+        return len(loader.batch_sampler) or None  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _shutdown(iterator) -> None:
