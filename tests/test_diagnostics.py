@@ -61,9 +61,9 @@ FAILURES = [
      ["Bus error", "shared memory", "--shm-size"]),
     # a hang: which worker, which indices
     (broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
-     ["within 2 s", "the main process", "[6, 7]"]),
+     ["within 2 s", "the main process", "[6, 7]", "stuck at stuck_in_main.py:18 in __getitem__"]),
     (broken("stuck_in_main.py"), ["--num-workers", "2", "--timeout-s", "2"], "hang",
-     ["worker 1", "[6, 7]"]),
+     ["worker 1", "[6, 7]", "stuck at stuck_in_main.py:18 in __getitem__"]),
     # a dataset spawn workers cannot unpickle
     (broken("not_picklable.py"), ["--num-workers", "2", "--multiprocessing-context", "spawn"],
      "not_picklable", ["lambda", "module-level"]),

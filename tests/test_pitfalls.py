@@ -94,7 +94,12 @@ def test_oversubscription_rules():
 def test_restarts_each_epoch_only_without_persistent_workers():
     epochs = [{"startup_s": 0.5}, {"startup_s": 0.4}, {"startup_s": 0.4}]
     config = {"num_workers": 4, "persistent_workers": False}
-    assert pitfalls.restarts_each_epoch(config, epochs, 3.0)[0].evidence["startup_s"] == 0.4
+    found = pitfalls.restarts_each_epoch(config, epochs, 3.0, making_s=0.1)[0]
+    assert found.evidence["startup_s"] == 0.4
+    # what persistent_workers saves: each later start-up less the batch a kept worker makes
+    assert found.evidence["saving_per_epoch_s"] == pytest.approx(0.3)
+    assert found.evidence["saving_s"] == pytest.approx(0.3 * (len(epochs) - 1))
+    assert "would have saved about" in found.message
     assert pitfalls.restarts_each_epoch({**config, "persistent_workers": True}, epochs, 3.0) == []
     assert pitfalls.restarts_each_epoch(config, epochs, 300.0) == []
 

@@ -1,10 +1,12 @@
 """Background runs in a real child process with real workers."""
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -122,6 +124,12 @@ def test_hang_times_out_with_a_clear_message():
     assert time.monotonic() - started < 15
     assert handle.live.error.type == "hang"
     assert "No batch arrived within 1 s" in handle.live.error.message
+    # where worker 0 sleeps, from its own stack (asked by signal), in the headline and details
+    assert "stuck at slow_items.py:18 in __getitem__" in handle.live.error.message
+    assert "Current thread" in handle.live.error.details
+    # the child cleans up the folder its workers wrote their stacks to
+    assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f"dataloader-tuner-stacks-{handle.pid}-*"))
 
 
 @pytest.mark.slow  # 5 s

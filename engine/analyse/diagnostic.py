@@ -72,3 +72,10 @@ class Diagnostic:
         for f, value in zip(fields(cls), values):
             object.__setattr__(made, f.name, value)
         return made
+
+
+def seconds_text(seconds: float) -> str:
+    """1.41 s; 120 ms under a second; 0.4 ms under 10 ms."""
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"

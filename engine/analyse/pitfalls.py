@@ -11,7 +11,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.system import SystemSnapshot
@@ -379,7 +379,11 @@ def thread_oversubscription(resources: Sequence[dict[str, Any]], num_workers: in
 
 
 def restarts_each_epoch(config: dict[str, Any], epochs: Sequence[dict[str, Any]],
-                        seconds: float) -> list[Diagnostic]:
+                        seconds: float, making_s: float | None = None) -> list[Diagnostic]:
+    """Workers started anew each epoch, when that start-up is a real share of an epoch; with
+    what persistent_workers=True saves: each later epoch's start-up less the one batch a kept
+    worker still has to make (``making_s``, its measured median) before the epoch's first
+    arrives."""
     workers = config.get("num_workers") or 0
     if not workers or config.get("persistent_workers") or len(epochs) < 2 or seconds <= 0:
         return []
@@ -387,12 +391,20 @@ def restarts_each_epoch(config: dict[str, Any], epochs: Sequence[dict[str, Any]]
     epoch_s = seconds / len(epochs)
     if startup < RESTART_SHARE * epoch_s:
         return []
+    kept_s = min(making_s or 0.0, startup)  # a kept worker's first batch of the epoch
+    saving_s = (startup - kept_s) * (len(epochs) - 1)
     return [Diagnostic(
         "workers_restarted_each_epoch", "warning",
         f"Each epoch starts {workers} new worker(s): the first batch of an epoch took "
-        f"{startup:.2f} s, {startup / epoch_s:.0%} of a {epoch_s:.2f} s epoch, paid "
-        f"{len(epochs) - 1} time(s) in this run. persistent_workers=True keeps them.",
-        {"startup_s": round(startup, 3), "epoch_s": round(epoch_s, 3), "epochs": len(epochs)},
+        f"{seconds_text(startup)}, {startup / epoch_s:.0%} of a {seconds_text(epoch_s)} epoch, "
+        f"paid {len(epochs) - 1} time(s) in this run. persistent_workers=True keeps them: it would "
+        f"have saved about {seconds_text(saving_s)} of this {seconds:.1f} s run "
+        f"({saving_s / seconds:.0%}), {seconds_text(startup - kept_s)} an epoch (an epoch's "
+        f"start-up less the {seconds_text(kept_s)} a kept worker takes to make its first "
+        "batch).",
+        {"startup_s": round(startup, 3), "epoch_s": round(epoch_s, 3), "epochs": len(epochs),
+         "saving_per_epoch_s": round(startup - kept_s, 3), "saving_s": round(saving_s, 3),
+         "making_s": round(making_s, 4) if making_s is not None else None},
         "DataLoader(dataset, ..., persistent_workers=True)")]
 
 

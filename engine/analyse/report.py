@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
-from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import TrialRecord
@@ -230,7 +230,9 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, measured: list
         found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured),
                                                live.tuned_workers)
         found += pitfalls.thread_oversubscription(live.resources, workers, system.cores)
-    found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s)
+    fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
+    making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
+    found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
     return found
 
 
@@ -298,13 +300,6 @@ def startup_text(wait: dict[str, Any]) -> str | None:
     each = (f"{seconds_text(wait['startup_first_s'])} the first, {seconds_text(later)} each "
             "later (median)" if later is not None else seconds_text(wait["startup_first_s"]))
     return f"{wait['startup_share']:.1%} of the loop's time; {starts} start(s): {each}"
-
-
-def seconds_text(seconds: float) -> str:
-    """1.41 s; 120 ms under a second; 0.4 ms under 10 ms."""
-    if seconds >= 1.0:
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
 
 
 def speedup_text(baseline: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ probes attach (probes.NOTE_PREFIX: which sample, which batch, which field of the
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import traceback
@@ -127,9 +128,33 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
         who = "the main process" if first["worker_id"] < 0 else f"worker {first['worker_id']}"
         indices = first.get("indices")
         headline += f". Waiting on {who}" + (f" for sample indices {indices}" if indices else "")
+        where = stuck_at(first.get("stack"))
+        headline += f", stuck at {where}" if where else ""
         if len(outstanding) > 1:
             others = ", ".join(f"worker {o['worker_id']}" for o in outstanding[1:6])
             headline += f" (also outstanding: {len(outstanding) - 1} batch(es) from {others})"
     headline += (". Check for blocking I/O or locks in __getitem__, or raise --timeout-s if a "
                  "batch really takes that long.")
-    return RunError(headline, details="\n".join(str(o) for o in outstanding), type="hang")
+    details = "\n\n".join(
+        f"{'main process' if o['worker_id'] < 0 else 'worker ' + str(o['worker_id'])}, sample "
+        f"indices {o.get('indices')}:\n{o.get('stack') or '(its stack could not be read)'}"
+        for o in outstanding)
+    return RunError(headline, details=details, type="hang")
+
+
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+# Frames of these are how the wait is done, not where the user's code waits.
+NOT_THE_USERS = (os.path.dirname(os.__file__), f"{os.sep}torch{os.sep}",
+                 f"{os.sep}dataloader_tuner{os.sep}", f"{os.sep}engine{os.sep}instrument{os.sep}")
+
+
+def stuck_at(stack: str | None) -> str | None:
+    """"stuck_in_main.py:18 in __getitem__": the innermost frame of a stack (most recent call
+    first) in the user's code, else the innermost of all; None without a stack."""
+    frames = [m for m in FRAME.finditer(stack or "")]
+    if not frames:
+        return None
+    users = [m for m in frames if "-packages" in m["file"] and f"{os.sep}torch{os.sep}" not in
+             m["file"] or not any(part in m["file"] for part in NOT_THE_USERS)]
+    frame = (users or frames)[0]
+    return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}"

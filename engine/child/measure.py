@@ -167,6 +167,11 @@ class Measurement:
         return [{"worker_id": task_info[k][0], "indices": _short(sent.get(k))}
                 for k in waiting]
 
+    def worker_pid(self, worker_id: int) -> int | None:
+        """The pid of this iterator's worker ``worker_id``, while it runs."""
+        workers = getattr(self.iterator, "_workers", None) or []
+        return workers[worker_id].pid if 0 <= worker_id < len(workers) else None
+
     def worker_signals(self, grace_s: float = 0.0) -> dict[int, int]:
         """{pid: signal number} of this iterator's workers that were killed by a signal,
         waiting up to ``grace_s`` for one to show up."""

@@ -22,8 +22,10 @@ import gc
 import io
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -39,12 +41,14 @@ from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
+from dataloader_tuner.instrument import probes
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
 from dataloader_tuner.protocol import RunRequest
 
 WORKER_DEATH_GRACE_S = 1.0
+MAX_STACKS = 4  # outstanding batches whose worker's stack a hang report reads
 
 
 class StopRun(BaseException):
@@ -71,6 +75,10 @@ class ChildRun:
         # From the request, not os.getppid(): the parent may die before we get this far.
         self.parent_pid = request.parent_pid or os.getppid()
         self.measurement: Measurement | None = None
+        # Workers write their stacks here when a hang report asks (probes.offer_stack); they
+        # inherit the folder's name with the environment, however they are started.
+        self.stacks_dir = tempfile.mkdtemp(prefix=f"dataloader-tuner-stacks-{os.getpid()}-")
+        os.environ[probes.STACKS_ENV] = self.stacks_dir
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -97,11 +105,19 @@ class ChildRun:
                     outstanding = self.measurement.outstanding()
                 except Exception:  # noqa: BLE001 - a best-effort detail of the report
                     pass
+            for entry in outstanding[:MAX_STACKS]:  # where each one is stuck
+                entry["stack"] = self._stack_of(entry["worker_id"])
             self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0,
                               "outstanding": outstanding}
             os.kill(os.getpid(), signal.SIGUSR1)
             return True
         return False
+
+    def _stack_of(self, worker_id: int) -> str | None:
+        if worker_id < 0:  # the main process, inside the fetch itself
+            return probes.main_thread_stack()
+        pid = self.measurement.worker_pid(worker_id) if self.measurement is not None else None
+        return probes.worker_stack(self.stacks_dir, pid) if pid is not None else None
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if self.request.kind == "tune" and "suggested max number of worker" in str(message):
@@ -140,6 +156,7 @@ class ChildRun:
         finally:
             self.recorder.stop(sample=False)
             reap_workers()
+            shutil.rmtree(self.stacks_dir, ignore_errors=True)
             self._send_labels()
             self.events.send(protocol.Finished(reason, time.monotonic() - self.t0))
         return code

@@ -14,9 +14,14 @@ Classes here live at module scope so spawn/forkserver workers can unpickle them 
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
+import signal
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -126,6 +131,60 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+# A hang report names where a stuck worker is: each worker writes its Python stack to
+# <STACKS_ENV folder>/<pid>.stack when sent STACK_SIGNAL (faulthandler: it dumps even from a
+# worker blocked in C code, without the GIL).
+STACKS_ENV = "DATALOADER_TUNER_STACKS"
+STACK_SIGNAL = signal.SIGUSR2
+_stack_file: Any = None
+
+
+def offer_stack() -> None:
+    """In a DataLoader worker, once: write this process's stack when asked (see STACKS_ENV).
+    Nothing where no folder was given (a watched job's loader) or no signal can be had."""
+    global _stack_file
+    folder = os.environ.get(STACKS_ENV)
+    if _stack_file is not None or not folder or get_worker_info() is None:
+        return
+    try:
+        _stack_file = open(os.path.join(folder, f"{os.getpid()}.stack"), "w")
+        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError, AttributeError):  # no signals on this platform
+        _stack_file = None
+
+
+def worker_stack(folder: str, pid: int, wait_s: float = 1.0) -> str | None:
+    """The Python stack of worker ``pid`` (most recent call first), asked for by signal; None
+    when it does not answer within ``wait_s`` (it never fetched, or it is gone)."""
+    path = os.path.join(folder, f"{pid}.stack")
+    if not os.path.exists(path):
+        return None
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError:
+        return None
+    deadline = clock() + wait_s
+    while clock() < deadline:
+        time.sleep(0.05)
+        with open(path) as f:
+            text = f.read()
+        if text.strip():
+            # The thread the signal found (the worker's main thread, fetching) first
+            blocks = text.strip().split("\n\n")
+            return "\n\n".join(sorted(blocks, key=lambda b: not b.startswith("Current")))
+    return None
+
+
+def main_thread_stack() -> str | None:
+    """The main thread's stack, most recent call first, as faulthandler writes a worker's."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    if frame is None:
+        return None
+    lines = [f'  File "{f.filename}", line {f.lineno} in {f.name}'
+             for f in reversed(traceback.extract_stack(frame))]
+    return "Main thread (most recent call first):\n" + "\n".join(lines)
+
+
 def current_indices() -> list | None:
     """The indices this process is fetching right now, if it is inside a fetch."""
     return list(_timer.indices)[:64] if _timer.fetching and _timer.indices is not None else None
@@ -155,6 +214,7 @@ class TimedMapDataset(Dataset):
         timer = _timer
         if not timer.probed:
             timer.probed = True
+            offer_stack()
             before = rng_state(self.inner)
             items = self.__getitems__(indices)
             timer.probe = rng_probe(before, rng_state(self.inner))
@@ -224,6 +284,8 @@ class TimedIterableDataset(IterableDataset):
 
     def __iter__(self):
         probing = _timer.first_fetch_here()
+        if probing:
+            offer_stack()
         before = rng_state(self.inner) if probing else None
         iterator = iter(self.inner)
         begin, add = _timer.begin, _timer.add
