@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 import psutil
@@ -14,7 +15,8 @@ from torch.utils.data import Dataset
 
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.instrument.resources import ResourceSampler
-from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
+from dataloader_tuner.child.failures import (explain_failure, hang_error, may_be_worker_death,
+                                             stuck_at)
 from dataloader_tuner.instrument.probes import shape_mismatch
 from dataloader_tuner.system import SystemSnapshot
 
@@ -388,3 +390,34 @@ def test_measuring_cost_is_said_only_for_batches_faster_than_100_us():
     assert found[0].evidence["batch_us"] == 51.0
     assert pitfalls.measuring_cost(7_300.0, 233_600.0) == []  # 137 us: measured at >= 0.97
     assert pitfalls.measuring_cost(None, None) == []
+
+
+def test_a_hang_is_placed_in_the_users_code_not_the_tools_or_torchs():
+    ours = os.path.dirname(os.path.dirname(failures_file()))
+    stdlib = sysconfig.get_paths()["stdlib"]
+    stack = (
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{stdlib}/threading.py", line 327 in wait\n'
+        f'  File "{ours}/instrument/probes.py", line 236 in __getitems__\n'
+        '  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 52 '
+        "in fetch\n"
+        '  File "/venv/lib/python3.11/site-packages/lmdb_reader/store.py", line 40 in read\n'
+        '  File "/repo/datasets/faces.py", line 18 in __getitem__\n\n'
+        "Thread 0x2 (most recent call first):\n"
+        '  File "/repo/helpers.py", line 5 in loop\n')
+    assert stuck_at(stack) == "store.py:40 in read"  # a library the user installed counts
+    assert stuck_at(stack.replace("lmdb_reader/store.py", "torch/x.py")) == (
+        "faces.py:18 in __getitem__")
+    assert stuck_at(f'  File "{stdlib}/threading.py", line 327 in wait') is None
+
+
+def test_persistent_workers_are_not_suggested_when_keeping_them_saves_nothing():
+    epochs = [{"startup_s": 0.5}, {"startup_s": 0.4}, {"startup_s": 0.4}]
+    config = {"num_workers": 4, "persistent_workers": False}
+    # the epoch's first batch takes as long as making one: a kept worker would wait it too
+    assert pitfalls.restarts_each_epoch(config, epochs, 3.0, making_s=0.39) == []
+
+
+def failures_file() -> str:
+    from dataloader_tuner.child import failures
+    return os.path.abspath(failures.__file__)

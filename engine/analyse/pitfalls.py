@@ -389,9 +389,9 @@ def restarts_each_epoch(config: dict[str, Any], epochs: Sequence[dict[str, Any]]
         return []
     startup = statistics.median(e["startup_s"] for e in epochs[1:])
     epoch_s = seconds / len(epochs)
-    if startup < RESTART_SHARE * epoch_s:
-        return []
     kept_s = min(making_s or 0.0, startup)  # a kept worker's first batch of the epoch
+    if startup - kept_s < RESTART_SHARE * epoch_s:  # what keeping them would save
+        return []
     saving_s = (startup - kept_s) * (len(epochs) - 1)
     return [Diagnostic(
         "workers_restarted_each_epoch", "warning",

@@ -165,8 +165,8 @@ PROFILE_KEYS = (
     "status", "target", "dataset", "config", "snippet", "torch", "consumer", "seconds", "epochs",
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
-    "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured", "system",
-    "warnings", "error", "run_id")
+    "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured",
+    "system", "warnings", "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sysconfig
 import traceback
 
 from dataloader_tuner.errors import RunError
@@ -135,26 +136,36 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
             headline += f" (also outstanding: {len(outstanding) - 1} batch(es) from {others})"
     headline += (". Check for blocking I/O or locks in __getitem__, or raise --timeout-s if a "
                  "batch really takes that long.")
-    details = "\n\n".join(
-        f"{'main process' if o['worker_id'] < 0 else 'worker ' + str(o['worker_id'])}, sample "
-        f"indices {o.get('indices')}:\n{o.get('stack') or '(its stack could not be read)'}"
-        for o in outstanding)
-    return RunError(headline, details=details, type="hang")
+    parts, shown = [], set()
+    for o in outstanding:
+        who = "main process" if o["worker_id"] < 0 else f"worker {o['worker_id']}"
+        stack = ("(its stack is above)" if o["worker_id"] in shown
+                 else o.get("stack") or "(its stack could not be read)")
+        shown.add(o["worker_id"])
+        parts.append(f"{who}, sample indices {o.get('indices')}:\n{stack}")
+    return RunError(headline, details="\n\n".join(parts), type="hang")
 
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
-# Frames of these are how the wait is done, not where the user's code waits.
-NOT_THE_USERS = (os.path.dirname(os.__file__), f"{os.sep}torch{os.sep}",
-                 f"{os.sep}dataloader_tuner{os.sep}", f"{os.sep}engine{os.sep}instrument{os.sep}")
+# Frames of these are how the wait is done, not where the user's code waits: this package,
+# torch, and the standard library (not what is installed into it).
+OUR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+TORCH = f"{os.sep}torch{os.sep}"
+
+
+def users_frame(path: str) -> bool:
+    if path.startswith(OUR_PACKAGE) or TORCH in path or path.startswith("<"):
+        return False
+    return not path.startswith(STDLIB) or "-packages" in path
 
 
 def stuck_at(stack: str | None) -> str | None:
-    """"stuck_in_main.py:18 in __getitem__": the innermost frame of a stack (most recent call
-    first) in the user's code, else the innermost of all; None without a stack."""
-    frames = [m for m in FRAME.finditer(stack or "")]
-    if not frames:
-        return None
-    users = [m for m in frames if "-packages" in m["file"] and f"{os.sep}torch{os.sep}" not in
-             m["file"] or not any(part in m["file"] for part in NOT_THE_USERS)]
-    frame = (users or frames)[0]
-    return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}"
+    """"stuck_in_main.py:18 in __getitem__": the innermost frame of the user's code in a stack
+    (most recent call first; a worker's signalled thread, the first block, is read first);
+    None without one."""
+    for block in (stack or "").split("\n\n"):
+        for frame in FRAME.finditer(block):
+            if users_frame(frame["file"]):
+                return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}"
+    return None

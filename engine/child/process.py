@@ -48,7 +48,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.protocol import RunRequest
 
 WORKER_DEATH_GRACE_S = 1.0
-MAX_STACKS = 4  # outstanding batches whose worker's stack a hang report reads
+MAX_STACKS = 4  # workers whose stacks a hang report reads (each answers within a second)
 
 
 class StopRun(BaseException):
@@ -105,8 +105,12 @@ class ChildRun:
                     outstanding = self.measurement.outstanding()
                 except Exception:  # noqa: BLE001 - a best-effort detail of the report
                     pass
-            for entry in outstanding[:MAX_STACKS]:  # where each one is stuck
-                entry["stack"] = self._stack_of(entry["worker_id"])
+            stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
+            for entry in outstanding:  # where each one is stuck
+                worker = entry["worker_id"]
+                if worker not in stacks and len(stacks) < MAX_STACKS:
+                    stacks[worker] = self._stack_of(worker)
+                entry["stack"] = stacks.get(worker)
             self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0,
                               "outstanding": outstanding}
             os.kill(os.getpid(), signal.SIGUSR1)

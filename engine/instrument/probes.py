@@ -146,10 +146,15 @@ def offer_stack() -> None:
     folder = os.environ.get(STACKS_ENV)
     if _stack_file is not None or not folder or get_worker_info() is None:
         return
+    # Named <pid>.stack only once the signal is handled: its default action ends the process
+    path = os.path.join(folder, f"{os.getpid()}.stack")
     try:
-        _stack_file = open(os.path.join(folder, f"{os.getpid()}.stack"), "w")
+        _stack_file = open(path + ".new", "w")
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+        os.rename(path + ".new", path)
     except (OSError, ValueError, RuntimeError, AttributeError):  # no signals on this platform
+        if _stack_file is not None:
+            _stack_file.close()
         _stack_file = None
 
 
@@ -169,7 +174,7 @@ def worker_stack(folder: str, pid: int, wait_s: float = 1.0) -> str | None:
         with open(path) as f:
             text = f.read()
         if text.strip():
-            # The thread the signal found (the worker's main thread, fetching) first
+            # The thread the signal landed on first (the worker's main one, almost always)
             blocks = text.strip().split("\n\n")
             return "\n\n".join(sorted(blocks, key=lambda b: not b.startswith("Current")))
     return None

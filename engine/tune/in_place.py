@@ -2,7 +2,8 @@
 
 The objective is the loop's own rate: samples per second of "wait for a batch + the real step",
 so a count that makes batches faster than the model can use them gains nothing and is not
-taken. The search is a hill climb on ``num_workers`` from the job's own setting, with the
+taken; where the job's workers restart each epoch, each setting's start-up is charged once per
+epoch too (Trial.startup_charge_s). The search is a hill climb on ``num_workers`` from the job's own setting, with the
 offline tuner's rules (tune/tuner.py): step up (grow) while that gains at least MORE_WORKERS_GAIN,
 else step down (shrink) while the fewer workers lose less than FEWER_WORKERS_TOLERANCE (fewer
 workers: less CPU and memory for the same rate). Each setting is measured until its rate is
@@ -106,7 +107,7 @@ class Trial:
         startup = self.startup_s()
         return {**asdict(self.setting), "samples_per_s": rate, "batches": len(self.cycles),
                 "startup_ms": 1000 * startup if startup is not None else None,
-                "startup_charged": bool(self.epoch_batches),
+                "startup_charged": bool(self.epoch_batches) and startup is not None,
                 "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
                 and ci is not None, "step_and_wait_ms": 1000 * sum(self.cycles)
                 / len(self.cycles) if self.cycles else None}
@@ -187,12 +188,12 @@ class InPlaceSearch:
         if self.measuring_from is None:
             self.measuring_from = time.monotonic() + PREWARM_S
         trial = self.trial
-        if trial.fresh:
-            trial.firsts.append(cycle_s)
-            trial.fresh = False
-        if time.monotonic() < self.measuring_from:
+        first, trial.fresh = trial.fresh, False
+        if time.monotonic() < self.measuring_from:  # the job's first batches: one-off costs
             trial.started = time.monotonic()
             return None
+        if first:
+            trial.firsts.append(cycle_s)
         trial.seen += 1
         trial.taken += 1
         if trial.seen <= trial.setting.warmup_batches:

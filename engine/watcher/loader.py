@@ -300,6 +300,7 @@ class WatchedLoader:
         search.epoch_started(mark.epoch)
         source = self._open(search, plan, 0, search.current, base_seed, segment)
         switched: float | None = None  # a switch's start: the next batch waits from there
+        opened: float | None = None  # ...and the new loader's: its start-up, for the search
         try:
             while taken < len(plan):
                 try:
@@ -317,6 +318,7 @@ class WatchedLoader:
                     self._log_decisions(search)
                     switched = switched or clock()
                     _shutdown(source)
+                    opened = clock()
                     segment += 1
                     source = self._open(search, plan, taken, fallback, base_seed, segment)
                     continue
@@ -329,7 +331,9 @@ class WatchedLoader:
                     t_back = clock()
                     rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta))
                 taken += 1
-                switch = search.after_batch(samples_of(meta), t_back - t_request)
+                # (not the old loader's shutdown: the job with one setting never pays that)
+                switch = search.after_batch(samples_of(meta), t_back - (opened or t_request))
+                opened = None
                 # (A node's leader finishes when the node switches to its choice, after the
                 # decision was logged: tune/node.py.)
                 if len(search.decisions) > self._logged or (search.finished
@@ -338,6 +342,7 @@ class WatchedLoader:
                 if switch is not None and taken < len(plan):
                     switched = clock()  # stopping one loader, starting the next: the loop waits
                     _shutdown(source)
+                    opened = clock()
                     segment += 1
                     source = self._open(search, plan, taken, switch, base_seed, segment)
         finally:
@@ -488,7 +493,7 @@ def _epoch_batches(loader: DataLoader) -> int | None:
     """Batches in one of the loader's epochs, where its batch sampler knows."""
     try:
         return len(loader.batch_sampler) or None  # type: ignore[arg-type]
-    except TypeError:
+    except Exception:  # noqa: BLE001 - a sampler of the user's may raise anything: not charged
         return None
 
 
