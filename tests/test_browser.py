@@ -84,10 +84,16 @@ class Steps:
         self.page.wait_for_timeout(600)  # the rerun that stores the value
 
     def charts_with_data(self, *names: str) -> None:
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         for name in names:
             chart = self.page.locator(".js-plotly-plot", has_text=name).first
             chart.wait_for(timeout=30_000)
             drawn = chart.locator(".scatterlayer .trace, .barlayer .trace")
+            try:  # plotly draws its traces after the chart's frame: give it the time
+                drawn.first.wait_for(timeout=10_000)
+            except PlaywrightTimeout:
+                pass
             assert drawn.count() > 0, f"chart '{name}' has no data"
 
 
