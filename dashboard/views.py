@@ -10,7 +10,7 @@ import psutil
 import streamlit as st
 
 from dataloader_tuner import (BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline,
-                              fmt, startup_text, timed)
+                              counting_text, fmt, startup_text)
 
 from . import charts
 
@@ -69,11 +69,8 @@ def headline(result: ProfileResult) -> None:
                       f"loop waited {result.consumer_idle_frac:.1%} of its time."
                       if result.consumer_idle_frac is not None else ""))
     if result.steady_batches is not None:
-        counting = result.counting or {}
-        how = (f" Samples counted: {counting['samples']}; fetch and collate timed on "
-               f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
-               f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}."
-               if counting else "")
+        counting = counting_text(result.counting) if result.counting else ""
+        how = f" {counting[:1].upper()}{counting[1:]}." if counting else ""
         st.caption(f"{result.batches} batches in {result.seconds:.1f} s; figures are steady "
                    f"state, after the first {result.warmup_batches} (prefetched) batches.{how}")
 
@@ -89,8 +86,8 @@ def input_wait_share(result: ProfileResult) -> float | None:
 def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:
     """The four charts of one run."""
     warmup = result.warmup_batches or 0
-    end = max([b.t_ready + b.step_s for b in batches]
-              + [t.worker_end for t in timed(batches)], default=0.0)
+    # (a batch's making ends before the loop has it: its arrival bounds the workers' too)
+    end = max((b.t_ready + b.step_s for b in batches), default=0.0)
     start = batches[0].t_request if batches else 0.0
     if start < 1.0:  # a whole run: from its start
         start = 0.0

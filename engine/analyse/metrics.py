@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
+from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed, timed_scale
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -220,7 +220,6 @@ class InputWait:
             "epochs_started": len(self.startup_s),
             "startup_first_s": self.startup_s[0] if self.startup_s else None,
             "startup_later_median_s": percentile(later, 50),
-            "startup_max_s": max(self.startup_s, default=None),
         }
 
 
@@ -257,9 +256,11 @@ def input_bound_verdict(idle_frac: float | None) -> str | None:
     return "highly input-bound"
 
 
-def per_batch_costs(batches: Sequence[BatchRecord]) -> dict[str, float | None]:
-    """Median work per batch inside the workers: what the tuner's cost model starts from."""
-    made = timed(batches)
+def per_batch_costs(batches: Sequence[BatchRecord],
+                    made: Sequence[TimedBatch] | None = None) -> dict[str, float | None]:
+    """Median work per batch inside the workers: what the tuner's cost model starts from.
+    ``made``: ``timed(batches)`` where the caller has it already."""
+    made = timed(batches) if made is None else made
     if not made:
         return {"fetch_ms": None, "fetch_cpu_ms": None, "collate_ms": None, "bytes": None}
     return {

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.record.rows import BatchRecord, timed
+from dataloader_tuner.record.rows import TimedBatch
 from dataloader_tuner.system import SystemSnapshot
 
 MIN_STEADY_BATCHES = 10
@@ -408,7 +408,8 @@ def restarts_each_epoch(config: dict[str, Any], epochs: Sequence[dict[str, Any]]
         "DataLoader(dataset, ..., persistent_workers=True)")]
 
 
-def cpu_share_of(batches: Sequence[BatchRecord]) -> float | None:
-    read = [(b.fetch_s, b.fetch_cpu_s) for b in timed(batches) if b.fetch_cpu_s is not None]
+def cpu_share_of(made: Sequence[TimedBatch]) -> float | None:
+    """CPU time over wall time of the fetches whose CPU time was read (``timed(batches)``)."""
+    read = [(b.fetch_s, b.fetch_cpu_s) for b in made if b.fetch_cpu_s is not None]
     wall = sum(fetch_s for fetch_s, _ in read)
     return sum(cpu_s for _, cpu_s in read) / wall if wall > 0 else None

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.record.rows import BatchRecord, timed
+from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
@@ -62,7 +62,8 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     # that has no GPU figures either. (No torch here: the parent side stays light.)
     gpu_info: dict[str, Any] = live.system.gpu if live.system is not None else {
         "available": False, "reason": "the run ended before the GPU could be checked"}
-    per_batch = metrics.per_batch_costs(measured)
+    made = timed(measured)  # once: the costs, the counting and the CPU share read it
+    per_batch = metrics.per_batch_costs(measured, made)
     wait = metrics.input_wait(batches) if has_consumer else None
     return ProfileResult(
         status=status,
@@ -82,20 +83,19 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
         batch_latency_ms=metrics.latency_ms([b.wait_s for b in measured]),
         startup_s=live.epochs[0]["startup_s"] if live.epochs else None,
         per_batch=per_batch,
-        counting=_counting(live.counting, measured),
+        counting=_counting(live.counting, measured, len(made)),
         workers=tuple(_workers(live, batches, window)),
         main_process=_main_process(live),
         consumer_idle_frac=idle if has_consumer else None,
         input_wait=wait.to_dict() if wait is not None else None,
         # On the headline figure, the wait the loop lived, start-ups included
-        input_bound=metrics.input_bound_verdict(wait.share if wait is not None else idle)
-        if has_consumer else None,
+        input_bound=metrics.input_bound_verdict(wait.share) if wait is not None else None,
         transfer=_transfer(measured) if gpu_info.get("available") else None,
         gpu_idle=_gpu_idle(measured) if gpu_info.get("available") else None,
         not_measured=None if gpu_info.get("available") else gpu_info.get("reason"),
         system=live.system,
         warnings=tuple(live.output.diagnostics()
-                       + _warnings(live, steady, measured, per_batch, gpu_info)),
+                       + _warnings(live, steady, made, per_batch, gpu_info)),
         error=live.error.to_dict() if live.error is not None else None,
     )
 
@@ -120,7 +120,7 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
     return TuneResult(**common, trials=tuple(t.to_dict() for t in live.trials), warnings=printed)
 
 
-def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
+def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord], timed_batches: int
               ) -> dict[str, Any] | None:
     """How each figure was counted, with how many batches had their making timed and their CPU
     time and bytes read."""
@@ -131,7 +131,7 @@ def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord]
         return ("every batch" if share is None or share >= 1.0
                 else f"{share:.0%} of batches ({rules.get(rule, 'sampled')})")
 
-    timed_share = len(timed(measured)) / len(measured) if measured else None
+    timed_share = timed_batches / len(measured) if measured else None
     return {**rules, "cpu_time_and_bytes_read_on": on(metrics.read_share(measured), "reads"),
             "making_timed_on": on(timed_share, "making")}
 
@@ -202,7 +202,7 @@ def _gpu_idle(batches: list[BatchRecord]) -> dict[str, Any] | None:
                        "max": max(gaps)}, "total_ms": sum(gaps)}
 
 
-def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[BatchRecord],
+def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[TimedBatch],
               per_batch: dict[str, float | None], gpu_info: dict[str, Any]) -> list[Diagnostic]:
     """The pitfalls this run shows (pitfalls.py), after the engine's own warnings."""
     config = live.config or {}
@@ -227,7 +227,7 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, measured: list
     found += pitfalls.worker_memory_growth(live.resources)
     if system is not None:  # the machine as the child saw it (none if it failed first)
         found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.shm)
-        found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(measured),
+        found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(made),
                                                live.tuned_workers)
         found += pitfalls.thread_oversubscription(live.resources, workers, system.cores)
     fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
@@ -258,11 +258,8 @@ def render_text(result: ProfileResult) -> str:
         f"batch wait: p50 {fmt(lat.get('p50'), '.2f', ' ms')}, "
         f"p95 {fmt(lat.get('p95'), '.2f', ' ms')}, max {fmt(lat.get('max'), '.2f', ' ms')}",
     ]
-    counting = result.counting or {}
-    if counting:
-        lines.append(f"samples counted: {counting['samples']}; making timed on "
-                     f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes "
-                     f"read on {counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
+    if result.counting:
+        lines.append(counting_text(result.counting))
     if result.input_wait is not None:
         lines.append(f"input wait: {result.input_wait['share']:.1%} of the loop's time, epoch "
                      f"start-ups included ({result.input_bound})")
@@ -288,6 +285,13 @@ def render_text(result: ProfileResult) -> str:
         if d.fix:
             lines += ["    fix: " + line for line in d.fix.splitlines()]
     return "\n".join(lines)
+
+
+def counting_text(counting: dict[str, Any]) -> str:
+    """"samples counted: exact: ...; making timed on ...; CPU time and bytes read on ..."."""
+    return (f"samples counted: {counting['samples']}; making timed on "
+            f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
+            f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
 
 
 def startup_text(wait: dict[str, Any]) -> str | None:

@@ -75,10 +75,7 @@ class ChildRun:
         # From the request, not os.getppid(): the parent may die before we get this far.
         self.parent_pid = request.parent_pid or os.getppid()
         self.measurement: Measurement | None = None
-        # Workers write their stacks here when a hang report asks (probes.offer_stack); they
-        # inherit the folder's name with the environment, however they are started.
-        self.stacks_dir = tempfile.mkdtemp(prefix=f"dataloader-tuner-stacks-{os.getpid()}-")
-        os.environ[probes.STACKS_ENV] = self.stacks_dir
+        self.stacks_dir: str | None = None  # made once a loader will run (_run)
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -121,7 +118,9 @@ class ChildRun:
         if worker_id < 0:  # the main process, inside the fetch itself
             return probes.main_thread_stack()
         pid = self.measurement.worker_pid(worker_id) if self.measurement is not None else None
-        return probes.worker_stack(self.stacks_dir, pid) if pid is not None else None
+        if pid is None or self.stacks_dir is None:
+            return None
+        return probes.worker_stack(self.stacks_dir, pid)
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if self.request.kind == "tune" and "suggested max number of worker" in str(message):
@@ -160,7 +159,8 @@ class ChildRun:
         finally:
             self.recorder.stop(sample=False)
             reap_workers()
-            shutil.rmtree(self.stacks_dir, ignore_errors=True)
+            if self.stacks_dir is not None:
+                shutil.rmtree(self.stacks_dir, ignore_errors=True)
             self._send_labels()
             self.events.send(protocol.Finished(reason, time.monotonic() - self.t0))
         return code
@@ -224,6 +224,10 @@ class ChildRun:
         self.events.send(ready)
         if request.kind == "inspect":  # the dashboard's check of a target: no loader
             return
+        # Workers write their stacks here when a hang report asks (probes.offer_stack); they
+        # inherit the folder's name with the environment, however they are started.
+        self.stacks_dir = tempfile.mkdtemp(prefix=f"dataloader-tuner-stacks-{os.getpid()}-")
+        os.environ[probes.STACKS_ENV] = self.stacks_dir
         # The heap made so far (torch, the user's dataset) out of the collector's reach: NOTE
         # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections
         # then leave its pages unwritten too.

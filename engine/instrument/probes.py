@@ -293,10 +293,13 @@ class TimedIterableDataset(IterableDataset):
             offer_stack()
         before = rng_state(self.inner) if probing else None
         iterator = iter(self.inner)
-        begin, add = _timer.begin, _timer.add
+        timer = _timer
         count = 0
         while True:
-            start = begin()
+            # Only the items of a batch whose making is timed (TIME_EVERY): the collate drops
+            # the others' times unread. Its count does not move while its items are pulled.
+            timed = timer.made % timer.timed_every == 0
+            start = timer.begin() if timed else 0.0
             try:
                 item = next(iterator)
             except StopIteration:
@@ -304,7 +307,8 @@ class TimedIterableDataset(IterableDataset):
             except Exception as exc:
                 add_note(exc, f"while iterating, after {count} items from this process")
                 raise
-            add(start, clock())
+            if timed:
+                timer.add(start, clock())
             if probing:
                 _timer.probe, probing = rng_probe(before, rng_state(self.inner)), False
             count += 1
@@ -365,8 +369,6 @@ class TimedCollate:
                 self._failed(exc, samples)
                 raise
             timer.made += 1
-            timer.start = timer.cpu_start = None  # an iterable dataset times each item
-            timer.total = 0.0
             return batch, (timer.worker_id, timer.pid,  # type: ignore[return-value]  # set
                            len(samples) if self.auto_collation else samples_in(batch))
         start = clock()

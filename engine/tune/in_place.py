@@ -3,13 +3,13 @@
 The objective is the loop's own rate: samples per second of "wait for a batch + the real step",
 so a count that makes batches faster than the model can use them gains nothing and is not
 taken; where the job's workers restart each epoch, each setting's start-up is charged once per
-epoch too (Trial.startup_charge_s). The search is a hill climb on ``num_workers`` from the job's own setting, with the
-offline tuner's rules (tune/tuner.py): step up (grow) while that gains at least MORE_WORKERS_GAIN,
-else step down (shrink) while the fewer workers lose less than FEWER_WORKERS_TOLERANCE (fewer
-workers: less CPU and memory for the same rate). Each setting is measured until its rate is
-known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or MAX_TRIAL_S; a worse setting
-is left at once (rolled back to the best so far), and a setting that fails is dropped for good
-with the job's own settings back in place.
+epoch too (Trial.startup_charge_s). The search is a hill climb on ``num_workers`` from the
+job's own setting, with the offline tuner's rules (tune/tuner.py): step up (grow) while that
+gains at least MORE_WORKERS_GAIN, else step down (shrink) while the fewer workers lose less than
+FEWER_WORKERS_TOLERANCE (fewer workers: less CPU and memory for the same rate). Each setting is
+measured until its rate is known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or
+MAX_TRIAL_S; a worse setting is left at once (rolled back to the best so far), and a setting
+that fails is dropped for good with the job's own settings back in place.
 
 ``InPlaceSearch`` is pure: it is fed one (samples, seconds) per batch and answers which setting
 to run next, so tests drive it without loaders. The swapping of loaders between batches, which

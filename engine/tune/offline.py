@@ -24,6 +24,7 @@ from dataloader_tuner.analyse import metrics
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.measure import Consumer, Measurement
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
@@ -148,11 +149,8 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
              system: SystemSnapshot,
              request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict[str, Any]:
     """Search, then measure the module's own settings as the baseline; returns the document."""
-    try:
-        length = len(resolved.dataset)
-    except TypeError:
-        length = None
-    limits = Limits.from_system(system, request.local_world_size, request.max_workers, length)
+    limits = Limits.from_system(system, request.local_world_size, request.max_workers,
+                                dataset_length(resolved.dataset))
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
 

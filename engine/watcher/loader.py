@@ -170,7 +170,9 @@ class WatchedLoader:
         alone = InPlaceSearch(start, self.max_workers
                               or max(2, 2 * system.usable_cpus() // max(sharing, 1)),
                               # each epoch restarts the workers unless the job keeps them
-                              None if loader.persistent_workers else _epoch_batches(loader))
+                              # (the batch sampler has a length: in_place_blocker took it)
+                              None if loader.persistent_workers
+                              else len(loader.batch_sampler))  # type: ignore[arg-type]
         search: Search = alone
         if self.rank is not None and self.rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (tune/node.py).
@@ -487,14 +489,6 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
 
 def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
-
-
-def _epoch_batches(loader: DataLoader) -> int | None:
-    """Batches in one of the loader's epochs, where its batch sampler knows."""
-    try:
-        return len(loader.batch_sampler) or None  # type: ignore[arg-type]
-    except Exception:  # noqa: BLE001 - a sampler of the user's may raise anything: not charged
-        return None
 
 
 def _shutdown(iterator) -> None:
