@@ -253,6 +253,9 @@ def _recommendation_block(jobs: Jobs) -> None:
             st.caption(f"Baseline ({base.get('source')}): "
                        f"{views.fmt(base.get('samples_per_s'))} samples/s; "
                        f"{base['speedup_note']}.")
+        elif base.get("claimed_from"):
+            st.caption(f"Claimed from {base['claimed_from']}, so a store or page cache that "
+                       "warmed while tuning cannot inflate it.")
         st.code(tuned.snippet, language="python")
         for reason in tuned.reasons:
             st.markdown(f"- {reason}")

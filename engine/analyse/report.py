@@ -311,4 +311,6 @@ def speedup_text(baseline: dict[str, Any]) -> str:
     if baseline.get("speedup") is None:
         return baseline.get("speedup_note") or "no speedup claimed"
     pct = baseline.get("speedup_pct")
-    return f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
+    note = baseline.get("speedup_note")
+    return (f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
+            + (f" ({note})" if note else ""))

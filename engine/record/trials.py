@@ -43,6 +43,8 @@ class TrialResult:
     # rate is one rank's under that contention, this the N loaders' together.
     ranks_measured: int = 1
     node_samples_per_s: float | None = None
+    # Epochs begun inside the steady window: a restarting setting paid its start-up there.
+    restarts_measured: int = 0
 
     @property
     def ms_per_batch(self) -> float:

@@ -14,6 +14,7 @@ NOTE [ Persistent workers while searching ]
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -23,6 +24,7 @@ import psutil
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
+from dataloader_tuner.tune import claim
 from dataloader_tuner.tune.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.measure import Consumer, Measurement
@@ -180,9 +182,16 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             outcome = tuner.run()
         except NoSteadyState as exc:
             raise no_steady_state_error(attempts, config) from exc
-        outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
-        baseline = _baseline(resolved, config, consumer, outcome, on_trial,
-                             _baseline_source(resolved, request), companions)
+        source = _baseline_source(resolved, request)
+        final = recommended_config(config, outcome.recommendation.kwargs)
+        if final.tuned_key == config.tuned_key:
+            outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
+            baseline = _baseline(resolved, config, consumer, outcome, on_trial, source,
+                                 companions)
+        else:
+            outcome, baseline = _claim_at_end(resolved, config, final, consumer, outcome,
+                                              on_trial, source, limits.dataset_length,
+                                              companions)
     finally:
         if companions is not None:
             companions.close()
@@ -214,6 +223,72 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     return replace(outcome, trials=[*outcome.trials, trial], recommendation=remeasured)
 
 
+def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderConfig,
+                  consumer: Consumer, outcome: TuneOutcome,
+                  on_trial: Callable[[TrialResult], None], source: str,
+                  epoch_items: int | None, companions: Companions | None = None
+                  ) -> tuple[TuneOutcome, dict[str, Any]]:
+    """The user's settings and the pick measured in turn at the end of the tune; the claim and
+    the pick's expected rate come from those trials only (NOTE [ Claims from the end of the
+    tune ])."""
+    def measuring(trial_config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
+        def measure(repeat: int) -> TrialResult | None:
+            trial = measure_trial(resolved, trial_config, consumer, phase, repeat,
+                                  companions=companions)
+            if trial is not None:
+                on_trial(trial)
+            return trial
+        return measure
+
+    base_trials, pick_trials = claim.alternate(measuring(config, "baseline"),
+                                               measuring(final, "final"))
+    result = claim.end_claim(base_trials, pick_trials, epoch_items)
+    rec, early = outcome.recommendation, outcome.trials
+    warnings = list(rec.warnings)
+    reasons = list(rec.reasons)
+    if result.pick is not None and result.base is not None:
+        for who, late, trial_config in (("The pick", result.pick, final),
+                                        (f"Your settings ({source})", result.base, config)):
+            found = claim.drift(claim.comparable(early, trial_config), late, who)
+            if found is not None:
+                warnings.append(found)
+        reasons.append(claim.end_reason(result, source))
+        rec = replace(rec, expected_samples_per_s=result.pick.rate,
+                      uncertainty_pct=result.pick.uncertainty_pct,
+                      conclusive=all(t.conclusive for t in result.pick.trials))
+        if result.slower:  # the end measured the user's settings faster: they are kept
+            reasons.insert(0, claim.keep_reason(result, source))
+            rec = replace(rec, kwargs=own_kwargs(config),
+                          expected_samples_per_s=result.base.rate,
+                          uncertainty_pct=result.base.uncertainty_pct,
+                          conclusive=all(t.conclusive for t in result.base.trials))
+            result = result.kept()
+    rec = replace(rec, reasons=tuple(reasons), warnings=tuple(warnings))
+    trials = [*early, *(t for t in base_trials + pick_trials if t is not None)]
+    base = result.base
+    idles = [t.consumer_idle_frac for t in base.trials if t.consumer_idle_frac is not None] \
+        if base is not None else []
+    baseline = {
+        "source": source,
+        "config": config.to_json_dict(),
+        "samples_per_s": base.rate if base is not None else None,
+        "consumer_idle_frac": statistics.median(idles) if idles else None,
+        **result.to_dict(),
+    }
+    return replace(outcome, trials=trials, recommendation=rec), baseline
+
+
+def own_kwargs(config: LoaderConfig) -> dict[str, int | bool | None]:
+    """The tuned settings of ``config`` as a recommendation states them (recommend.py)."""
+    kwargs: dict[str, int | bool | None] = {"batch_size": config.batch_size,
+                                            "num_workers": config.num_workers,
+                                            "pin_memory": config.pin_memory}
+    if config.num_workers:
+        kwargs["persistent_workers"] = config.persistent_workers
+        kwargs["prefetch_factor"] = config.prefetch_factor
+    return kwargs
+
+
 def no_steady_state_error(attempts: list[str], config: LoaderConfig) -> RunError:
     hint = ("the module's batch_sampler makes the batches" if config.batch_sampler is not None
             else "batch_size=None: each item the dataset yields is taken as a whole batch"
@@ -239,48 +314,23 @@ def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
 def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
               outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str,
               companions: Companions | None = None) -> dict[str, Any]:
-    """What the recommendation is compared with: the settings the run started from (the
-    module's own, with the caller's choices on top; see settings.py). Measured, unless a search
-    trial already measured exactly those settings."""
+    """The baseline when the pick is the settings the run started from: measured (unless a
+    search trial already measured exactly those settings), and no speedup claimed."""
     same = [t for t in outcome.trials if t.key == config.tuned_key and t.phase != "prewarm"]
     trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0,
                                                companions=companions)
     if trial is not None and not same:
         outcome.trials.append(trial)
         on_trial(trial)
-    recommended = recommended_config(config, outcome.recommendation.kwargs)
     return {
         "source": source,
         "config": config.to_json_dict(),
         "samples_per_s": trial.samples_per_s if trial else None,
         "consumer_idle_frac": trial.consumer_idle_frac if trial else None,
-        **speedup_claim(outcome.recommendation, trial,
-                        same_settings=recommended.tuned_key == config.tuned_key),
+        # two trials of one setting differ by noise only: no speedup to claim
+        "speedup": 1.0, "speedup_pct": outcome.recommendation.uncertainty_pct,
+        "speedup_note": "the recommendation is the settings you already have",
     }
-
-
-def speedup_claim(rec: Recommendation, base: TrialResult | None,
-                  same_settings: bool = False) -> dict[str, float | str | None]:
-    """The speedup over the baseline with its 95% uncertainty, or why none is claimed: a claim
-    needs both rates measured long enough to believe (trials.MIN_STEADY_BATCHES and a known
-    interval)."""
-    if same_settings:  # two trials of one setting differ by noise only: no speedup to claim
-        return {"speedup": 1.0, "speedup_pct": rec.uncertainty_pct,
-                "speedup_note": "the recommendation is the settings you already have"}
-    if base is None or not base.samples_per_s:
-        return {"speedup": None, "speedup_pct": None,
-                "speedup_note": "the baseline reached no steady state, so no speedup is claimed"}
-    short = [name for name, ok in (("the pick", rec.conclusive), ("the baseline", base.conclusive))
-             if not ok]
-    if short:
-        return {"speedup": None, "speedup_pct": None,
-                "speedup_note": f"no speedup is claimed: the trials of {' and '.join(short)} "
-                                f"were too short to believe (fewer than {MIN_STEADY_BATCHES} "
-                                "steady batches); give the tuner a longer budget"}
-    pick_pct = rec.uncertainty_pct or 0.0
-    base_pct = 100.0 * (base.rate_ci or 0.0)
-    return {"speedup": rec.expected_samples_per_s / base.samples_per_s,
-            "speedup_pct": (pick_pct ** 2 + base_pct ** 2) ** 0.5, "speedup_note": None}
 
 
 def tune_document(outcome: TuneOutcome, baseline: dict[str, Any], config: LoaderConfig,

@@ -70,4 +70,5 @@ def summarize_trial(
         rate_ci=ci,
         batches_per_s=steady.batches_per_s,
         conclusive=steady.batches >= MIN_STEADY_BATCHES and ci is not None,
+        restarts_measured=measured[-1].epoch - records[warmup - 1].epoch,
     )

@@ -51,6 +51,8 @@ def render_tune_text(result: TuneResult) -> str:
     if base.get("samples_per_s"):
         lines.append(f"baseline ({base['source']}): {base['samples_per_s']:.0f} samples/s -> "
                      + speedup_text(base))
+    if base.get("claimed_from"):
+        lines.append(f"claimed from: {base['claimed_from']}")
     lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials")
     lines.append("")
     lines += [f"- {reason}" for reason in result.reasons]

@@ -1,0 +1,199 @@
+"""The speedup a tune claims, from the pick and the user's settings measured alternately at the
+end of the tune, each charged its start-up as the job would pay it.
+
+NOTE [ Claims from the end of the tune ]
+
+    A search measures settings one after another while the data source may be warming: a page
+    cache filling, an LMDB or a remote store getting faster as it is read. A baseline measured
+    first (cold) against a pick measured last (warm) claims the warming as a speedup: on
+    datasets written by others an LMDB-backed image set claimed 1.93x for 6 workers where a
+    plain loop measured 0.97x, and an audio pipeline 1.25x where 0.99x was measured. So the
+    claim comes only from trials made at the end, the user's settings and the pick in turn
+    (A B, then B A: a drift that is linear in time weighs both sides alike), and a setting the
+    search measured early that measures differently at the end is said to have drifted.
+
+    Start-up: a setting whose workers restart every epoch (workers, persistent_workers=False)
+    pays their start-up once an epoch. A trial that crossed an epoch paid it in its window; one
+    that did not is charged it once per epoch of the dataset's length, as the job would.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.recommend import uncertainty_pct
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+
+CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune
+DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
+
+
+def alternate(measure_base: Callable[[int], TrialResult | None],
+              measure_pick: Callable[[int], TrialResult | None],
+              pairs: int = CLAIM_PAIRS) -> tuple[list[TrialResult | None],
+                                                 list[TrialResult | None]]:
+    """Each side measured ``pairs`` times, in turn: base then pick, then pick then base, ...
+    ``measure_*(repeat)`` runs one trial."""
+    base: list[TrialResult | None] = []
+    pick: list[TrialResult | None] = []
+    for repeat in range(pairs):
+        order = ((base, measure_base), (pick, measure_pick))
+        for results, measure in (order if repeat % 2 == 0 else order[::-1]):
+            results.append(measure(repeat))
+    return base, pick
+
+
+def items_per_s(trial: TrialResult) -> float:
+    """The rate in the dataset's own items: samples, or whole batches with batch_size=None."""
+    if trial.batch_size is None and trial.batches_per_s:
+        return trial.batches_per_s
+    return trial.samples_per_s
+
+
+def startup_charge_s(trial: TrialResult) -> float:
+    """What one epoch's start of this setting costs beyond a steady batch, in seconds; 0 when
+    its workers are kept (or there are none) or its window already paid it."""
+    if trial.num_workers == 0 or trial.persistent_workers or trial.restarts_measured:
+        return 0.0
+    return max(trial.startup_s - trial.ms_per_batch / 1000.0, 0.0)
+
+
+def charged_rate(trial: TrialResult, epoch_items: int | None) -> float:
+    """samples/s with the setting's start-up paid once per epoch of ``epoch_items``."""
+    charge = startup_charge_s(trial)
+    if not charge or not epoch_items:
+        return trial.samples_per_s
+    epoch_s = epoch_items / items_per_s(trial)
+    return trial.samples_per_s * epoch_s / (epoch_s + charge)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One setting as the end of the tune measured it."""
+
+    trials: list[TrialResult]
+    rate: float  # mean of the trials, start-up charged
+    measured_rate: float  # mean of the trials as measured
+    uncertainty_pct: float | None
+    startup_s: float  # the start-up charged per epoch (0: none)
+
+
+def side(trials: list[TrialResult], epoch_items: int | None) -> Side:
+    return Side(trials, statistics.fmean(charged_rate(t, epoch_items) for t in trials),
+                statistics.fmean(t.samples_per_s for t in trials), uncertainty_pct(trials),
+                statistics.median(startup_charge_s(t) for t in trials))
+
+
+@dataclass(frozen=True)
+class Claim:
+    speedup: float | None
+    speedup_pct: float | None
+    note: str | None  # why no speedup is claimed
+    base: Side | None
+    pick: Side | None
+
+    @property
+    def slower(self) -> bool:
+        """The pick measured slower than the baseline, beyond the claim's noise."""
+        return self.speedup is not None and self.speedup * (1 + (self.speedup_pct or 0) / 100) < 1
+
+    def kept(self) -> "Claim":
+        """The claim once the baseline is kept as the recommendation: no speedup."""
+        return Claim(1.0, self.speedup_pct, "the recommendation is the settings you already "
+                     "have: they measured faster than the search's pick at the end of the tune",
+                     self.base, self.pick)
+
+    def to_dict(self) -> dict[str, float | str | None]:
+        return {"speedup": self.speedup, "speedup_pct": self.speedup_pct,
+                "speedup_note": self.note,
+                "claimed_from": (f"{len(self.pick.trials)} trials of the pick alternating with "
+                                 f"{len(self.base.trials)} of the baseline at the end of the tune"
+                                 if self.pick and self.base else None)}
+
+
+def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
+              epoch_items: int | None) -> Claim:
+    """The speedup of the pick over the baseline from the end's alternating trials, with its
+    95% uncertainty, or why none is claimed (a trial without a steady state, or too short)."""
+    if any(t is None for t in base + pick) or not base or not pick:
+        return Claim(None, None, "no speedup is claimed: a trial at the end of the tune reached "
+                     "no steady state", None, None)
+    base_side = side([t for t in base if t is not None], epoch_items)
+    pick_side = side([t for t in pick if t is not None], epoch_items)
+    short = [name for name, s in (("the pick", pick_side), ("the baseline", base_side))
+             if not all(t.conclusive for t in s.trials)]
+    if short:
+        return Claim(None, None, f"no speedup is claimed: the trials of {' and '.join(short)} "
+                     f"were too short to believe (fewer than {MIN_STEADY_BATCHES} steady "
+                     "batches); give the tuner a longer budget", base_side, pick_side)
+    pcts = [p for p in (pick_side.uncertainty_pct, base_side.uncertainty_pct) if p is not None]
+    return Claim(pick_side.rate / base_side.rate,
+                 sum(p ** 2 for p in pcts) ** 0.5 if pcts else None, None, base_side, pick_side)
+
+
+def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
+    """A warning when ``who``'s trials early in the tune and at its end disagree beyond their
+    noise (and by DRIFT_MIN at least): the data source or the machine changed while tuning."""
+    if not early:
+        return None
+    before = statistics.median(t.samples_per_s for t in early)
+    after = late.measured_rate
+    noise = [p / 100.0 for p in (uncertainty_pct(early), late.uncertainty_pct) if p is not None]
+    allowed = max(DRIFT_MIN, 2 * sum(n ** 2 for n in noise) ** 0.5)
+    change = after / before - 1.0
+    if abs(change) <= allowed:
+        return None
+    way = "faster" if change > 0 else "slower"
+    return Diagnostic(
+        "drifted_while_tuning", "warning",
+        f"{who} measured {before:.0f} samples/s early in the tune and {after:.0f} at its end "
+        f"({abs(change):.0%} {way}, beyond the noise of ±{allowed:.0%}): the data source "
+        "(a page cache or a store warming up) or the machine's load changed while tuning. "
+        "The speedup claimed comes from the end's alternating trials only; verify it before "
+        "switching.",
+        {"setting": who, "early_samples_per_s": before, "late_samples_per_s": after,
+         "allowed_frac": allowed})
+
+
+def setting(num_workers: int, prefetch_factor: int | None, pin_memory: bool
+            ) -> tuple[int, int | None, bool]:
+    """What a trial's rate depends on, as DataLoader applies it (prefetch only with workers)."""
+    return (num_workers, (prefetch_factor or 2) if num_workers else None, bool(pin_memory))
+
+
+def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResult]:
+    """The search's trials of ``config``'s setting whose rate paid no restart the end's might
+    not (the search keeps workers; a window without an epoch start paid none)."""
+    wanted = setting(config.num_workers, config.prefetch_factor, config.pin_memory)
+    return [t for t in early if t.phase not in ("prewarm", "baseline", "final")
+            and setting(t.num_workers, t.prefetch_factor, t.pin_memory) == wanted
+            and (t.persistent_workers == config.persistent_workers or not t.restarts_measured)]
+
+
+def end_reason(result: Claim, source: str) -> str:
+    """The reason line that says where the claim comes from, and any start-up it charged."""
+    assert result.pick is not None and result.base is not None
+    text = (f"Measured at the end of the tune, in turn with {source} "
+            f"({len(result.pick.trials)} trials each): {result.pick.rate:.0f} samples/s "
+            f"against {result.base.rate:.0f}")
+    charged = [f"{who} {s.startup_s:.2f} s of worker start-up per epoch"
+               for who, s in (("the pick", result.pick), ("your settings", result.base))
+               if s.startup_s > 0]
+    if charged:
+        text += f", charging {' and '.join(charged)} (workers restarted every epoch)"
+    return text + "."
+
+
+def keep_reason(result: Claim, source: str) -> str:
+    """Why the user's settings are kept over the search's pick."""
+    assert result.pick is not None and result.base is not None and result.speedup is not None
+    return (f"Keep {source}: at the end of the tune they measured {result.base.rate:.0f} "
+            f"samples/s against {result.pick.rate:.0f} for the search's pick "
+            f"({1 - result.speedup:.0%} slower, ±{result.speedup_pct or 0:.0f}%), measured in "
+            "turn. The search's own figures below were taken earlier, as the data source or "
+            "the machine may have been slower.")

@@ -1,0 +1,120 @@
+"""The speedup a tune claims comes from the end of the tune: the user's settings and the pick
+measured in turn, start-up charged as the job pays it, drift while tuning said."""
+
+import dataclasses
+
+import pytest
+
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.tune import claim
+
+from .test_tuner import trial
+
+
+def test_the_sides_are_measured_in_turn_the_order_swapped_each_pair():
+    order = []
+
+    def measuring(name):
+        def measure(repeat):
+            order.append((name, repeat))
+            return trial(0 if name == "base" else 2, 100.0)
+        return measure
+
+    base, pick = claim.alternate(measuring("base"), measuring("pick"), pairs=3)
+    assert order == [("base", 0), ("pick", 0), ("pick", 1), ("base", 1), ("base", 2),
+                     ("pick", 2)]
+    assert len(base) == len(pick) == 3
+
+
+def test_a_claim_is_the_ratio_of_the_ends_means_with_both_sides_noise():
+    base = [trial(0, 100.0, rate_ci=0.03), trial(0, 110.0, rate_ci=0.03)]
+    pick = [trial(2, 200.0, rate_ci=0.02), trial(2, 190.0, rate_ci=0.02)]
+    result = claim.end_claim(base, pick, epoch_items=None)
+    assert result.speedup == pytest.approx(195.0 / 105.0)
+    # each side: the wider of its trials' interval (narrowed by two) and half its range
+    base_pct = max(100 * 0.03 / 2 ** 0.5, 50 * 10 / 105)
+    pick_pct = max(100 * 0.02 / 2 ** 0.5, 50 * 10 / 195)
+    assert result.speedup_pct == pytest.approx((base_pct ** 2 + pick_pct ** 2) ** 0.5)
+    doc = result.to_dict()
+    assert doc["speedup_note"] is None and "alternating" in doc["claimed_from"]
+
+
+def test_no_claim_from_a_trial_too_short_or_without_a_steady_state():
+    short = claim.end_claim([trial(0, 100.0, conclusive=False), trial(0, 100.0)],
+                            [trial(2, 200.0), trial(2, 200.0)], None)
+    assert short.speedup is None and "the baseline" in short.note and "too short" in short.note
+    missing = claim.end_claim([trial(0, 100.0), None], [trial(2, 200.0), trial(2, 200.0)], None)
+    assert missing.speedup is None and "no steady state" in missing.note
+
+
+def test_a_setting_that_restarts_its_workers_each_epoch_is_charged_its_start_up():
+    # 16 samples a batch at 1600 samples/s: 10 ms a batch; 1.01 s to the first batch
+    restarting = trial(4, 1600.0, startup=1.01)
+    assert claim.startup_charge_s(restarting) == pytest.approx(1.0)
+    # an epoch of 1600 samples takes 1 s, and 1 s more to start: half the rate
+    assert claim.charged_rate(restarting, 1600) == pytest.approx(800.0)
+    assert claim.charged_rate(restarting, None) == 1600.0  # no length known: nothing charged
+    paid = trial(4, 1600.0, startup=1.01, restarts_measured=2)  # its window crossed epochs
+    assert claim.charged_rate(paid, 1600) == 1600.0
+    assert claim.charged_rate(trial(0, 1600.0, startup=1.01), 1600) == 1600.0
+    kept = dataclasses.replace(restarting, persistent_workers=True)
+    assert claim.charged_rate(kept, 1600) == 1600.0
+    result = claim.end_claim([restarting, restarting], [kept, kept], 1600)
+    assert result.speedup == pytest.approx(2.0)
+    assert "1.00 s of worker start-up per epoch" in claim.end_reason(result, "your settings")
+
+
+def test_a_setting_measured_faster_at_the_end_than_early_is_said_to_have_drifted():
+    early = [trial(0, 100.0, rate_ci=0.03)]
+    late = claim.side([trial(0, 190.0, rate_ci=0.03), trial(0, 195.0, rate_ci=0.03)], None)
+    found = claim.drift(early, late, "Your settings")
+    assert found is not None and found.code == "drifted_while_tuning"
+    assert "100 samples/s early" in found.message and "faster" in found.message
+    steady = claim.side([trial(0, 104.0, rate_ci=0.03), trial(0, 98.0, rate_ci=0.03)], None)
+    assert claim.drift(early, steady, "Your settings") is None
+    assert claim.drift([], late, "Your settings") is None
+
+
+def test_early_trials_compared_are_the_searchs_of_the_same_setting():
+    early = [trial(2, 100.0), trial(2, 100.0, phase="prewarm"), trial(4, 100.0),
+             dataclasses.replace(trial(2, 100.0), restarts_measured=1)]
+    config = LoaderConfig(batch_size=16, num_workers=2, persistent_workers=True,
+                          prefetch_factor=2)
+    assert claim.comparable(early, config) == [early[0]]
+
+
+@pytest.mark.slow  # a real tune (~20 s) and plain loops to check it
+def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
+    """The user's settings are measured first, while the store is cold; the search's later
+    trials read it warm. Measured early, the baseline made the pick look 25x faster; at the
+    end, in turn with the pick, the claim is what plain loops on the warm store see."""
+    from dataloader_tuner.run.runner import RunRequest, run_to_completion
+    from tests.datasets import warming_store
+    from tests.real.plain_loop import plain_rate
+
+    from .conftest import dataset_path
+
+    handle = run_to_completion(RunRequest(target=dataset_path("warming_store.py"), kind="tune",
+                                          budget_s=20, max_workers=4))
+    try:
+        doc = handle.live.summary(handle.state.value).to_dict()
+    finally:
+        handle.close()
+    assert doc["status"] == "ok", doc.get("error")
+    baseline, recommended = doc["baseline"], doc["recommended"]
+    drifted = [w for w in doc["warnings"] if w["code"] == "drifted_while_tuning"]
+    assert drifted and "Your settings" in drifted[0]["message"]  # 0 workers: cold, then warm
+    assert baseline["speedup"] is not None and "end of the tune" in baseline["claimed_from"]
+
+    warming_store.dataset.warm_up()  # the store as the job reads it after its first epoch
+    own = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
+    pick = {key: recommended.get(key) for key in own}
+    pick["persistent_workers"] = bool(pick["persistent_workers"])
+    ratios = []
+    for pair in range(3):  # interleaved, the order swapped each pair
+        sides = [own, pick] if pair % 2 == 0 else [pick, own]
+        rates = {id(s): plain_rate(warming_store, 1.0, **s)["samples_per_s"] for s in sides}
+        ratios.append(rates[id(pick)] / rates[id(own)])
+    plain = sorted(ratios)[1]
+    slack = 0.15 + (baseline["speedup_pct"] or 0) / 100
+    assert abs(baseline["speedup"] / plain - 1) <= slack, (baseline, ratios)
