@@ -16,11 +16,12 @@ import streamlit as st
 
 from dataloader_tuner import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
                               DEFAULT_SECONDS,
-                              DEFAULT_TIMEOUT_S, Inspection, RunHandle, check_claim, settings_file,
-                              speedup_text)
+                              DEFAULT_TIMEOUT_S, ConfigError, Inspection, RunHandle, check_claim,
+                              settings_file, shm_check, speedup_text)
 
 from . import charts, views
-from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls, tune_request,
+from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls,
+                   settings_from_controls, tune_request,
                    verification_requests)
 from .shared import get_jobs
 
@@ -113,6 +114,18 @@ def _dataset_card(info: Inspection) -> None:
     st.success(f"Found **{ds.class_name}** ({ds.kind}-style, via `{ds.found_as}`): "
                f"{length}{sample}" + (f". Module also defines: {', '.join(extras)}." if extras
                                       else "."), icon="✅")
+
+
+def _shm_before_start(info: Inspection) -> None:
+    """Before Start: would the settings on the page keep more batches in flight than /dev/shm
+    holds (sample 0's bytes times the batch size)?"""
+    if not info.ok or not info.system:
+        return
+    try:
+        settings = settings_from_controls(controls())
+    except ConfigError:
+        return  # Start says what is wrong with them
+    views.warnings_list(shm_check(settings, info.dataset, info.system.get("shm")))
 
 
 def _sync_controls(info: Inspection) -> list[str]:
@@ -350,6 +363,7 @@ def render() -> None:
         info = jobs.inspect(st.session_state.target.strip())
     _dataset_card(info)
     _sidebar(_sync_controls(info))
+    _shm_before_start(info)
     _autostart(jobs, info)
     ready = info.ok
     busy = jobs.busy()

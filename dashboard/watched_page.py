@@ -126,6 +126,10 @@ def _ranks_view() -> None:
         else:
             st.caption("No rank holds the others back: no rank's input wait stands out, and "
                        "their rates are within 5% of the median.")
+        for node in view.nodes:
+            warning = node.shm_warning()
+            if warning:
+                st.warning(warning, icon="⚠️")
         if any(node.cpu_pct is not None for node in view.nodes):
             st.dataframe([{
                 "node": n.node, "host": n.host, "ranks": ", ".join(map(str, n.ranks)),

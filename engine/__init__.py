@@ -23,7 +23,8 @@ from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                   window_figures)
-from dataloader_tuner.analyse.report import counting_text, fmt, speedup_text, startup_text
+from dataloader_tuner.analyse.report import (counting_text, fmt, shm_check, speedup_text,
+                                             startup_text)
 from dataloader_tuner.analyse.results import ProfileResult, Result, TuneResult
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.config import LoaderConfig
@@ -68,7 +69,7 @@ __all__ = [
     # what runs produce
     "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord", "timed",
     "DatasetCard", "TrialRecord", "TrialResult", "InPlaceTrial", "busy_timeline", "epoch_starts",
-    "chrome_trace", "counting_text", "fmt", "speedup_text", "startup_text",
+    "chrome_trace", "counting_text", "fmt", "shm_check", "speedup_text", "startup_text",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     # errors

@@ -112,6 +112,7 @@ class Ready:
     warmup_batches: int
     counting: dict[str, Any] | None = None
     torch: str | None = None
+    ranks_on_node: int = 1  # a torchrun job's LOCAL_WORLD_SIZE: its loaders share /dev/shm
 
     @classmethod
     def from_wire(cls, doc: dict[str, Any]) -> "Ready":

@@ -104,13 +104,28 @@ def _cpu_seconds(procs: list) -> dict:
     return seconds
 
 
+# Rehearse a smaller /dev/shm than this machine's (a container's 64 MB default) before
+# deploying there: the checks and the tuner take this many MB as its size.
+SHM_MB_ENV = "DATALOADER_TUNER_SHM_MB"
+
+
 def shm_usage() -> dict | None:
-    """Size and use of /dev/shm, where worker batches travel to the main process."""
+    """Size and use of /dev/shm, where worker batches travel to the main process (as large as
+    SHM_MB_ENV says, when set)."""
     try:
         usage = shutil.disk_usage("/dev/shm")
     except OSError:
         return None
-    return {"total_mb": usage.total / MB, "used_mb": usage.used / MB, "free_mb": usage.free / MB}
+    total, used = usage.total / MB, usage.used / MB
+    rehearsed = os.environ.get(SHM_MB_ENV)
+    if rehearsed:
+        try:
+            total = float(rehearsed)
+        except ValueError:
+            pass  # not a number: the real size
+        used = min(used, total)
+    return {"total_mb": total, "used_mb": used, "free_mb": total - used,
+            "rehearsed": bool(rehearsed)}
 
 
 def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:

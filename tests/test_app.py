@@ -362,3 +362,15 @@ def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     assert list(nodes["CPU %"]) == [30.0, 99.0] and list(nodes["ranks"]) == ["0, 1", "2"]
     warning = " ".join(w.value for w in at.warning)
     assert "rank 2 is starved for data" in warning and "no CPU to spare" in warning
+
+
+def test_settings_whose_batches_would_not_fit_in_shm_are_warned_before_start(app_env,
+                                                                              monkeypatch):
+    monkeypatch.setenv("DATALOADER_TUNER_SHM_MB", "64")  # a container's default, rehearsed
+    at = set_target(live_app(), dataset_path("big_samples.py"))
+    assert not any("shm_too_small" in w.value for w in at.warning)  # 0 workers: no shm used
+    at.number_input(key="ctl_num_workers").set_value(2)
+    at = at.run()
+    warned = [w.value for w in at.warning if "shm_too_small" in w.value]
+    assert warned and "64 MB" in warned[0] and "sample 0 x batch_size" in warned[0]
+    assert not get_jobs().busy()  # nothing started: the warning comes before Start

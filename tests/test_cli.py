@@ -10,8 +10,8 @@ import pytest
 from .conftest import ROOT, dataset_path
 
 
-def cli(*args, db):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def cli(*args, db, env_extra=None):
+    env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "dataloader_tuner", *args, "--db", db],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
@@ -156,3 +156,37 @@ def test_the_parent_side_does_not_import_torch():
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+SHM_64MB = {"DATALOADER_TUNER_SHM_MB": "64"}  # a container's default /dev/shm, rehearsed
+
+
+@pytest.mark.slow  # a real run with 2 workers; the page's check before Start is in test_app
+def test_a_run_whose_batches_would_not_fit_in_shm_is_warned_as_it_starts(db_path):
+    """16 MB batches x 2 workers x prefetch 2 = 64 MB, all of a rehearsed 64 MB /dev/shm."""
+    result = cli("profile", dataset_path("big_samples.py"), "--num-workers", "2", "--seconds",
+                 "2", "--json", db=db_path, env_extra=SHM_64MB)
+    assert result.returncode == 0, result.stderr
+    before = [line for line in result.stderr.splitlines() if "[shm_too_small]" in line]
+    assert before and "sample 0 x batch_size" in before[0] and "will die" in before[0]
+    doc = json.loads(result.stdout)
+    found = [w for w in doc["warnings"] if w["code"] == "shm_too_small"]
+    assert found and found[0]["evidence"]["will_not_fit"]
+    assert not found[0]["evidence"]["estimated"]  # the batches measured, once they came
+    assert found[0]["evidence"]["in_flight_mb"] == pytest.approx(64.0, rel=0.01)
+
+
+@pytest.mark.slow  # a real tune
+def test_the_tuner_never_picks_more_workers_than_shm_holds(db_path):
+    result = cli("tune", dataset_path("big_samples.py"), "--max-workers", "4", "--budget-s",
+                 "15", "--json", db=db_path, env_extra=SHM_64MB)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    workers = doc["recommended"]["num_workers"]
+    prefetch = doc["recommended"].get("prefetch_factor") or 2
+    assert workers * prefetch * 16 <= 32  # half of the 64 MB, the tuner's share
+    assert not any(t["num_workers"] > 1 and t["phase"] in ("search", "confirm")
+                   for t in doc["trials"])  # the cap stopped the search
+    cap = doc["limits"]["memory_max_workers"]  # 0 or 1 as /dev/shm's own use leaves room
+    assert cap in (0, 1) and workers <= cap
+    assert any("Memory allows at most" in r for r in doc["reasons"])

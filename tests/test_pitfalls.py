@@ -67,6 +67,32 @@ def test_shm_pressure_from_batches_in_flight():
     assert pitfalls.shm_pressure(0, 0, 4 * 2**20, shm) == []
 
 
+def test_shm_pressure_counts_the_nodes_ranks_and_says_when_batches_will_not_fit():
+    shm = {"free_mb": 64.0, "total_mb": 64.0}
+    near = pitfalls.shm_pressure(2, 2, 8 * 2**20, shm)[0]  # 32 MB: half of it
+    assert not near.evidence["will_not_fit"] and "may die" in near.message
+    # the same loader on each of a node's 4 ranks: 128 MB against 64
+    crossing = pitfalls.shm_pressure(2, 2, 8 * 2**20, shm, ranks=4, estimated=True)[0]
+    assert crossing.evidence == {"in_flight_mb": 128.0, "shm_free_mb": 64.0, "ranks": 4,
+                                 "will_not_fit": True, "estimated": True}
+    assert "x 4 ranks on this node" in crossing.message and "sample 0 x batch_size" in \
+        crossing.message and "will die" in crossing.message
+    for fix in ("fewer workers", "prefetch_factor", "--shm-size", "file_system"):
+        assert fix in crossing.message
+    assert "set_sharing_strategy('file_system')" in crossing.fix
+
+
+def test_a_smaller_shm_can_be_rehearsed(monkeypatch):
+    from dataloader_tuner import system
+
+    monkeypatch.setenv(system.SHM_MB_ENV, "64")
+    shm = system.shm_usage()
+    assert shm is not None and shm["total_mb"] == 64.0 and shm["rehearsed"]
+    assert shm["free_mb"] == 64.0 - shm["used_mb"] and shm["used_mb"] <= 64.0
+    monkeypatch.delenv(system.SHM_MB_ENV)
+    assert not system.shm_usage()["rehearsed"]
+
+
 def test_rng_only_flagged_when_workers_share_a_state():
     same = [{"worker_id": w, "probe": {"rng_used": {"self.rng": "abc"}}} for w in (0, 1, 2)]
     found = pitfalls.duplicated_rng(same)

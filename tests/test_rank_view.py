@@ -113,6 +113,15 @@ def test_nodes_are_seen_through_their_ranks_reports():
     assert loads[0].memory_mb == 1900.0 and loads[1].shm_used_mb == 2048.0
 
 
+def test_a_node_whose_shm_fills_is_warned_while_the_job_runs():
+    calm, full = node_loads([report(0, 0, shm_used_mb=10.0, shm_total_mb=64.0),
+                             report(1, 1, shm_used_mb=58.0, shm_total_mb=64.0)])
+    assert calm.shm_warning() is None
+    warning = full.shm_warning()
+    assert warning is not None and "91% full (58 of 64 MB)" in warning
+    assert "--shm-size" in warning and "prefetch_factor" in warning
+
+
 def test_figures_come_from_a_rank_s_batches():
     batches = [BatchRecord(i, 0, i * 0.010, 0.002, 0.008, 32, None, 0, 1, i * 0.010, 0.006,
                            0.001) for i in range(50)]

@@ -318,20 +318,41 @@ def worker_memory_growth(resources: Sequence[dict[str, Any]]) -> list[Diagnostic
                        SERIALIZE_FIX if copy_on_read else CACHE_FIX)]
 
 
+SHM_FIX = ("docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / a lower "
+           "prefetch_factor; or, first in the script:\n"
+           "torch.multiprocessing.set_sharing_strategy('file_system')")
+
+
 def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
-                 shm: dict[str, Any] | None) -> list[Diagnostic]:
+                 shm: dict[str, Any] | None, ranks: int = 1,
+                 estimated: bool = False) -> list[Diagnostic]:
+    """Batches in flight (workers x prefetch_factor x batch bytes, for each of the node's
+    ``ranks``) against the free space of /dev/shm, where worker batches travel: a warning at
+    half of it, and one that says the run will fail once they would not fit. ``estimated``:
+    the batch's bytes come from sample 0 times the batch size (no batch made yet)."""
     if not num_workers or not batch_bytes or not shm or not shm.get("free_mb"):
         return []
-    in_flight_mb = num_workers * prefetch * batch_bytes / 2**20
-    if in_flight_mb < SHM_SHARE * shm["free_mb"]:
+    ranks = max(ranks, 1)
+    in_flight_mb = ranks * num_workers * prefetch * batch_bytes / 2**20
+    free_mb = shm["free_mb"]
+    if in_flight_mb < SHM_SHARE * free_mb:
         return []
+    each = f"{batch_bytes / 2**20:.1f} MB" + (" (sample 0 x batch_size)" if estimated else "")
+    node = f" x {ranks} ranks on this node" if ranks > 1 else ""
+    where = (f"the {free_mb:.0f} MB free in /dev/shm"
+             + (f" (rehearsed as {shm['total_mb']:.0f} MB)" if shm.get("rehearsed") else ""))
+    verdict = (f"more than {where}: workers will die with a bus error or 'No space left on "
+               "device'" if in_flight_mb >= free_mb else
+               f"more than half of {where}: workers may die with a bus error")
     return [Diagnostic(
         "shm_too_small", "warning",
-        f"Batches in flight ({num_workers} workers x prefetch {prefetch} x "
-        f"{batch_bytes / 2**20:.1f} MB = {in_flight_mb:.0f} MB) need more than half of the "
-        f"{shm['free_mb']:.0f} MB free in /dev/shm: workers may die with a bus error.",
-        {"in_flight_mb": round(in_flight_mb, 1), "shm_free_mb": round(shm["free_mb"], 1)},
-        "docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / prefetch_factor")]
+        f"Batches in flight ({num_workers} workers x prefetch {prefetch} x {each}{node} = "
+        f"{in_flight_mb:.0f} MB) need {verdict}. Fixes: fewer workers or a lower "
+        "prefetch_factor, a larger /dev/shm (a container's --shm-size), or the file_system "
+        "sharing strategy.",
+        {"in_flight_mb": round(in_flight_mb, 1), "shm_free_mb": round(free_mb, 1),
+         "ranks": ranks, "will_not_fit": in_flight_mb >= free_mb, "estimated": estimated},
+        SHM_FIX)]
 
 
 def cpu_oversubscription(num_workers: int, system: SystemSnapshot, cpu_share: float | None,

@@ -32,6 +32,7 @@ REPORT_S = 2.0
 FINAL_WAIT_S = 3.0
 STALLED_S = 30.0  # no batch for this long while the other ranks get theirs: the rank is stuck
 SATURATED_CPU_PCT = 90.0  # a node this busy has no CPU left for its loaders' workers
+SHM_FULL_SHARE = 0.8  # a node's /dev/shm this full is said while the job runs
 GROWING_MB_PER_MIN = 50.0  # memory growth that is named (with at least MIN_GROWTH_MB in all)
 MIN_GROWTH_MB = 200.0
 # A rank's last word, and the state it puts the rank in ("lost": its run in a shared history
@@ -169,6 +170,19 @@ class NodeLoad:
     @property
     def saturated(self) -> bool:
         return self.cpu_pct is not None and self.cpu_pct >= SATURATED_CPU_PCT
+
+    def shm_warning(self) -> str | None:
+        """Said while the job runs, once the node's /dev/shm is SHM_FULL_SHARE full: workers
+        die with a bus error when a batch no longer fits."""
+        used, total = self.shm_used_mb, self.shm_total_mb
+        if used is None or not total or used < SHM_FULL_SHARE * total:
+            return None
+        return (f"Node {self.node} ({self.host}): /dev/shm is {used / total:.0%} full "
+                f"({used:.0f} of {total:.0f} MB). Worker batches travel through it: when one "
+                "no longer fits, workers die with a bus error or 'No space left on device'. "
+                "Fixes: fewer workers or a lower prefetch_factor on its ranks, a larger /dev/shm "
+                "(a container's --shm-size), or torch.multiprocessing.set_sharing_strategy"
+                "('file_system').")
 
 
 def node_loads(summaries: Sequence[RankSummary]) -> list[NodeLoad]:

@@ -33,6 +33,7 @@ class RunSoFar(Protocol):
     torch_version: str | None
     warmup_batches: int
     counting: dict[str, Any] | None
+    ranks_on_node: int
     batches: list[BatchRecord]
     resources: list[dict[str, Any]]
     epochs: list[dict[str, Any]]
@@ -226,7 +227,8 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
                                         length)
     found += pitfalls.worker_memory_growth(live.resources)
     if system is not None:  # the machine as the child saw it (none if it failed first)
-        found += pitfalls.shm_pressure(workers, prefetch, per_batch["bytes"], system.shm)
+        found += shm_check(config, live.dataset, system.shm, live.ranks_on_node,
+                           per_batch["bytes"])
         found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(made),
                                                live.tuned_workers)
         found += pitfalls.thread_oversubscription(live.resources, workers, system.cores)
@@ -234,6 +236,28 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
     return found
+
+
+def shm_check(config: dict[str, Any], dataset: DatasetCard | None, shm: dict[str, Any] | None,
+              ranks: int = 1, batch_bytes: float | None = None) -> list[Diagnostic]:
+    """/dev/shm against the batches these settings keep in flight: from the batches measured,
+    or before any is made from sample 0 (a run about to start, the dashboard's settings)."""
+    workers = config.get("num_workers") or 0
+    prefetch = config.get("prefetch_factor") or (2 if workers else 0)
+    estimated = batch_bytes is None
+    if estimated:
+        batch_bytes = expected_batch_bytes(dataset, config)
+    return pitfalls.shm_pressure(workers, prefetch, batch_bytes, shm, ranks, estimated)
+
+
+def expected_batch_bytes(dataset: DatasetCard | None, config: dict[str, Any]) -> float | None:
+    """A batch's bytes before any is made: sample 0's times the batch size (a dataset that
+    yields whole batches, batch_size=None, yields one per item), or None when not known."""
+    if dataset is None or not dataset.sample_bytes:
+        return None
+    if "batch_size" in config and config["batch_size"] is None:
+        return float(dataset.sample_bytes)
+    return float(dataset.sample_bytes) * (config.get("batch_size") or 1)
 
 
 def fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:

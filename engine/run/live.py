@@ -39,6 +39,7 @@ class LiveRun:
         self.torch_version: str | None = None
         self.warmup_batches = 1
         self.counting: dict | None = None  # how samples and bytes are counted (child.py)
+        self.ranks_on_node = 1  # loaders sharing this machine's /dev/shm (a torchrun job's)
         self.batches: list[BatchRecord] = []
         self.resources: list[dict] = []  # flat rows: t, pid, role, worker_id, cpu_percent, rss_mb
         self.gpu_samples: list[dict] = []
@@ -75,6 +76,7 @@ class LiveRun:
             self.warmup_batches = event.warmup_batches
             self.counting = event.counting
             self.mode = event.mode
+            self.ranks_on_node = event.ranks_on_node
         elif isinstance(event, protocol.Trial):
             self.trials.append(event.trial)
         elif isinstance(event, protocol.Tuned):

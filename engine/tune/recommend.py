@@ -266,7 +266,10 @@ def main_process_reason(groups: dict[int, list[TrialResult]], has_consumer: bool
 
 def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Limits,
               has_consumer: bool, batch_size: int | None) -> Recommendation:
-    groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None])
+    cap = limits.memory_max_workers
+    # Counts whose batches would not fit in memory or /dev/shm are never picked, measured or not.
+    groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None
+                         and (cap is None or t.num_workers <= cap)])
     n, why = pick_fed(groups) if has_consumer else pick_fastest(groups, limits)
     chosen = groups[n]
     rate = median_rate(chosen)
@@ -281,7 +284,9 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
         reasons.append(main_process_reason(groups, has_consumer))
     if limits.memory_binds:
         reasons.append(f"Memory allows at most {limits.memory_max_workers} workers here "
-                       "(worker memory plus batches in flight against free RAM and /dev/shm).")
+                       "(worker memory plus batches in flight against free RAM and /dev/shm"
+                       + (f", for each of the node's {limits.local_world_size} ranks"
+                          if limits.local_world_size > 1 else "") + ").")
     nodes = [t.node_samples_per_s for t in chosen if t.node_samples_per_s]
     if limits.local_world_size > 1 and nodes:
         reasons.append(f"Measured with {limits.local_world_size} loaders running at once, one "
@@ -293,6 +298,12 @@ def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Li
     pin, pin_reason = pin_memory_decision(chosen, limits)
     persistent, persistent_reason = persistent_decision(n, chosen, limits, rate)
     prefetch, prefetch_reason = prefetch_decision(n, chosen, has_consumer)
+    cap = limits.memory_max_workers
+    if prefetch is not None and cap is not None and n * prefetch > 2 * cap:
+        # The memory cap holds at prefetch_factor=2: a deeper queue would not fit.
+        prefetch, prefetch_reason = None, (
+            f"prefetch_factor left at 2: {prefetch} batches in flight per worker would not fit "
+            "in the memory and /dev/shm that cap the workers.")
     reasons += [r for r in (pin_reason, persistent_reason, prefetch_reason) if r]
     kwargs: dict[str, int | bool | None] = {"batch_size": batch_size, "num_workers": n,
                                             "pin_memory": pin}

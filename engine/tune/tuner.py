@@ -71,17 +71,18 @@ def shrink(n: int) -> int:
 
 
 def memory_max_workers(one_worker: TrialResult, system: SystemSnapshot,
-                       prefetch: int = 2) -> int | None:
-    """Workers that fit: private memory each plus batches in flight, against free RAM and shm."""
+                       prefetch: int = 2, ranks: int = 1) -> int | None:
+    """Workers that fit: private memory each plus batches in flight, against free RAM and shm,
+    which the node's ``ranks`` loaders share."""
     batch_mb = (one_worker.batch_bytes or 0) / 2**20
-    per_worker = (one_worker.worker_private_mb or 0) + prefetch * batch_mb
+    per_worker = ((one_worker.worker_private_mb or 0) + prefetch * batch_mb) * max(ranks, 1)
     caps = []
     if per_worker > 0 and system.ram_available_mb:
         caps.append(int(MEMORY_SHARE * system.ram_available_mb / per_worker))
     shm = system.shm or {}
     if batch_mb > 0 and shm.get("free_mb"):
-        caps.append(int(MEMORY_SHARE * shm["free_mb"] / (prefetch * batch_mb)))
-    return max(min(caps), 1) if caps else None
+        caps.append(int(MEMORY_SHARE * shm["free_mb"] / (max(ranks, 1) * prefetch * batch_mb)))
+    return max(min(caps), 0) if caps else None  # 0: no worker's batches fit
 
 
 class Tuner:
@@ -146,7 +147,7 @@ class Tuner:
     def run(self) -> TuneOutcome:
         self.started = self.clock()
         profile = self._probe()
-        if profile is not None:
+        if profile is not None and self.max_n >= 1:
             start = (profile.fed_workers(self.max_n) if self.has_consumer
                      else profile.peak_workers(self.max_n))
             if self.has_consumer or profile.predict(start) > profile.predict(0):
@@ -176,7 +177,7 @@ class Tuner:
         one = self._measure(1, "probe")
         if not serial or not one:
             return None
-        cap = memory_max_workers(one[0], self.system)
+        cap = memory_max_workers(one[0], self.system, ranks=self.limits.local_world_size)
         if cap is not None and cap < self.max_n:
             self.max_n = cap
             self.limits = replace(self.limits, memory_max_workers=cap)

@@ -462,6 +462,7 @@ class WatchedLoader:
             warmup_batches=self.config.warmup_batches,
             counting=counting,
             torch=torch.__version__,
+            ranks_on_node=self.rank.local_world_size if self.rank else 1,
         )
 
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from dataloader_tuner import protocol
-from dataloader_tuner.analyse.report import render_text
+from dataloader_tuner.analyse.report import render_text, shm_check
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, error_doc, non_negative_float,
                                        non_negative_int, positive_int, print_json,
@@ -84,6 +84,10 @@ class Progress:
         self.last = 0.0
 
     def on_event(self, event: protocol.Event) -> None:
+        if isinstance(event, protocol.Ready):  # as the workers start, so the user sees it first
+            for warning in shm_check(event.config, event.dataset, event.system.shm,
+                                     event.ranks_on_node):
+                sys.stderr.write(f"warning [{warning.code}]: {warning.message}\n")
         if not self.enabled:
             return
         if isinstance(event, protocol.Batches):
