@@ -209,7 +209,6 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     config = live.config or {}
     system = live.system
     workers = config.get("num_workers") or 0
-    prefetch = config.get("prefetch_factor") or (2 if workers else 0)
     found: list[Diagnostic] = []
     length = live.dataset.length if live.dataset is not None else None
     if live.error is None and live.finished_reason is not None:  # not while a run is starting

@@ -31,7 +31,7 @@ from dataloader_tuner.child.measure import Consumer, Measurement
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.tune.recommend import Limits, Recommendation
+from dataloader_tuner.tune.recommend import Limits
 from dataloader_tuner.settings import recommended_config, snippet_names
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
