@@ -117,15 +117,13 @@ def shm_usage() -> dict | None:
     except OSError:
         return None
     total, used = usage.total / MB, usage.used / MB
-    rehearsed = os.environ.get(SHM_MB_ENV)
-    if rehearsed:
-        try:
-            total = float(rehearsed)
-        except ValueError:
-            pass  # not a number: the real size
+    rehearsed = False
+    try:
+        total, rehearsed = float(os.environ[SHM_MB_ENV]), True
         used = min(used, total)
-    return {"total_mb": total, "used_mb": used, "free_mb": total - used,
-            "rehearsed": bool(rehearsed)}
+    except (KeyError, ValueError):
+        pass  # not set, or not a number: the real size
+    return {"total_mb": total, "used_mb": used, "free_mb": total - used, "rehearsed": rehearsed}
 
 
 def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:

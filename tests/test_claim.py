@@ -118,3 +118,19 @@ def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
     plain = sorted(ratios)[1]
     slack = 0.15 + (baseline["speedup_pct"] or 0) / 100
     assert abs(baseline["speedup"] / plain - 1) <= slack, (baseline, ratios)
+
+
+def test_a_late_trial_that_paid_a_restart_is_not_taken_for_drift():
+    early = [trial(2, 1000.0, rate_ci=0.02)]  # the search keeps its workers
+    restarted = dataclasses.replace(trial(2, 700.0, rate_ci=0.02), restarts_measured=3)
+    assert claim.drift(early, claim.side([restarted, restarted], None), "Your settings") is None
+    kept = trial(2, 700.0, rate_ci=0.02)  # no restart in its window: a real change
+    assert claim.drift(early, claim.side([kept, kept], None), "Your settings") is not None
+
+
+def test_settings_dataloader_runs_alike_need_no_claim():
+    explicit = LoaderConfig(batch_size=16, num_workers=2, prefetch_factor=2)
+    assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=2), explicit)
+    assert not claim.same_settings(LoaderConfig(batch_size=16, num_workers=3), explicit)
+    assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=0),
+                               LoaderConfig(batch_size=16, num_workers=0, pin_memory=False))

@@ -82,6 +82,21 @@ def test_shm_pressure_counts_the_nodes_ranks_and_says_when_batches_will_not_fit(
     assert "set_sharing_strategy('file_system')" in crossing.fix
 
 
+def test_a_full_shm_is_said_to_fit_nothing_and_a_batch_samplers_batches_are_not_guessed():
+    full = pitfalls.shm_pressure(1, 2, 1 * 2**20, {"free_mb": 0.0, "total_mb": 64.0})
+    assert full and full[0].evidence["will_not_fit"]
+    from dataloader_tuner.analyse.report import expected_batch_bytes
+    from dataloader_tuner.record.cards import DatasetCard
+
+    card = DatasetCard(target="t", found_as="dataset", class_name="D", kind="map", length=8,
+                       defines_batch_size=False, module_batch_size=None, has_collate_fn=False,
+                       has_sampler=True, has_train_step=False, has_dataloader_kwargs=False,
+                       sample_bytes=1000)
+    assert expected_batch_bytes(card, {"batch_size": 4}) == 4000.0
+    assert expected_batch_bytes(card, {"batch_size": None}) == 1000.0  # items are batches
+    assert expected_batch_bytes(card, {"batch_sampler": "MySampler"}) is None
+
+
 def test_a_smaller_shm_can_be_rehearsed(monkeypatch):
     from dataloader_tuner import system
 
@@ -89,6 +104,8 @@ def test_a_smaller_shm_can_be_rehearsed(monkeypatch):
     shm = system.shm_usage()
     assert shm is not None and shm["total_mb"] == 64.0 and shm["rehearsed"]
     assert shm["free_mb"] == 64.0 - shm["used_mb"] and shm["used_mb"] <= 64.0
+    monkeypatch.setenv(system.SHM_MB_ENV, "lots")  # not a number: the real size, unlabelled
+    assert not system.shm_usage()["rehearsed"]
     monkeypatch.delenv(system.SHM_MB_ENV)
     assert not system.shm_usage()["rehearsed"]
 

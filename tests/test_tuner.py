@@ -119,6 +119,26 @@ def test_memory_caps_the_worker_count():
     assert cap == min(int(0.5 * 12000 / 1200), int(0.5 * 4000 / 200))
 
 
+def test_the_memory_cap_counts_the_nodes_ranks_and_a_full_shm_allows_no_worker():
+    one = trial(1, 100, private_mb=10.0, bytes_=10 * 2**20)
+    system = SystemSnapshot.from_dict({"ram_available_mb": 100000, "shm": {"free_mb": 400}})
+    assert memory_max_workers(one, system) == int(0.5 * 400 / 20)
+    assert memory_max_workers(one, system, ranks=4) == int(0.5 * 400 / (4 * 20))
+    full = SystemSnapshot.from_dict({"ram_available_mb": 100000, "shm": {"free_mb": 0.0}})
+    assert memory_max_workers(one, full) == 0
+
+
+def test_a_cap_of_no_workers_measures_no_more_workers_and_picks_the_main_process():
+    sim = Simulated(lambda n: 1000.0 + 30 * n, worker_ms=10.0, cpu_ms=9.0)
+    system = SystemSnapshot.from_dict({**SYSTEM_DOC, "shm": {"free_mb": 0.0}})
+    tuner = Tuner(lambda spec: replace(sim(spec), batch_bytes=2**20), limits(), system,
+                  has_consumer=False, step_on_cpu=False, budget_s=60.0, batch_size=16)
+    outcome = tuner.run()
+    assert sim.calls == [0, 1]  # the probes only: nothing above the cap is measured again
+    assert outcome.recommendation.kwargs["num_workers"] == 0
+    assert outcome.limits.memory_max_workers == 0
+
+
 def test_cost_profile_limits():
     serial = trial(0, 1000.0)
     one = trial(1, 1600.0, worker_ms=10.0, cpu_ms=9.8, main_cpu_ms=0.2)

@@ -330,7 +330,7 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
     ``ranks``) against the free space of /dev/shm, where worker batches travel: a warning at
     half of it, and one that says the run will fail once they would not fit. ``estimated``:
     the batch's bytes come from sample 0 times the batch size (no batch made yet)."""
-    if not num_workers or not batch_bytes or not shm or not shm.get("free_mb"):
+    if not num_workers or not batch_bytes or not shm or shm.get("free_mb") is None:
         return []
     ranks = max(ranks, 1)
     in_flight_mb = ranks * num_workers * prefetch * batch_bytes / 2**20

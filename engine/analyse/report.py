@@ -252,8 +252,8 @@ def shm_check(config: dict[str, Any], dataset: DatasetCard | None, shm: dict[str
 def expected_batch_bytes(dataset: DatasetCard | None, config: dict[str, Any]) -> float | None:
     """A batch's bytes before any is made: sample 0's times the batch size (a dataset that
     yields whole batches, batch_size=None, yields one per item), or None when not known."""
-    if dataset is None or not dataset.sample_bytes:
-        return None
+    if dataset is None or not dataset.sample_bytes or "batch_sampler" in config:
+        return None  # (a batch sampler's batch size is its own)
     if "batch_size" in config and config["batch_size"] is None:
         return float(dataset.sample_bytes)
     return float(dataset.sample_bytes) * (config.get("batch_size") or 1)

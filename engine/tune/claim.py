@@ -55,6 +55,11 @@ def items_per_s(trial: TrialResult) -> float:
     return trial.samples_per_s
 
 
+def paid_restart(trial: TrialResult) -> bool:
+    """Its workers restarted inside its steady window: its rate includes their start-up."""
+    return bool(trial.num_workers and not trial.persistent_workers and trial.restarts_measured)
+
+
 def startup_charge_s(trial: TrialResult) -> float:
     """What one epoch's start of this setting costs beyond a steady batch, in seconds; 0 when
     its workers are kept (or there are none) or its window already paid it."""
@@ -80,13 +85,13 @@ class Side:
     rate: float  # mean of the trials, start-up charged
     measured_rate: float  # mean of the trials as measured
     uncertainty_pct: float | None
-    startup_s: float  # the start-up charged per epoch (0: none)
+    startup_s: float  # the start-up charged per epoch, the trials' mean (0: none)
 
 
 def side(trials: list[TrialResult], epoch_items: int | None) -> Side:
     return Side(trials, statistics.fmean(charged_rate(t, epoch_items) for t in trials),
                 statistics.fmean(t.samples_per_s for t in trials), uncertainty_pct(trials),
-                statistics.median(startup_charge_s(t) for t in trials))
+                statistics.fmean(startup_charge_s(t) for t in trials))
 
 
 @dataclass(frozen=True)
@@ -139,11 +144,14 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
 def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
     """A warning when ``who``'s trials early in the tune and at its end disagree beyond their
     noise (and by DRIFT_MIN at least): the data source or the machine changed while tuning."""
-    if not early:
+    # A late window that paid a restart the search's never did is slower by start-up, not drift.
+    late_trials = [t for t in late.trials if not paid_restart(t)]
+    if not early or not late_trials:
         return None
     before = statistics.median(t.samples_per_s for t in early)
-    after = late.measured_rate
-    noise = [p / 100.0 for p in (uncertainty_pct(early), late.uncertainty_pct) if p is not None]
+    after = statistics.fmean(t.samples_per_s for t in late_trials)
+    noise = [p / 100.0 for p in (uncertainty_pct(early), uncertainty_pct(late_trials))
+             if p is not None]
     allowed = max(DRIFT_MIN, 2 * sum(n ** 2 for n in noise) ** 0.5)
     change = after / before - 1.0
     if abs(change) <= allowed:
@@ -166,13 +174,22 @@ def setting(num_workers: int, prefetch_factor: int | None, pin_memory: bool
     return (num_workers, (prefetch_factor or 2) if num_workers else None, bool(pin_memory))
 
 
+def same_settings(a: LoaderConfig, b: LoaderConfig) -> bool:
+    """Two configs DataLoader runs alike (prefetch_factor None is 2 with workers)."""
+    return (setting(a.num_workers, a.prefetch_factor, a.pin_memory)
+            == setting(b.num_workers, b.prefetch_factor, b.pin_memory)
+            and bool(a.persistent_workers and a.num_workers)
+            == bool(b.persistent_workers and b.num_workers)
+            and a.batch_size == b.batch_size)
+
+
 def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResult]:
     """The search's trials of ``config``'s setting whose rate paid no restart the end's might
     not (the search keeps workers; a window without an epoch start paid none)."""
     wanted = setting(config.num_workers, config.prefetch_factor, config.pin_memory)
     return [t for t in early if t.phase not in ("prewarm", "baseline", "final")
             and setting(t.num_workers, t.prefetch_factor, t.pin_memory) == wanted
-            and (t.persistent_workers == config.persistent_workers or not t.restarts_measured)]
+            and not paid_restart(t)]
 
 
 def end_reason(result: Claim, source: str) -> str:
@@ -181,7 +198,8 @@ def end_reason(result: Claim, source: str) -> str:
     text = (f"Measured at the end of the tune, in turn with {source} "
             f"({len(result.pick.trials)} trials each): {result.pick.rate:.0f} samples/s "
             f"against {result.base.rate:.0f}")
-    charged = [f"{who} {s.startup_s:.2f} s of worker start-up per epoch"
+    charged = [f"{who} {s.startup_s:.2f} s of worker start-up per epoch "
+               f"({s.measured_rate:.0f} samples/s as measured)"
                for who, s in (("the pick", result.pick), ("your settings", result.base))
                if s.startup_s > 0]
     if charged:

@@ -184,7 +184,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             raise no_steady_state_error(attempts, config) from exc
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
-        if final.tuned_key == config.tuned_key:
+        if claim.same_settings(final, config):
             outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
             baseline = _baseline(resolved, config, consumer, outcome, on_trial, source,
                                  companions)
@@ -256,7 +256,9 @@ def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderC
         rec = replace(rec, expected_samples_per_s=result.pick.rate,
                       uncertainty_pct=result.pick.uncertainty_pct,
                       conclusive=all(t.conclusive for t in result.pick.trials))
-        if result.slower:  # the end measured the user's settings faster: they are kept
+        cap = outcome.limits.memory_max_workers
+        if result.slower and (cap is None or config.num_workers <= cap):
+            # The end measured the user's settings faster (and they fit in memory): kept.
             reasons.insert(0, claim.keep_reason(result, source))
             rec = replace(rec, kwargs=own_kwargs(config),
                           expected_samples_per_s=result.base.rate,
@@ -271,7 +273,9 @@ def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderC
     baseline = {
         "source": source,
         "config": config.to_json_dict(),
-        "samples_per_s": base.rate if base is not None else None,
+        # as measured; the claim charges each side its start-up per epoch (claim.py)
+        "samples_per_s": base.measured_rate if base is not None else None,
+        "charged_samples_per_s": base.rate if base is not None else None,
         "consumer_idle_frac": statistics.median(idles) if idles else None,
         **result.to_dict(),
     }

@@ -80,7 +80,7 @@ def memory_max_workers(one_worker: TrialResult, system: SystemSnapshot,
     if per_worker > 0 and system.ram_available_mb:
         caps.append(int(MEMORY_SHARE * system.ram_available_mb / per_worker))
     shm = system.shm or {}
-    if batch_mb > 0 and shm.get("free_mb"):
+    if batch_mb > 0 and shm.get("free_mb") is not None:  # 0 free: no worker fits
         caps.append(int(MEMORY_SHARE * shm["free_mb"] / (max(ranks, 1) * prefetch * batch_mb)))
     return max(min(caps), 0) if caps else None  # 0: no worker's batches fit
 
@@ -178,8 +178,8 @@ class Tuner:
         if not serial or not one:
             return None
         cap = memory_max_workers(one[0], self.system, ranks=self.limits.local_world_size)
-        if cap is not None and cap < self.max_n:
-            self.max_n = cap
+        if cap is not None:  # kept even where it does not bind: recommend() reads it
+            self.max_n = min(self.max_n, cap)
             self.limits = replace(self.limits, memory_max_workers=cap)
         return costmodel.learn(serial[0], one[0], self.limits.cpu_budget, self.step_on_cpu)
 
@@ -210,7 +210,8 @@ class Tuner:
             current = nxt
 
     def _measured(self) -> list[int]:
-        return sorted({t.num_workers for t in self.trials})
+        """The worker counts measured that memory allows (a probe may be above the cap)."""
+        return sorted({t.num_workers for t in self.trials if t.num_workers <= self.max_n})
 
     def _measure_floor(self) -> None:
         """Measure one high worker count once: "fed" is judged against the least idle any
@@ -242,7 +243,7 @@ class Tuner:
         """With a consumer the decision is where "fed" begins: the current pick and the count
         just below it, when that one's idle is near enough the band for noise to decide
         (trials this short measure idle to about +-1.5 points)."""
-        pick, _ = pick_fed(by_workers(self.trials))
+        pick, _ = pick_fed(by_workers([t for t in self.trials if t.num_workers <= self.max_n]))
         best = max(scores.values())  # scores are -idle
         below = [n for n in scores if n < pick]
         if below and scores[max(below)] >= best - 2 * LESS_IDLE_GAIN:
