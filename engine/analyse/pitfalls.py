@@ -318,6 +318,9 @@ def worker_memory_growth(resources: Sequence[dict[str, Any]]) -> list[Diagnostic
                        SERIALIZE_FIX if copy_on_read else CACHE_FIX)]
 
 
+# What frees /dev/shm for batches in flight, in words (a run's diagnostic, a job's node).
+SHM_FIXES = ("Fixes: fewer workers or a lower prefetch_factor, a larger /dev/shm (a container's "
+             "--shm-size), or torch.multiprocessing.set_sharing_strategy('file_system').")
 SHM_FIX = ("docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / a lower "
            "prefetch_factor; or, first in the script:\n"
            "torch.multiprocessing.set_sharing_strategy('file_system')")
@@ -347,9 +350,7 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
     return [Diagnostic(
         "shm_too_small", "warning",
         f"Batches in flight ({num_workers} workers x prefetch {prefetch} x {each}{node} = "
-        f"{in_flight_mb:.0f} MB) need {verdict}. Fixes: fewer workers or a lower "
-        "prefetch_factor, a larger /dev/shm (a container's --shm-size), or the file_system "
-        "sharing strategy.",
+        f"{in_flight_mb:.0f} MB) need {verdict}. {SHM_FIXES}",
         {"in_flight_mb": round(in_flight_mb, 1), "shm_free_mb": round(free_mb, 1),
          "ranks": ranks, "will_not_fit": in_flight_mb >= free_mb, "estimated": estimated},
         SHM_FIX)]

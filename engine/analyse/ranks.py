@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
+from dataloader_tuner.analyse.pitfalls import SHM_FIXES
 from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
@@ -179,10 +180,8 @@ class NodeLoad:
             return None
         return (f"Node {self.node} ({self.host}): /dev/shm is {used / total:.0%} full "
                 f"({used:.0f} of {total:.0f} MB). Worker batches travel through it: when one "
-                "no longer fits, workers die with a bus error or 'No space left on device'. "
-                "Fixes: fewer workers or a lower prefetch_factor on its ranks, a larger /dev/shm "
-                "(a container's --shm-size), or torch.multiprocessing.set_sharing_strategy"
-                "('file_system').")
+                f"no longer fits, workers die with a bus error or 'No space left on device'. "
+                f"{SHM_FIXES}")
 
 
 def node_loads(summaries: Sequence[RankSummary]) -> list[NodeLoad]:

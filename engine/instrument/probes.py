@@ -111,10 +111,12 @@ class _FetchTimer:
         self.total += end - start
 
     def first_fetch_here(self) -> bool:
-        """True once per process (a forked worker starts afresh, see _after_fork)."""
+        """True once per process (a forked worker starts afresh, see _after_fork), which then
+        offers its stack to a hang report (offer_stack)."""
         if self.probed:
             return False
         self.probed = True
+        offer_stack()
         return True
 
 
@@ -217,9 +219,8 @@ class TimedMapDataset(Dataset):
         # Written out here and in TimedCollate, not in methods (why: record/ledger.py's
         # NOTE [ Measuring cost on the fastest batches ]).
         timer = _timer
-        if not timer.probed:
-            timer.probed = True
-            offer_stack()
+        if not timer.probed:  # the attribute, not the method, on every batch after the first
+            timer.first_fetch_here()
             before = rng_state(self.inner)
             items = self.__getitems__(indices)
             timer.probe = rng_probe(before, rng_state(self.inner))
@@ -289,8 +290,6 @@ class TimedIterableDataset(IterableDataset):
 
     def __iter__(self):
         probing = _timer.first_fetch_here()
-        if probing:
-            offer_stack()
         before = rng_state(self.inner) if probing else None
         iterator = iter(self.inner)
         timer = _timer

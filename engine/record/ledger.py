@@ -104,7 +104,7 @@ class BatchLedger:
         # What the loader itself raised in the last next() (not the bookkeeping around it): a
         # tuned loop drops a setting for that only.
         self.next_error: BaseException | None = None
-        self.seen_pids = {0}  # pid 0: an unprobed batch's (no worker to note)
+        self.seen_pids: set[int] = set()
 
     def new_epoch(self) -> EpochMark:
         """An epoch starts now: its start-up runs from here to its first batch."""
