@@ -176,3 +176,6 @@ def warnings_list(warnings: Sequence[Diagnostic]) -> None:
              icon="ℹ️" if warning.severity == "info" else "⚠️")
         if warning.fix:
             st.code(warning.fix, language="python")
+        if warning.evidence.get("stack"):  # where a late batch was (analyse/stalls.py)
+            with st.expander("Where it was: the Python stack"):
+                st.code(warning.evidence["stack"], language="text")

@@ -16,6 +16,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ LateTimings  GPU times resolved after their rows
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
+    <------------------------------------------ Overdue  a batch late, who holds it (stalls.py)
     <------------------------------------------ Trial    one measured setting (tune runs)
     <------------------------------------------ Tuned    the recommendation (tune runs)
     <------------------------------------------ Labels   class counts, at the end
@@ -46,6 +47,7 @@ DEFAULT_SECONDS = 15.0
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUDGET_S = 45.0
 DEFAULT_MAX_WORKERS = 32
+MAX_OVERDUE = 8  # Overdue reports a run sends at most (NOTE [ When a batch is overdue ])
 EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
 RUN_KINDS = ("profile", "tune", "verify", "inspect")
 
@@ -201,6 +203,20 @@ class WarningCaught:
 
 
 @dataclass(frozen=True)
+class Overdue:
+    """The loop has waited far longer than usual for batch ``seq`` (instrument/stalls.py)."""
+
+    kind: ClassVar[str] = "overdue"
+    seq: int
+    t: float  # when the loop asked for it (since the run's start)
+    waited_s: float  # how long it had waited when reported
+    usual_s: float | None  # the loop's usual time per batch then (None: none measured yet)
+    opening: bool  # the first batch of an epoch, its workers' start-up included
+    # who holds it, oldest first: {worker_id, indices, stack} (stalls.where_stuck)
+    outstanding: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measured setting: an offline tune's trial, or a watched job's in-place decision."""
 
@@ -242,10 +258,10 @@ def _label(key: str) -> int | str:
 
 
 Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
-              Trial, Tuned, Error, Finished]
+              Overdue, Trial, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Trial, Tuned,
-    Error, Finished)}
+    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Overdue, Trial,
+    Tuned, Error, Finished)}
 
 
 def to_wire(event: Event) -> dict[str, Any]:

@@ -142,3 +142,18 @@ def _has_gpu() -> bool:
     from dataloader_tuner.instrument import gpu
 
     return gpu.cuda_available()
+
+
+@pytest.mark.slow  # 6 s
+def test_a_slow_sample_is_named_while_the_run_goes_on(db_path):
+    """Sample 40 takes 1.6 s, the rest 1 ms: the batch holding it is reported overdue with its
+    worker, indices and line, and the run ends "ok" with every batch measured."""
+    code, doc, _ = profile(dataset_path("slow_indices.py"), "--num-workers", "2", "--seconds",
+                           "4", db=db_path)
+    assert code == 0 and doc["status"] == "ok", doc.get("error")
+    late = {w["code"]: w for w in doc["warnings"]}["overdue_batch"]
+    first = late["evidence"]["batches"][0]
+    assert first["seq"] == 10 and first["indices"] == [40, 41, 42, 43]
+    assert first["worker_id"] == 0 and first["took_s"] >= 1.5
+    assert first["at"] == "slow_indices.py:18 in __getitem__"
+    assert "slow_indices.py" in late["evidence"]["stack"]

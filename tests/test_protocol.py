@@ -36,6 +36,8 @@ EXAMPLES = [
     protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),
     protocol.Labels({0: 880, 9: 40}, "dataset"),
     protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
+    protocol.Overdue(10, 0.4, 1.2, 0.002, False,
+                     [{"worker_id": 0, "indices": [40, 41], "stack": "File \"d.py\", line 1"}]),
     protocol.Trial(InPlaceTrial(2, 10.0, 0.03, "kept: 12% faster than 1 worker")),
     protocol.Trial(TRIAL),
     protocol.Tuned({"recommended": {"num_workers": 2}}),

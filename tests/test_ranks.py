@@ -188,6 +188,7 @@ def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
                 break
         assert view is not None and view.straggler is not None, launch.poll()
         assert view.straggler[0] == 1 and "waiting" in view.straggler[1]
+        assert "at train.py:14 in __getitem__" in view.straggler[1]  # once reported overdue
         states = {r.summary.rank: r.state for r in view.ranks}
         assert states == {0: "running", 1: "stalled"}
     finally:
@@ -196,6 +197,11 @@ def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
     runs = {run.rank["rank"]: run for run in RunStore(str(db)).list_runs()}
     assert {r: run.status for r, run in runs.items()} == {0: "stopped", 1: "stopped"}, output
     assert runs[1].result.batches == 200
+    # where: the hung rank's own run names its batch, its indices and the line it sleeps on
+    late = {w.code: w for w in runs[1].result.warnings}["overdue_batch"]
+    assert "batch 200 had waited" in late.message and "[800, 801, 802, 803]" in late.message
+    assert "train.py:14 in __getitem__" in late.message, late.message
+    assert "train: batch 200 has taken" in output
 
 
 def test_two_loaders_of_one_name_report_under_keys_of_their_own(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ CODES = {
     # the run's own figures
     "short_run": "too few batches after warm-up for the figures to be sure",
     "measuring_cost": "batches so fast that measuring them shows in the rate",
+    "overdue_batch": "a batch took many times the usual (a slow sample, a stuck worker)",
     # settings and the machine (pitfalls.py)
     "pin_memory_without_gpu": "pin_memory=True with no GPU to copy to",
     "duplicated_random_streams": "workers drawing identical random numbers",

@@ -70,6 +70,8 @@ class RankSummary:
     # Seconds its loop has been inside next() right now (None: it is not): a rank stuck there
     # is held up by its loader, the others wait for it inside their step.
     waiting_for_batch_s: float | None = None
+    # Where the batch it waits for is being made, once reported overdue (analyse/stalls.py)
+    stuck_at: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -143,7 +145,8 @@ def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
         elif s.waiting_for_batch_s is not None and s.waiting_for_batch_s > stalled_s:
             state, note = "stalled", (f"waiting for a batch for {s.waiting_for_batch_s:.0f} s: "
                                       "its loader is stuck (a hung worker or file system, a "
-                                      "deadlock in the dataset)")
+                                      "deadlock in the dataset)"
+                                      + (f", at {s.stuck_at}" if s.stuck_at else ""))
         elif (s.last_batch_age_s is not None and s.last_batch_age_s > stalled_s
               and len(ages) > 1 and statistics.median(ages) < stalled_s / 3):
             state, note = "stalled", (f"no batch for {s.last_batch_age_s:.0f} s while the other "
@@ -228,8 +231,9 @@ def slowest_rank(summaries: Sequence[RankSummary],
     if stuck:
         worst = max(stuck, key=lambda s: s.waiting_for_batch_s or 0)
         return worst.rank, (f"rank {worst.rank} has been waiting {worst.waiting_for_batch_s:.0f} "
-                            "s for a batch: its loader is stuck, and the other ranks wait for it "
-                            "at their next collective.")
+                            "s for a batch: its loader is stuck"
+                            + (f" at {worst.stuck_at}" if worst.stuck_at else "")
+                            + ", and the other ranks wait for it at their next collective.")
     rated = [s for s in summaries if s.samples_per_s]
     if len(rated) < 2:
         return None
@@ -312,10 +316,12 @@ def summary_from_batches(loader: str, rank: dict[str, Any], host: str, pid: int,
     reports are shown from it."""
     batches = list(batches)
     last = batches[-1] if batches else None
+    figures = {k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()}
     return RankSummary(
         loader=loader, rank=rank["rank"], world_size=rank["world_size"],
         local_rank=rank["local_rank"], node=rank["node_rank"], host=host, pid=pid, seq=0,
         status=status, elapsed_s=elapsed_s, batches=last.seq + 1 if last else 0,
-        last_batch_age_s=None,
-        **{k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()},
+        last_batch_age_s=None, samples_per_s=figures["samples_per_s"],
+        input_wait_frac=figures["input_wait_frac"], step_ms=figures["step_ms"],
+        worker_busy_frac=figures["worker_busy_frac"],
         memory_mb=None, node_cpu_pct=None, node_cpus=None, shm_used_mb=None, shm_total_mb=None)

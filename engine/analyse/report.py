@@ -6,12 +6,14 @@ import dataclasses
 from typing import Any, Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
+from dataloader_tuner.analyse.stalls import overdue_batches
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
+from dataloader_tuner.protocol import Overdue
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -43,6 +45,7 @@ class RunSoFar(Protocol):
     trials: list[TrialRecord]
     tune_result: dict[str, Any] | None
     probes: list[dict[str, Any]]
+    overdue: list[Overdue]
     label_counts: dict[Any, int]  # protocol.Labels.counts
     label_source: str
 
@@ -234,6 +237,7 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
     making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
+    found += overdue_batches(live.overdue, live.batches)
     return found
 
 
@@ -307,6 +311,8 @@ def render_text(result: ProfileResult) -> str:
         lines.append(f"{d.severity} [{d.code}]: {d.message}")
         if d.fix:
             lines += ["    fix: " + line for line in d.fix.splitlines()]
+        if d.evidence.get("stack"):
+            lines += ["    " + line for line in d.evidence["stack"].splitlines()]
     return "\n".join(lines)
 
 

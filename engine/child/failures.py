@@ -8,12 +8,11 @@ probes attach (probes.NOTE_PREFIX: which sample, which batch, which field of the
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import sysconfig
 import traceback
 
+from dataloader_tuner.analyse.stalls import stuck_at
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument.probes import NOTE_PREFIX
 
@@ -146,26 +145,3 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
     return RunError(headline, details="\n\n".join(parts), type="hang")
 
 
-FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
-# Frames of these are how the wait is done, not where the user's code waits: this package,
-# torch, and the standard library (not what is installed into it).
-OUR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-TORCH = f"{os.sep}torch{os.sep}"
-
-
-def users_frame(path: str) -> bool:
-    if path.startswith(OUR_PACKAGE) or TORCH in path or path.startswith("<"):
-        return False
-    return not path.startswith(STDLIB) or "-packages" in path
-
-
-def stuck_at(stack: str | None) -> str | None:
-    """"stuck_in_main.py:18 in __getitem__": the innermost frame of the user's code in a stack
-    (most recent call first; a worker's signalled thread, the first block, is read first);
-    None without one."""
-    for block in (stack or "").split("\n\n"):
-        for frame in FRAME.finditer(block):
-            if users_frame(frame["file"]):
-                return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}"
-    return None

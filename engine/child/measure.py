@@ -57,6 +57,8 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     kwargs = config.to_kwargs(torch.__version__)
     auto_collation = config.batch_sampler is not None or config.batch_size is not None
     kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
+    if config.num_workers > 0:
+        kwargs["worker_init_fn"] = probes.OfferingStack(config.worker_init_fn)
     if (config.num_workers > 0 and config.batch_sampler is None and config.batch_size is not None
             and not isinstance(dataset, IterableDataset)):
         # The same batches DataLoader would build from these settings, but remembered, so a
@@ -100,6 +102,7 @@ class Measurement:
         self.gaps = gpu.GapTimer.create()
         self.t0 = 0.0
         self.iterator: Iterator[Any] | None = None
+        self.ledger: BatchLedger | None = None  # the running loop's (a stall watch reads it)
         self.label_counts: dict[int, int] = {}
 
     def run(self) -> int:
@@ -114,7 +117,7 @@ class Measurement:
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         on_batch, should_stop = self.on_batch, self.should_stop
-        ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
+        self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
         next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
         h2d_ms = other_ms = gap_ms = None
@@ -156,21 +159,7 @@ class Measurement:
     def outstanding(self) -> list[dict]:
         """Batches asked for and not yet received: [{worker_id, indices}], oldest first.
         Called from the watchdog thread while the main thread is stuck."""
-        iterator = self.iterator
-        task_info = dict(getattr(iterator, "_task_info", {}) or {})
-        if not task_info:  # no workers: the main process is inside the fetch itself
-            indices = probes.current_indices()
-            return [{"worker_id": -1, "indices": indices}] if indices is not None else []
-        sampler = getattr(self.loader, "batch_sampler", None)
-        sent = sampler.sent if isinstance(sampler, probes.RecordingBatchSampler) else {}
-        waiting = sorted(k for k, info in task_info.items() if len(info) == 1)
-        return [{"worker_id": task_info[k][0], "indices": _short(sent.get(k))}
-                for k in waiting]
-
-    def worker_pid(self, worker_id: int) -> int | None:
-        """The pid of this iterator's worker ``worker_id``, while it runs."""
-        workers = getattr(self.iterator, "_workers", None) or []
-        return workers[worker_id].pid if 0 <= worker_id < len(workers) else None
+        return probes.outstanding(self.iterator, getattr(self.loader, "batch_sampler", None))
 
     def worker_signals(self, grace_s: float = 0.0) -> dict[int, int]:
         """{pid: signal number} of this iterator's workers that were killed by a signal,
@@ -274,10 +263,6 @@ def labels_of_dataset(dataset: Any) -> dict[int, int] | None:
                 counts[label] = counts.get(label, 0) + 1
             return counts
     return None
-
-
-def _short(indices: Any) -> Any:
-    return list(indices)[:64] if isinstance(indices, (list, tuple)) else indices
 
 
 def _format_exc(exc: BaseException) -> str:

@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -41,14 +40,13 @@ from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
-from dataloader_tuner.instrument import probes
+from dataloader_tuner.instrument import probes, stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
 from dataloader_tuner.protocol import RunRequest
 
 WORKER_DEATH_GRACE_S = 1.0
-MAX_STACKS = 4  # workers whose stacks a hang report reads (each answers within a second)
 
 
 class StopRun(BaseException):
@@ -76,6 +74,7 @@ class ChildRun:
         self.parent_pid = request.parent_pid or os.getppid()
         self.measurement: Measurement | None = None
         self.stacks_dir: str | None = None  # made once a loader will run (_run)
+        self.stalls: stalls.StallWatch | None = None  # once batches are measured (_run)
 
     # -- signals and watchdog -------------------------------------------------------------
 
@@ -88,39 +87,39 @@ class ChildRun:
         raise Hang()
 
     def _check_watchdog(self) -> bool:
-        """Parent gone or no progress within the timeout: interrupt the main thread."""
+        """Parent gone, or no batch within the timeout: interrupt the main thread. A batch
+        overdue before that is reported and the run goes on (NOTE [ When a batch is overdue ],
+        stalls.py)."""
         if os.getppid() != self.parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)
             return True
+        now = time.monotonic()
         if self.recorder.rows:  # batches arrived since the last flush
-            self.last_progress = time.monotonic()
+            self.last_progress = now
+        if self.stalls is not None and self.measurement is not None:
+            self.stalls.observe(self.recorder.rows)
+            overdue = self.stalls.check(self.measurement.ledger, now, self._where_stuck)
+            if overdue is not None:
+                self.recorder.events.append(overdue)
         timeout_s = self.request.timeout_s or 0
-        if timeout_s and time.monotonic() - self.last_progress > timeout_s:
-            outstanding = []
-            if self.measurement is not None:
-                try:
-                    outstanding = self.measurement.outstanding()
-                except Exception:  # noqa: BLE001 - a best-effort detail of the report
-                    pass
-            stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
-            for entry in outstanding:  # where each one is stuck
-                worker = entry["worker_id"]
-                if worker not in stacks and len(stacks) < MAX_STACKS:
-                    stacks[worker] = self._stack_of(worker)
-                entry["stack"] = stacks.get(worker)
-            self.hang_info = {"timeout_s": timeout_s, "t": time.monotonic() - self.t0,
-                              "outstanding": outstanding}
+        if timeout_s and now - self.last_progress > timeout_s:
+            self.hang_info = {"timeout_s": timeout_s, "t": now - self.t0,
+                              "outstanding": self._where_stuck()}
             os.kill(os.getpid(), signal.SIGUSR1)
             return True
         return False
 
-    def _stack_of(self, worker_id: int) -> str | None:
-        if worker_id < 0:  # the main process, inside the fetch itself
-            return probes.main_thread_stack()
-        pid = self.measurement.worker_pid(worker_id) if self.measurement is not None else None
-        if pid is None or self.stacks_dir is None:
-            return None
-        return probes.worker_stack(self.stacks_dir, pid)
+    def _where_stuck(self) -> list[dict]:
+        """Who holds the batches the loop waits for, with their stacks (best effort)."""
+        measurement = self.measurement
+        if measurement is None:
+            return []
+        try:
+            return stalls.where_stuck(measurement.iterator,
+                                      getattr(measurement.loader, "batch_sampler", None),
+                                      self.stacks_dir)
+        except Exception:  # noqa: BLE001 - a detail of the report, never its failure
+            return []
 
     def _warning_hook(self, message, category, filename, lineno, file=None, line=None) -> None:
         if self.request.kind == "tune" and "suggested max number of worker" in str(message):
@@ -226,7 +225,7 @@ class ChildRun:
             return
         # Workers write their stacks here when a hang report asks (probes.offer_stack); they
         # inherit the folder's name with the environment, however they are started.
-        self.stacks_dir = tempfile.mkdtemp(prefix=f"dataloader-tuner-stacks-{os.getpid()}-")
+        self.stacks_dir = stalls.new_stacks_folder()
         os.environ[probes.STACKS_ENV] = self.stacks_dir
         # The heap made so far (torch, the user's dataset) out of the collector's reach: NOTE
         # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections
@@ -252,6 +251,7 @@ class ChildRun:
             on_worker=self.recorder.worker_seen,
         )
         self.t0 = self.recorder.t0 = time.monotonic()  # batch and sample times count from here
+        self.stalls = stalls.StallWatch(self.t0)
         measurement.run()
 
     def _tune(self, resolved, config, consumer, system) -> None:

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
@@ -160,6 +160,19 @@ def offer_stack() -> None:
         _stack_file = None
 
 
+class OfferingStack:
+    """A worker_init_fn that offers the worker's stack before the user's own runs (which it
+    then calls): a worker stuck in its init, or in an iterable's start, can be named too."""
+
+    def __init__(self, init_fn: Callable[[int], Any] | None) -> None:
+        self.init_fn = init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        offer_stack()
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+
 def worker_stack(folder: str, pid: int, wait_s: float = 1.0) -> str | None:
     """The Python stack of worker ``pid`` (most recent call first), asked for by signal; None
     when it does not answer within ``wait_s`` (it never fetched, or it is gone)."""
@@ -190,6 +203,24 @@ def main_thread_stack() -> str | None:
     lines = [f'  File "{f.filename}", line {f.lineno} in {f.name}'
              for f in reversed(traceback.extract_stack(frame))]
     return "Main thread (most recent call first):\n" + "\n".join(lines)
+
+
+def outstanding(iterator: Any, batch_sampler: Any) -> list[dict]:
+    """The batches ``iterator`` was asked for and has not delivered, oldest first:
+    ``[{worker_id, indices}]`` (indices where ``batch_sampler`` is a RecordingBatchSampler,
+    else None). Read from another thread while the loop waits."""
+    task_info = dict(getattr(iterator, "_task_info", {}) or {})
+    if not task_info:  # no workers: the main process is inside the fetch itself
+        indices = current_indices()
+        return [{"worker_id": -1, "indices": indices}] if indices is not None else []
+    sent = batch_sampler.sent if isinstance(batch_sampler, RecordingBatchSampler) else {}
+    waiting = sorted(k for k, info in task_info.items() if len(info) == 1)
+    return [{"worker_id": task_info[k][0], "indices": _first_indices(sent.get(k))}
+            for k in waiting]
+
+
+def _first_indices(indices: Any) -> Any:
+    return list(indices)[:64] if isinstance(indices, (list, tuple)) else indices
 
 
 def current_indices() -> list | None:
@@ -335,7 +366,7 @@ class RecordingBatchSampler(Sampler):
 
     KEEP = 4096
 
-    def __init__(self, inner: Sampler) -> None:
+    def __init__(self, inner: Iterable[Any]) -> None:
         self.inner = inner
         self.sent: dict[int, list] = {}
 

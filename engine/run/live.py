@@ -51,6 +51,7 @@ class LiveRun:
         self.trials: list[TrialRecord] = []  # each measured setting (tunes, in-place searches)
         self.tune_result: dict | None = None
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
+        self.overdue: list[protocol.Overdue] = []  # batches reported late (instrument/stalls.py)
         self.label_counts: dict = {}
         self.label_source = "batches"  # or "dataset": its own targets/labels list, all of it
         self.output = OutputLog()  # what the user's code printed (fed by the runner)
@@ -88,6 +89,8 @@ class LiveRun:
         elif isinstance(event, protocol.Probe):
             self.probes.append({"pid": event.pid, "worker_id": event.worker_id,
                                 "probe": event.probe})
+        elif isinstance(event, protocol.Overdue):
+            self.overdue.append(event)
         elif isinstance(event, protocol.Labels):
             self.label_counts, self.label_source = event.counts, event.source
         elif isinstance(event, protocol.Error):

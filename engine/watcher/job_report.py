@@ -26,6 +26,8 @@ from datetime import timedelta
 import psutil
 
 from dataloader_tuner import system
+from dataloader_tuner.analyse.stalls import stuck_at
+from dataloader_tuner.instrument.stalls import StallWatch
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
                                   summary_from_batches)
@@ -65,8 +67,10 @@ class RankReporter:
     into ``history`` (run ``run_id``)."""
 
     def __init__(self, identity: RankIdentity, loader: str, recorder: Recorder,
-                 history: RunStore, run_id: int, connect=job_store) -> None:
+                 history: RunStore, run_id: int, connect=job_store,
+                 stalls: StallWatch | None = None) -> None:
         self.identity, self.loader, self.recorder = identity, loader, recorder
+        self.stalls = stalls  # the watcher's: where a batch reported overdue is being made
         self.history, self.run_id, self.connect = history, run_id, connect
         self.collects = identity.rank == COLLECTOR_RANK
         self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
@@ -142,6 +146,9 @@ class RankReporter:
                   if resources is not None else None)
         shm = system.shm_usage()
         asking = recorder.ledger.asking_since
+        late = self.stalls.latest if self.stalls is not None else None
+        waiting_on = (late.outstanding[0] if asking is not None and late is not None
+                      and late.seq == recorder.ledger.seq and late.outstanding else {})
         return replace(
             summary_from_batches(self.loader, self.identity.to_dict(), self._host, os.getpid(),
                                  status, round(elapsed, 3), batches),
@@ -151,7 +158,8 @@ class RankReporter:
             node_cpu_pct=self._node_cpu_pct(), node_cpus=system.usable_cpus(),
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
             shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
-            waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3))
+            waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3),
+            stuck_at=stuck_at(waiting_on.get("stack")))
 
     def _node_cpu_pct(self) -> float | None:
         """The whole node's CPU busy since this reporter's last look (its own baseline: psutil's

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -33,7 +34,10 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
-from dataloader_tuner.instrument.probes import (TimedCollate, counting_rules, samples_in,
+from dataloader_tuner.analyse.stalls import overdue_now
+from dataloader_tuner.instrument import probes, stalls
+from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
+                                               TimedCollate, counting_rules, samples_in,
                                                wrap_dataset)
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
@@ -125,14 +129,19 @@ class WatchedLoader:
         self.ledger = self.recorder.ledger
         self.result: ProfileResult | None = None  # once the run has ended
         self._ended = False
-        self.recorder.start(self._ready)
+        # The iterator the loop takes batches from now: who holds a late batch (stalls.py)
+        self._iterator: Any = None
+        self.stalls = stalls.StallWatch(self.t0)
+        self.stacks_dir = _stacks_folder()
+        self.recorder.start(self._ready, on_tick=self._watch_stalls)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
         # loaders in the same order), and two loaders both called "loader" kept apart.
         taken = _names_taken[self.name] = _names_taken.get(self.name, 0) + 1
         self.job_key = self.name if taken == 1 else f"{self.name}#{taken}"
         self.reporter = (RankReporter(self.rank, self.job_key, self.recorder, store,
-                                      run_id).start() if self.rank else None)
+                                      run_id, stalls=self.stalls).start()
+                         if self.rank else None)
         if tune:
             self._start_tuning()
         self.copies = CopyTimes.create()  # None without CUDA
@@ -198,8 +207,10 @@ class WatchedLoader:
         # The epoch starts before iter(): starting the workers is the job's wait too.
         mark = self.ledger.new_epoch()
         if self.probed is not None:
-            return self._batches(mark, iter(self.probed), probed=True)
-        return self._batches(mark, iter(self.loader), probed=False)
+            self._iterator = iter(self.probed)
+            return self._batches(mark, self._iterator, probed=True)
+        self._iterator = iter(self.loader)
+        return self._batches(mark, self._iterator, probed=False)
 
     def to(self, batch: Any, device: Any, non_blocking: bool | None = None) -> Any:
         """``batch`` with its tensors on ``device`` (tuples, lists, dicts, namedtuples kept),
@@ -371,13 +382,17 @@ class WatchedLoader:
         # is left to the sampler, so later epochs shuffle as without the tool.
         kwargs = copy_kwargs(loader, setting.num_workers, setting.prefetch_factor, False,
                              torch.Generator().manual_seed(base_seed + 1_000_003 * segment))
-        kwargs.update(batch_sampler=plan[start:],
-                      collate_fn=TimedCollate(loader.collate_fn, True))
+        # (remembered by position with workers: a late batch's indices, stalls.py)
+        kwargs.update(batch_sampler=RecordingBatchSampler(plan[start:]) if setting.num_workers
+                      else plan[start:], collate_fn=TimedCollate(loader.collate_fn, True))
+        if setting.num_workers:  # a worker stuck before its first fetch is named too
+            kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
         search.loader_started()
         with warnings.catch_warnings():  # torch's "suggested max number of worker": the
             # search tries such counts on purpose and judges them by the loop's own rate
             warnings.filterwarnings("ignore", message=".*suggested max number of worker")
-            return iter(DataLoader(wrap_dataset(loader.dataset), **kwargs))
+            self._iterator = iter(DataLoader(wrap_dataset(loader.dataset), **kwargs))
+            return self._iterator
 
     def _log_decisions(self, search: Search) -> None:
         """New lines of the search's log: into the run (shown live) and on stderr; at the end,
@@ -434,6 +449,23 @@ class WatchedLoader:
             where = f"not saved ({exc})"
         _say(f"{self.name}: tuned in place: {result.snippet} ({where}; "
              "dataloader_tuner.load_settings reads it)")
+
+    # -- on the recorder's thread -----------------------------------------------------------
+
+    def _watch_stalls(self) -> bool:
+        """Each flush: a batch overdue is written to the run and said on stderr (the job goes
+        on; NOTE [ When a batch is overdue ], stalls.py)."""
+        self.stalls.observe(self.recorder.rows)
+        overdue = self.stalls.check(self.ledger, time.monotonic(), self._where_stuck)
+        if overdue is not None:
+            self.recorder.events.append(overdue)
+            _say(f"{self.name}: {overdue_now(overdue)} (its stack: the run's diagnostics)")
+        return False  # never ends the recorder's thread
+
+    def _where_stuck(self) -> list[dict]:
+        iterator = self._iterator
+        return stalls.where_stuck(iterator, getattr(iterator, "_index_sampler", None),
+                                  self.stacks_dir)
 
     # -- once, on the recorder's thread ------------------------------------------------------
 
@@ -496,6 +528,25 @@ def _shutdown(iterator) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+_stacks_dir: str | None = None  # this process's, made once: workers write their stacks there
+
+
+def _stacks_folder() -> str | None:
+    """Where this job's DataLoader workers write their stacks when a late batch asks
+    (probes.offer_stack): made once and named in the environment the workers inherit, removed at
+    exit; an engine child's own folder where one is set already."""
+    global _stacks_dir
+    if os.environ.get(probes.STACKS_ENV):
+        return os.environ[probes.STACKS_ENV]
+    try:
+        _stacks_dir = stalls.new_stacks_folder()
+    except OSError:
+        return None  # late batches are named without their workers' stacks
+    os.environ[probes.STACKS_ENV] = _stacks_dir
+    atexit.register(shutil.rmtree, _stacks_dir, ignore_errors=True)
+    return _stacks_dir
 
 
 def _say(text: str) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from dataloader_tuner.instrument.probes import TimedCollate, wrap_dataset
+from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler, TimedCollate,
+                                               wrap_dataset)
 from dataloader_tuner.config import LoaderConfig
 
 
@@ -30,11 +31,16 @@ def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
     kwargs = copy_kwargs(loader, loader.num_workers, loader.prefetch_factor,
                          loader.persistent_workers, loader.generator)
     kwargs["collate_fn"] = TimedCollate(loader.collate_fn, auto_collation)
+    if loader.num_workers:  # a worker stuck before its first fetch is named too
+        kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
     if isinstance(loader.dataset, IterableDataset):
         # DataLoader batches an iterable itself (an endless placeholder sampler underneath).
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    elif auto_collation:
-        kwargs["batch_sampler"] = loader.batch_sampler  # the very object: same indices, order
+    elif loader.batch_sampler is not None:  # batches DataLoader makes
+        # The very object (same indices, same order), remembered by position with workers: a
+        # late batch's indices (instrument/stalls.py).
+        kwargs["batch_sampler"] = (RecordingBatchSampler(loader.batch_sampler)
+                                   if loader.num_workers else loader.batch_sampler)
     else:
         kwargs.update(batch_size=None, sampler=loader.sampler)
     try:

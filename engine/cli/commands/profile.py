@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from dataloader_tuner import protocol
 from dataloader_tuner.analyse.report import render_text, shm_check
+from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, error_doc, non_negative_float,
                                        non_negative_int, positive_int, print_json,
@@ -88,6 +89,8 @@ class Progress:
             for warning in shm_check(event.config, event.dataset, event.system.shm,
                                      event.ranks_on_node):
                 sys.stderr.write(f"warning [{warning.code}]: {warning.message}\n")
+        if isinstance(event, protocol.Overdue):  # said as it happens: a run may hang there
+            sys.stderr.write(("\n" if self.last else "") + f"{overdue_now(event)}\n")
         if not self.enabled:
             return
         if isinstance(event, protocol.Batches):

@@ -1,0 +1,136 @@
+"""Overdue batches as a diagnostic: what the stall watch reported while a batch was late
+(instrument/stalls.py), completed with how long the batch took in the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sysconfig
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
+from dataloader_tuner.protocol import MAX_OVERDUE, Overdue
+from dataloader_tuner.record.rows import BatchRecord
+
+# A frame in a Python stack as faulthandler and traceback print it.
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+OUR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+TORCH = f"{os.sep}torch{os.sep}"
+
+
+@dataclass(frozen=True)
+class LateBatch:
+    """One overdue batch as the run ended: how long it took (None: it had not come), who held
+    it, where that worker was."""
+
+    seq: int
+    took_s: float | None
+    waited_s: float  # when it was reported
+    usual_s: float | None
+    first_of_epoch: bool
+    worker_id: int | None
+    indices: Any
+    at: str | None  # the user's innermost frame in the stack
+    stack: str | None  # the signalled thread's block
+
+    @property
+    def late_s(self) -> float:
+        return self.took_s if self.took_s is not None else self.waited_s
+
+
+def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> list[LateBatch]:
+    """The reports, each completed with its batch's wait once it came."""
+    first_seq = batches[0].seq if batches else 0
+    found = []
+    for report in reports:
+        index = report.seq - first_seq
+        row = batches[index] if 0 <= index < len(batches) else None
+        holder = report.outstanding[0] if report.outstanding else {}
+        stack = holder.get("stack")
+        found.append(LateBatch(
+            report.seq, row.wait_s if row is not None and row.seq == report.seq else None,
+            report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
+            holder.get("indices"), stuck_at(stack), stack.split("\n\n")[0] if stack else None))
+    return found
+
+
+def overdue_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]
+                    ) -> list[Diagnostic]:
+    """One diagnostic for the run's overdue batches: the slowest named, with its worker, its
+    sample indices and the stack it was in; every report in the evidence."""
+    found = late_batches(reports, batches)
+    if not found:
+        return []
+    worst = max(found, key=lambda late: late.late_s)
+    message = _sentence(worst)
+    if len(found) > 1:
+        numbers = ", ".join(str(late.seq) for late in found)
+        message = (f"{len(found)} batches were overdue ({numbers}"
+                   f"{', the first reported' if len(found) >= MAX_OVERDUE else ''}); the "
+                   f"slowest: " + message)
+    return [Diagnostic(
+        "overdue_batch", "warning", message,
+        {"batches": [dataclasses.asdict(late) for late in found], "stack": worst.stack},
+        fix="# Look at that line for those sample indices: a huge or corrupt file, a network\n"
+            "# read, a lock. DataLoader(..., timeout=SECONDS) turns a hang into an error.")]
+
+
+def _sentence(late: LateBatch) -> str:
+    what = f"batch {late.seq}" + (" (the first of an epoch, its workers' start-up included)"
+                                  if late.first_of_epoch else "")
+    if late.took_s is not None:
+        text = f"{what} took {seconds_text(late.took_s)}"
+    else:
+        text = f"{what} had waited {seconds_text(late.waited_s)} when the run ended"
+    if late.usual_s:
+        text += (f", {late.late_s / late.usual_s:.0f}x the usual {seconds_text(late.usual_s)} "
+                 "a batch")
+    if late.worker_id is not None:
+        text += ": it waited on " + ("the main process" if late.worker_id < 0
+                                     else f"worker {late.worker_id}")
+        if late.indices is not None:
+            text += f" for sample indices {late.indices}"
+        if late.at:
+            text += f", at {late.at}"
+        elif late.stack is None:
+            text += " (its stack could not be read)"
+    return text
+
+
+def overdue_now(report: Overdue) -> str:
+    """The report as it arrives, in a line: "batch 10 has taken 1.0 s so far (usually 2.0 ms a
+    batch): waiting on worker 0 for sample indices [40, ...], at slow.py:18 in __getitem__"."""
+    text = f"batch {report.seq} has taken {seconds_text(report.waited_s)} so far"
+    if report.usual_s:
+        text += f" (usually {seconds_text(report.usual_s)} a batch)"
+    holder = report.outstanding[0] if report.outstanding else None
+    if holder is not None:
+        worker = holder.get("worker_id", -1)
+        text += ": waiting on " + ("the main process" if worker < 0 else f"worker {worker}")
+        if holder.get("indices") is not None:
+            text += f" for sample indices {holder['indices']}"
+        where = stuck_at(holder.get("stack"))
+        text += f", at {where}" if where else ""
+    return text
+
+
+def stuck_at(stack: str | None) -> str | None:
+    """"stuck_in_main.py:18 in __getitem__": the innermost frame of the user's code in a stack
+    (most recent call first; a worker's signalled thread, the first block, is read first);
+    None without one."""
+    for block in (stack or "").split("\n\n"):
+        for frame in FRAME.finditer(block):
+            if users_frame(frame["file"]):
+                return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}"
+    return None
+
+
+def users_frame(path: str) -> bool:
+    """Whether a frame is the user's code: not this package, torch or the standard library
+    (what is installed into it is the user's)."""
+    if path.startswith(OUR_PACKAGE) or TORCH in path or path.startswith("<"):
+        return False
+    return not path.startswith(STDLIB) or "-packages" in path
