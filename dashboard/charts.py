@@ -187,8 +187,9 @@ def idle_gaps_figure(batches: Sequence[BatchRecord], gpu_measured: bool) -> go.F
 
 def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) -> go.Figure:
     """Throughput against num_workers, one point per measured trial, the pick highlighted."""
-    searched = [t for t in trials if t.get("phase") not in ("baseline", "final")
-                and t.get("samples_per_s")]
+    searched = [t for t in trials if t.get("phase") not in
+                ("baseline", "final", "in_order", "out_of_order") and t.get("samples_per_s")]
+    unordered = [t for t in trials if t.get("phase") == "out_of_order" and t.get("samples_per_s")]
     final = [t for t in trials if t.get("phase") == "final" and t.get("samples_per_s")]
     traces = []
     traces.append(go.Scatter(
@@ -202,6 +203,11 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
     traces.append(go.Scatter(x=order, y=[float(np.median(best[n])) for n in order],
                              mode="lines", name="median per setting",
                              line={"color": COLORS[0], "dash": "dot"}))
+    if unordered:  # the pick measured with in_order=False (tune/order.py)
+        traces.append(go.Scatter(x=[t["num_workers"] for t in unordered],
+                                 y=[t["samples_per_s"] for t in unordered], mode="markers",
+                                 name="in_order=False", marker={"size": 10, "symbol": "x",
+                                                                "color": COLORS[2]}))
     baseline = [t for t in trials if t.get("phase") == "baseline" and t.get("samples_per_s")]
     if baseline:
         traces.append(go.Scatter(x=[b["num_workers"] for b in baseline],

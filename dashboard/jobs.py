@@ -178,6 +178,8 @@ def settings_from_controls(controls: dict) -> dict:
         "prefetch_factor": int(controls["prefetch_factor"]) if workers else None,
         "persistent_workers": bool(controls["persistent_workers"]) if workers else False,
     }
+    if workers and not controls.get("in_order", True):  # DataLoader's default otherwise
+        settings["in_order"] = False
     if not controls.get("batch_sampler"):  # the module's batch sampler makes the batches
         settings["batch_size"] = (None if controls.get("self_batching")
                                   else int(controls["batch_size"]))
@@ -199,7 +201,8 @@ def tune_request(target: str, controls: dict) -> RunRequest:
     request = request_from_controls(target, controls, kind="tune")
     return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
                                max_workers=int(controls["max_workers"]),
-                               local_world_size=int(controls.get("local_world_size", 1)))
+                               local_world_size=int(controls.get("local_world_size", 1)),
+                               keep_order=bool(controls.get("keep_order", False)))
 
 
 
@@ -215,6 +218,7 @@ def controls_from_settings(settings: dict) -> dict:
         "pin_memory": bool(settings.get("pin_memory")),
         "prefetch_factor": int(settings.get("prefetch_factor") or 2),
         "persistent_workers": bool(settings.get("persistent_workers")) and workers > 0,
+        "in_order": settings.get("in_order") is not False or workers == 0,
     }
 
 

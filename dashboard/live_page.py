@@ -32,10 +32,11 @@ WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (anoth
 
 CONTROL_DEFAULTS = {
     "batch_size": DEFAULT_BATCH_SIZE, "self_batching": False, "batch_sampler": False, "num_workers": 0,
-    "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
+    "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False, "in_order": True,
     "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
     "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S,
-    "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1, "verify_seconds": 5.0,
+    "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1, "keep_order": False,
+    "verify_seconds": 5.0,
 }
 CONSUMERS = {
     "train_step": "the module's train_step",
@@ -162,6 +163,9 @@ def _sidebar(consumer_options: list[str]) -> None:
                      disabled=no_workers, help="Batches each worker keeps ready; needs workers.")
     bar.checkbox("persistent_workers", key="ctl_persistent_workers", disabled=no_workers,
                  help="Keep workers alive between epochs; needs workers.")
+    bar.checkbox("in_order", key="ctl_in_order", disabled=no_workers,
+                 help="Batches in the sampler's order (DataLoader's default). Off: each batch "
+                      "as soon as its worker made it, so a slow one is overtaken (torch 2.6+).")
     bar.header("Consumer")
     bar.radio("What consumes each batch", consumer_options, key="ctl_consumer",
               format_func=CONSUMERS.get)
@@ -179,6 +183,9 @@ def _sidebar(consumer_options: list[str]) -> None:
                      help="A torchrun job's ranks per node (--nproc-per-node): every trial runs "
                           "this many loaders at once, so the pick is per rank under the "
                           "contention of all of them.")
+    bar.checkbox("Keep batches in order", key="ctl_keep_order",
+                 help="Your training needs batches in the sampler's order: the tuner never "
+                      "tries in_order=False (which lets a slow batch be overtaken).")
     bar.number_input("Seconds per verification run", min_value=1.0, max_value=600.0,
                      key="ctl_verify_seconds",
                      help="Apply measures the old and the new settings twice each, A B A B.")

@@ -152,7 +152,7 @@ class LoaderConfig:
                 kwargs[field.name] = value
         if kwargs.get("batch_sampler") is not None:
             kwargs.pop("batch_size", None)  # DataLoader wants batch_size left at its default
-        if torch_version is not None and not _supports_in_order(torch_version):
+        if torch_version is not None and not supports_in_order(torch_version):
             kwargs.pop("in_order", None)
         return kwargs
 
@@ -205,6 +205,6 @@ def _is_json_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _supports_in_order(torch_version: str) -> bool:
+def supports_in_order(torch_version: str) -> bool:
     major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 6)

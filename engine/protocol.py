@@ -68,6 +68,8 @@ class RunRequest:
     budget_s: float = DEFAULT_BUDGET_S  # tune only
     max_workers: int = DEFAULT_MAX_WORKERS  # tune only
     local_world_size: int = 1  # tune only
+    # tune only: the job needs batches in the sampler's order, so in_order=False is not tried
+    keep_order: bool = False
     # num_workers a tune measured to pay for this target (a settings file, an Apply): the
     # diagnostics do not second-guess it.
     tuned_workers: int | None = None

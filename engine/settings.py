@@ -108,6 +108,8 @@ def tuned_values(recommended: dict) -> dict:
     }
     if "batch_size" in recommended:
         values["batch_size"] = recommended["batch_size"]
+    if "in_order" in recommended and workers:  # only where the tune measured it (tune/order.py)
+        values["in_order"] = bool(recommended["in_order"])
     return values
 
 

@@ -104,7 +104,8 @@ def test_stack_folders_left_by_killed_processes_are_removed_and_live_ones_kept()
             shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("workers", [2, pytest.param(0, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 3 s each: the fast loop keeps the units above
+@pytest.mark.parametrize("workers", [2, 0])
 def test_a_watched_job_names_a_slow_sample_with_its_worker_and_stack(db_path, workers, capfd):
     loader = watch(DataLoader(SlowOnAFew(), batch_size=4, num_workers=workers), name="train",
                    db=db_path)

@@ -45,6 +45,7 @@ class TrialResult:
     node_samples_per_s: float | None = None
     # Epochs begun inside the steady window: a restarting setting paid its start-up there.
     restarts_measured: int = 0
+    in_order: bool = True  # False: batches delivered as workers finish them (torch >= 2.6)
 
     @property
     def ms_per_batch(self) -> float:

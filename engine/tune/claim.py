@@ -30,6 +30,8 @@ from dataloader_tuner.tune.recommend import uncertainty_pct
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 
 CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune
+# Trials made after the search (or before it): not the search's early figures of a setting.
+OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order")
 DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
 
 
@@ -180,16 +182,17 @@ def same_settings(a: LoaderConfig, b: LoaderConfig) -> bool:
             == setting(b.num_workers, b.prefetch_factor, b.pin_memory)
             and bool(a.persistent_workers and a.num_workers)
             == bool(b.persistent_workers and b.num_workers)
-            and a.batch_size == b.batch_size)
+            and a.batch_size == b.batch_size
+            and (a.in_order or not a.num_workers) == (b.in_order or not b.num_workers))
 
 
 def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResult]:
     """The search's trials of ``config``'s setting whose rate paid no restart the end's might
     not (the search keeps workers; a window without an epoch start paid none)."""
     wanted = setting(config.num_workers, config.prefetch_factor, config.pin_memory)
-    return [t for t in early if t.phase not in ("prewarm", "baseline", "final")
+    return [t for t in early if t.phase not in OUTSIDE_SEARCH
             and setting(t.num_workers, t.prefetch_factor, t.pin_memory) == wanted
-            and not paid_restart(t)]
+            and t.in_order == config.in_order and not paid_restart(t)]
 
 
 def end_reason(result: Claim, source: str) -> str:

@@ -20,11 +20,12 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import psutil
+import torch
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.tune import claim
+from dataloader_tuner.tune import claim, order
 from dataloader_tuner.tune.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.measure import Consumer, Measurement
@@ -135,7 +136,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
         batch_size=config.batch_size, seconds=seconds,
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
-        phase=phase, repeat=repeat,
+        phase=phase, repeat=repeat, in_order=config.in_order,
     )
     if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
@@ -184,6 +185,8 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             raise no_steady_state_error(attempts, config) from exc
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
+        final, outcome = _delivery_order(resolved, final, consumer, outcome, on_trial,
+                                         request.keep_order, companions)
         if claim.same_settings(final, config):
             outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
             baseline = _baseline(resolved, config, consumer, outcome, on_trial, source,
@@ -223,14 +226,10 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     return replace(outcome, trials=[*outcome.trials, trial], recommendation=remeasured)
 
 
-def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderConfig,
-                  consumer: Consumer, outcome: TuneOutcome,
-                  on_trial: Callable[[TrialResult], None], source: str,
-                  epoch_items: int | None, companions: Companions | None = None
-                  ) -> tuple[TuneOutcome, dict[str, Any]]:
-    """The user's settings and the pick measured in turn at the end of the tune; the claim and
-    the pick's expected rate come from those trials only (NOTE [ Claims from the end of the
-    tune ])."""
+def _measuring(resolved: ResolvedTarget, consumer: Consumer,
+               on_trial: Callable[[TrialResult], None], companions: Companions | None
+               ) -> Callable[[LoaderConfig, str], Callable[[int], TrialResult | None]]:
+    """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it."""
     def measuring(trial_config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
         def measure(repeat: int) -> TrialResult | None:
             trial = measure_trial(resolved, trial_config, consumer, phase, repeat,
@@ -239,7 +238,47 @@ def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderC
                 on_trial(trial)
             return trial
         return measure
+    return measuring
 
+
+def _delivery_order(resolved: ResolvedTarget, final: LoaderConfig, consumer: Consumer,
+                    outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
+                    keep_order: bool, companions: Companions | None
+                    ) -> tuple[LoaderConfig, TuneOutcome]:
+    """The pick measured in order and out of order in turn where its batches' tail says that
+    could pay (NOTE [ Out-of-order delivery ], order.py); in_order=False kept when faster."""
+    rec = outcome.recommendation
+    # The pick's worker count as the search measured it (a batch's time in a worker does not
+    # depend on the prefetch depth)
+    at_pick = [t for t in outcome.trials if t.num_workers == final.num_workers
+               and t.phase not in claim.OUTSIDE_SEARCH]
+    try_it, why_not = order.worth_trying(at_pick, final, keep_order, torch.__version__)
+    if not try_it:
+        if why_not:
+            outcome = replace(outcome, recommendation=replace(rec, reasons=(*rec.reasons,
+                                                                             why_not)))
+        return final, outcome
+    measuring = _measuring(resolved, consumer, on_trial, companions)
+    unordered_config = final.replace(in_order=False)
+    ordered, unordered = claim.alternate(measuring(final, "in_order"),
+                                         measuring(unordered_config, "out_of_order"))
+    chosen, reason = order.decide(ordered, unordered)
+    kwargs = {**rec.kwargs, "in_order": False} if chosen else rec.kwargs
+    rec = replace(rec, kwargs=kwargs, reasons=(*rec.reasons, reason))
+    trials = [*outcome.trials, *(t for t in ordered + unordered if t is not None)]
+    return (unordered_config if chosen else final), replace(outcome, trials=trials,
+                                                            recommendation=rec)
+
+
+def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderConfig,
+                  consumer: Consumer, outcome: TuneOutcome,
+                  on_trial: Callable[[TrialResult], None], source: str,
+                  epoch_items: int | None, companions: Companions | None = None
+                  ) -> tuple[TuneOutcome, dict[str, Any]]:
+    """The user's settings and the pick measured in turn at the end of the tune; the claim and
+    the pick's expected rate come from those trials only (NOTE [ Claims from the end of the
+    tune ])."""
+    measuring = _measuring(resolved, consumer, on_trial, companions)
     base_trials, pick_trials = claim.alternate(measuring(config, "baseline"),
                                                measuring(final, "final"))
     result = claim.end_claim(base_trials, pick_trials, epoch_items)

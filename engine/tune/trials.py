@@ -27,6 +27,7 @@ def summarize_trial(
     worker_private_mb: float | None,
     phase: str = "search",
     repeat: int = 0,
+    in_order: bool = True,
 ) -> TrialResult | None:
     """Reduce one trial's batch records; None when too few batches reached steady state."""
     steady = metrics.steady_state(records, warmup)
@@ -71,4 +72,5 @@ def summarize_trial(
         batches_per_s=steady.batches_per_s,
         conclusive=steady.batches >= MIN_STEADY_BATCHES and ci is not None,
         restarts_measured=measured[-1].epoch - records[warmup - 1].epoch,
+        in_order=in_order,
     )

@@ -31,6 +31,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="never try more workers than this (default %(default)d)")
     parser.add_argument("--local-world-size", type=positive_int, default=1,
                         help="ranks sharing this machine's CPUs (default 1)")
+    parser.add_argument("--keep-order", action="store_true",
+                        help="the job needs batches in the sampler's order: never try "
+                             "in_order=False")
     parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
                         help="fail if no trial finishes for this long")
     parser.add_argument("--out", help="write the recommended settings to this JSON file")
@@ -71,8 +74,9 @@ class _TrialProgress:
             t = event.trial
             idle = t.consumer_idle_frac
             extra = f", consumer idle {idle:.0%}" if idle is not None else ""
+            order = "" if t.in_order else ", in_order=False"
             sys.stderr.write(f"  [{t.phase}] num_workers={t.num_workers:<3d} "
-                             f"{t.samples_per_s:10.1f} samples/s{extra}\n")
+                             f"{t.samples_per_s:10.1f} samples/s{extra}{order}\n")
         sys.stderr.flush()
 
 
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target, settings=settings_from_args(args), step_ms=args.step_ms,
         timeout_s=args.timeout_s, kind="tune", budget_s=args.budget_s,
         max_workers=args.max_workers, local_world_size=args.local_world_size,
+        keep_order=args.keep_order,
     )
     store = RunStore(args.db)
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
