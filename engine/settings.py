@@ -15,11 +15,13 @@ tune (shuffle, sampler, drop_last, collate_fn, worker_init_fn, generator, ...) a
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import time
+import warnings
 from typing import TYPE_CHECKING
 
-from dataloader_tuner.config import WORKER_ONLY, LoaderConfig
+from dataloader_tuner.config import WORKER_ONLY, LoaderConfig, supports_in_order
 from dataloader_tuner.errors import ConfigError
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
     from dataloader_tuner.analyse.results import TuneResult
@@ -108,8 +110,8 @@ def tuned_values(recommended: dict) -> dict:
     }
     if "batch_size" in recommended:
         values["batch_size"] = recommended["batch_size"]
-    if "in_order" in recommended and workers:  # only where the tune measured it (tune/order.py)
-        values["in_order"] = bool(recommended["in_order"])
+    if "in_order" in recommended:  # only where the tune chose it (tune/order.py)
+        values["in_order"] = bool(recommended["in_order"]) or not workers
     return values
 
 
@@ -167,4 +169,11 @@ def load_settings(path: str) -> dict:
             f"{path} has keys that are not DataLoader settings: {', '.join(unknown)}.",
             type="invalid_settings",
         )
-    return dict(settings)
+    settings = dict(settings)
+    installed = importlib.metadata.version("torch")
+    if "in_order" in settings and not supports_in_order(installed):
+        # A file tuned on a newer torch: DataLoader here would refuse the keyword.
+        warnings.warn(f"{path}: in_order={settings.pop('in_order')} left out: torch {installed} "
+                      "has no in_order (2.6 or later does); batches come in order.",
+                      stacklevel=2)
+    return settings

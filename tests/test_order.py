@@ -61,7 +61,7 @@ def test_it_is_recommended_only_beyond_its_noise():
 def test_the_choice_travels_with_the_settings_and_the_page():
     values = tuned_values({"num_workers": 4, "prefetch_factor": 4, "in_order": False})
     assert values["in_order"] is False
-    assert "in_order" not in tuned_values({"num_workers": 0, "in_order": False})
+    assert tuned_values({"num_workers": 0, "in_order": False})["in_order"] is True
     config = recommended_config(LoaderConfig(batch_size=4), values)
     assert "in_order=False" in config.snippet()
     assert not same_settings(config, config.replace(in_order=True))
@@ -100,3 +100,19 @@ def test_a_tune_recommends_it_where_plain_loops_confirm_it(tmp_path):
             rates[keep] = plain_rate(target, 3.0, in_order=keep, **settings)["samples_per_s"]
         gains.append(rates[False] / rates[True])
     assert statistics.median(gains) > 1.2, gains
+
+
+def test_a_job_that_keeps_its_order_gets_it_back_even_from_its_own_settings():
+    from dataloader_tuner.tune.offline import _delivery_order
+    from dataloader_tuner.tune.recommend import Recommendation
+    from dataloader_tuner.tune.tuner import TuneOutcome
+
+    from .test_tuner import limits
+
+    rec = Recommendation({"num_workers": 4, "prefetch_factor": 4}, 500.0, 5.0, ("picked 4",))
+    outcome = TuneOutcome([trial(4, 500.0, cv=3.0)], None, rec, limits())
+    own = PICK.replace(in_order=False)  # the job's own setting, measured by nothing here
+    final, kept = _delivery_order(None, own, None, outcome, lambda t: None, True, None)
+    assert final.in_order and kept.recommendation.kwargs["in_order"] is True
+    assert kept.recommendation.reasons[-1] == ("in_order=True: you asked to keep the batches in "
+                                               "order.")

@@ -27,7 +27,7 @@ def row(seq: int, wait_s: float, step_s: float = 0.0) -> BatchRecord:
 def waiting_ledger(seq: int, for_s: float, opening: bool = False) -> BatchLedger:
     """A ledger whose loop has been in next() for ``for_s`` seconds, asking for batch ``seq``."""
     ledger = BatchLedger(0.0, lambda *a: None, lambda *a: None)
-    ledger.seq, ledger.epochs, ledger.epochs_opened = seq, 1, 0 if opening else 1
+    ledger.seq, ledger.epochs, ledger.opening = seq, 1, opening
     ledger.asking_since = time.monotonic() - for_s
     return ledger
 
@@ -83,6 +83,9 @@ def test_the_diagnostic_names_the_slowest_with_its_worker_indices_and_line():
     assert overdue_batches([], batches) == []
     (unfinished,) = overdue_batches(reports[1:], batches)
     assert "batch 8 had waited 1.00 s when the run ended" in unfinished.message
+    # a view of the latest batches only: the late one came, before them
+    (earlier,) = overdue_batches(reports[:1], [row(i, 0.005) for i in range(5, 9)])
+    assert "batch 3 took over 1.10 s" in earlier.message
     assert overdue_now(reports[0]).startswith("batch 3 has taken 1.10 s so far (usually 5.0 ms")
 
 

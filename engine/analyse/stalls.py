@@ -28,6 +28,7 @@ class LateBatch:
 
     seq: int
     took_s: float | None
+    came: bool  # it arrived (its wait, took_s, is known only when its row is among the kept)
     waited_s: float  # when it was reported
     usual_s: float | None
     first_of_epoch: bool
@@ -50,8 +51,10 @@ def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> 
         row = batches[index] if 0 <= index < len(batches) else None
         holder = report.outstanding[0] if report.outstanding else {}
         stack = holder.get("stack")
+        came = bool(batches) and batches[-1].seq > report.seq
+        kept = row is not None and row.seq == report.seq
         found.append(LateBatch(
-            report.seq, row.wait_s if row is not None and row.seq == report.seq else None,
+            report.seq, row.wait_s if kept and row is not None else None, came or kept,
             report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
             holder.get("indices"), stuck_at(stack), stack.split("\n\n")[0] if stack else None))
     return found
@@ -83,9 +86,11 @@ def _sentence(late: LateBatch) -> str:
                                   if late.first_of_epoch else "")
     if late.took_s is not None:
         text = f"{what} took {seconds_text(late.took_s)}"
+    elif late.came:  # before the batches kept for this view
+        text = f"{what} took over {seconds_text(late.waited_s)}"
     else:
         text = f"{what} had waited {seconds_text(late.waited_s)} when the run ended"
-    if late.usual_s:
+    if late.usual_s and not late.first_of_epoch:  # (a start-up is not a batch's usual time)
         text += (f", {late.late_s / late.usual_s:.0f}x the usual {seconds_text(late.usual_s)} "
                  "a batch")
     if late.worker_id is not None:

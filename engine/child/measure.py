@@ -67,7 +67,8 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
         sampler = config.sampler or (RandomSampler(dataset) if config.shuffle
                                      else SequentialSampler(dataset))
         kwargs["batch_sampler"] = probes.RecordingBatchSampler(
-            BatchSampler(sampler, config.batch_size, config.drop_last))
+            BatchSampler(sampler, config.batch_size, config.drop_last),
+            config.num_workers * config.effective_prefetch_factor)
         for key in ("batch_size", "shuffle", "sampler", "drop_last"):
             kwargs.pop(key, None)
     return DataLoader(wrap_dataset(dataset), **kwargs)

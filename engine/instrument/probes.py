@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+import psutil
 from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
@@ -148,8 +149,11 @@ def offer_stack() -> None:
     folder = os.environ.get(STACKS_ENV)
     if _stack_file is not None or not folder or get_worker_info() is None:
         return
-    # Named <pid>.stack only once the signal is handled: its default action ends the process
-    path = os.path.join(folder, f"{os.getpid()}.stack")
+    # Named once the signal is handled (its default action ends the process), after this
+    # process and its start: a later worker given the same pid is never signalled for it.
+    path = _stack_path(folder, os.getpid())
+    if path is None:
+        return
     try:
         _stack_file = open(path + ".new", "w")
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
@@ -173,26 +177,40 @@ class OfferingStack:
             self.init_fn(worker_id)
 
 
+def _stack_path(folder: str, pid: int) -> str | None:
+    """<folder>/<pid>-<its start time>.stack, or None when no such process runs."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    return os.path.join(folder, f"{pid}-{int(started * 100)}.stack")
+
+
 def worker_stack(folder: str, pid: int, wait_s: float = 1.0) -> str | None:
     """The Python stack of worker ``pid`` (most recent call first), asked for by signal; None
-    when it does not answer within ``wait_s`` (it never fetched, or it is gone)."""
-    path = os.path.join(folder, f"{pid}.stack")
-    if not os.path.exists(path):
+    when it does not answer within ``wait_s`` (it never offered one, or it is gone). Only what
+    this request added is read: an earlier dump stays in the file before it."""
+    path = _stack_path(folder, pid)
+    if path is None or not os.path.exists(path):
         return None
+    before = os.path.getsize(path)
     try:
         os.kill(pid, STACK_SIGNAL)
     except OSError:
         return None
     deadline = clock() + wait_s
+    seen = ""
     while clock() < deadline:
         time.sleep(0.05)
         with open(path) as f:
+            f.seek(before)
             text = f.read()
-        if text.strip():
+        if text.strip() and text == seen:  # written and no longer growing
             # The thread the signal landed on first (the worker's main one, almost always)
             blocks = text.strip().split("\n\n")
             return "\n\n".join(sorted(blocks, key=lambda b: not b.startswith("Current")))
-    return None
+        seen = text
+    return seen.strip() or None
 
 
 def main_thread_stack() -> str | None:
@@ -362,19 +380,20 @@ class TimedIterableDataset(IterableDataset):
 
 class RecordingBatchSampler(Sampler):
     """Yields the inner batch sampler's batches and remembers the recent ones by position in
-    the epoch (the position is the DataLoader iterator's send index). Main process only."""
+    the epoch (the position is the DataLoader iterator's send index). Main process only.
+    ``in_flight``: the batches the loader keeps asked for (workers x prefetch_factor); a few
+    times that are kept, so a large sequential batch list never piles up in a training job."""
 
-    KEEP = 4096
-
-    def __init__(self, inner: Iterable[Any]) -> None:
+    def __init__(self, inner: Iterable[Any], in_flight: int) -> None:
         self.inner = inner
+        self.keep = 4 * max(in_flight, 1) + 16
         self.sent: dict[int, list] = {}
 
     def __iter__(self):
         sent = self.sent = {}
         for position, batch in enumerate(self.inner):
             sent[position] = batch
-            sent.pop(position - self.KEEP, None)
+            sent.pop(position - self.keep, None)
             yield batch
 
     def __len__(self) -> int:

@@ -103,7 +103,7 @@ class StallWatch:
 
     def overdue_after(self, ledger: BatchLedger) -> float | None:
         """Seconds in next() after which the batch asked for is overdue (None: not known yet)."""
-        if ledger.epochs > ledger.epochs_opened:  # the epoch's first batch: its start-up too
+        if ledger.opening:  # a loader's first batch: its workers' start-up too
             last = ledger.last_startup_s
             return max(STARTUP_MIN_S, SLOW_FACTOR * last if last is not None else 0.0)
         if self.usual_s is None:
@@ -129,5 +129,5 @@ class StallWatch:
         except Exception:  # noqa: BLE001 - the report goes out without its where
             outstanding = []
         self.latest = protocol.Overdue(seq, asking - self.t0, now - asking, self.usual_s,
-                                       ledger.epochs > ledger.epochs_opened, outstanding)
+                                       ledger.opening, outstanding)
         return self.latest

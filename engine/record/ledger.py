@@ -105,13 +105,16 @@ class BatchLedger:
         # tuned loop drops a setting for that only.
         self.next_error: BaseException | None = None
         self.seen_pids: set[int] = set()
-        self.epochs_opened = 0  # epochs whose first batch has come (the others are starting)
+        # The loop waits for a loader's first batch (an epoch's, or a switched loader's): its
+        # workers' start-up is in that wait (a stall watch allows for it).
+        self.opening = False
         self.last_startup_s: float | None = None  # the last epoch's, once its first batch came
 
     def new_epoch(self) -> EpochMark:
         """An epoch starts now: its start-up runs from here to its first batch."""
         mark = EpochMark(self.epochs, time.monotonic())
         self.epochs += 1
+        self.opening = True
         return mark
 
     def next_batch(self, iterator: Iterator, mark: EpochMark | None = None,
@@ -151,7 +154,7 @@ class BatchLedger:
         and its worker (that worker's first). Called outside the timed windows."""
         if not mark.opened:
             mark.opened = True
-            self.epochs_opened += 1
+            self.opening = False
             self.last_startup_s = t_ready - mark.start
             self.on_epoch(mark.epoch, mark.start - self.t0, self.last_startup_s)
         if meta.__class__ is tuple:  # making not timed (each worker's first batch is)

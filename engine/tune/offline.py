@@ -40,7 +40,7 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, summarize_trial
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
-TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order")
 MIN_WINDOW_S = 0.6
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
@@ -248,6 +248,10 @@ def _delivery_order(resolved: ResolvedTarget, final: LoaderConfig, consumer: Con
     """The pick measured in order and out of order in turn where its batches' tail says that
     could pay (NOTE [ Out-of-order delivery ], order.py); in_order=False kept when faster."""
     rec = outcome.recommendation
+    if keep_order and not final.in_order:  # the job's own in_order=False, overruled by it
+        rec = replace(rec, kwargs={**rec.kwargs, "in_order": True}, reasons=(
+            *rec.reasons, "in_order=True: you asked to keep the batches in order."))
+        return final.replace(in_order=True), replace(outcome, recommendation=rec)
     # The pick's worker count as the search measured it (a batch's time in a worker does not
     # depend on the prefetch depth)
     at_pick = [t for t in outcome.trials if t.num_workers == final.num_workers

@@ -279,6 +279,13 @@ class WatchedLoader:
         """One epoch. A probed copy's batches come with where and how they were made; a loader
         that could not be probed gives waits, steps and samples (read off the batch) only."""
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
+        try:
+            yield from self._epoch(mark, iterator, probed, ledger, rows, clock)
+        finally:  # a loop that breaks off frees its workers with the generator, as before
+            if self._iterator is iterator:
+                self._iterator = None
+
+    def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
         while True:
             try:
                 item, t_request, t_ready, seq = ledger.next_batch(iterator, mark)
@@ -332,10 +339,12 @@ class WatchedLoader:
                     switched = switched or clock()
                     _shutdown(source)
                     opened = clock()
+                    ledger.opening = True  # its first batch carries the new workers' start-up
                     segment += 1
                     source = self._open(search, plan, taken, fallback, base_seed, segment)
                     continue
                 switched = None
+                ledger.opening = False  # a switched loader's first batch came
                 ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
                 try:
@@ -356,6 +365,7 @@ class WatchedLoader:
                     switched = clock()  # stopping one loader, starting the next: the loop waits
                     _shutdown(source)
                     opened = clock()
+                    ledger.opening = True  # its first batch carries the new workers' start-up
                     segment += 1
                     source = self._open(search, plan, taken, switch, base_seed, segment)
         finally:
@@ -383,8 +393,10 @@ class WatchedLoader:
         kwargs = copy_kwargs(loader, setting.num_workers, setting.prefetch_factor, False,
                              torch.Generator().manual_seed(base_seed + 1_000_003 * segment))
         # (remembered by position with workers: a late batch's indices, stalls.py)
-        kwargs.update(batch_sampler=RecordingBatchSampler(plan[start:]) if setting.num_workers
-                      else plan[start:], collate_fn=TimedCollate(loader.collate_fn, True))
+        kwargs.update(batch_sampler=RecordingBatchSampler(
+            plan[start:], setting.num_workers * (setting.prefetch_factor or 2))
+            if setting.num_workers else plan[start:],
+            collate_fn=TimedCollate(loader.collate_fn, True))
         if setting.num_workers:  # a worker stuck before its first fetch is named too
             kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
         search.loader_started()
@@ -455,11 +467,14 @@ class WatchedLoader:
     def _watch_stalls(self) -> bool:
         """Each flush: a batch overdue is written to the run and said on stderr (the job goes
         on; NOTE [ When a batch is overdue ], stalls.py)."""
-        self.stalls.observe(self.recorder.rows)
-        overdue = self.stalls.check(self.ledger, time.monotonic(), self._where_stuck)
-        if overdue is not None:
-            self.recorder.events.append(overdue)
-            _say(f"{self.name}: {overdue_now(overdue)} (its stack: the run's diagnostics)")
+        try:
+            self.stalls.observe(self.recorder.rows)
+            overdue = self.stalls.check(self.ledger, time.monotonic(), self._where_stuck)
+            if overdue is not None:
+                self.recorder.events.append(overdue)
+                _say(f"{self.name}: {overdue_now(overdue)} (its stack: the run's diagnostics)")
+        except Exception:  # noqa: BLE001 - a report missed, never the recording (or the job)
+            pass
         return False  # never ends the recorder's thread
 
     def _where_stuck(self) -> list[dict]:

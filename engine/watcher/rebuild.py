@@ -39,8 +39,9 @@ def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
     elif loader.batch_sampler is not None:  # batches DataLoader makes
         # The very object (same indices, same order), remembered by position with workers: a
         # late batch's indices (instrument/stalls.py).
-        kwargs["batch_sampler"] = (RecordingBatchSampler(loader.batch_sampler)
-                                   if loader.num_workers else loader.batch_sampler)
+        kwargs["batch_sampler"] = (RecordingBatchSampler(
+            loader.batch_sampler, loader.num_workers * (loader.prefetch_factor or 2))
+            if loader.num_workers else loader.batch_sampler)
     else:
         kwargs.update(batch_size=None, sampler=loader.sampler)
     try:
