@@ -89,7 +89,8 @@ def test_the_diagnostic_names_the_slowest_with_its_worker_indices_and_line():
     assert overdue_now(reports[0]).startswith("batch 3 has taken 1.10 s so far (usually 5.0 ms")
 
 
-def test_stack_folders_left_by_killed_processes_are_removed_and_live_ones_kept():
+def test_stack_folders_left_by_killed_processes_are_removed_and_live_ones_kept(monkeypatch):
+    monkeypatch.setenv("DATALOADER_TUNER_STACKS", "")  # the folder made here is named there
     tmp = tempfile.gettempdir()
     dead = tempfile.mkdtemp(prefix=f"{stalls.STACKS_PREFIX}999999999-")  # no such pid
     recent_dead = tempfile.mkdtemp(prefix=f"{stalls.STACKS_PREFIX}999999998-")

@@ -94,15 +94,18 @@ def _sentence(late: LateBatch) -> str:
         text += (f", {late.late_s / late.usual_s:.0f}x the usual {seconds_text(late.usual_s)} "
                  "a batch")
     if late.worker_id is not None:
-        text += ": it waited on " + ("the main process" if late.worker_id < 0
-                                     else f"worker {late.worker_id}")
-        if late.indices is not None:
-            text += f" for sample indices {late.indices}"
-        if late.at:
-            text += f", at {late.at}"
-        elif late.stack is None:
+        text += ": it " + _waited_on(late.worker_id, late.indices, late.at, "waited")
+        if not late.at and late.stack is None:
             text += " (its stack could not be read)"
     return text
+
+
+def _waited_on(worker_id: int, indices: Any, at: str | None, verb: str) -> str:
+    """"waited on worker 0 for sample indices [40, 41], at slow.py:18 in __getitem__"."""
+    text = f"{verb} on " + ("the main process" if worker_id < 0 else f"worker {worker_id}")
+    if indices is not None:
+        text += f" for sample indices {indices}"
+    return text + (f", at {at}" if at else "")
 
 
 def overdue_now(report: Overdue) -> str:
@@ -111,14 +114,10 @@ def overdue_now(report: Overdue) -> str:
     text = f"batch {report.seq} has taken {seconds_text(report.waited_s)} so far"
     if report.usual_s:
         text += f" (usually {seconds_text(report.usual_s)} a batch)"
-    holder = report.outstanding[0] if report.outstanding else None
-    if holder is not None:
-        worker = holder.get("worker_id", -1)
-        text += ": waiting on " + ("the main process" if worker < 0 else f"worker {worker}")
-        if holder.get("indices") is not None:
-            text += f" for sample indices {holder['indices']}"
-        where = stuck_at(holder.get("stack"))
-        text += f", at {where}" if where else ""
+    if report.outstanding:
+        holder = report.outstanding[0]
+        text += ": " + _waited_on(holder.get("worker_id", -1), holder.get("indices"),
+                                  stuck_at(holder.get("stack")), "waiting")
     return text
 
 

@@ -157,11 +157,6 @@ class Measurement:
             if ledger.seq >= max_batches or should_stop() or clock() >= deadline:
                 return ledger.seq
 
-    def outstanding(self) -> list[dict]:
-        """Batches asked for and not yet received: [{worker_id, indices}], oldest first.
-        Called from the watchdog thread while the main thread is stuck."""
-        return probes.outstanding(self.iterator, getattr(self.loader, "batch_sampler", None))
-
     def worker_signals(self, grace_s: float = 0.0) -> dict[int, int]:
         """{pid: signal number} of this iterator's workers that were killed by a signal,
         waiting up to ``grace_s`` for one to show up."""

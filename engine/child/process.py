@@ -40,7 +40,7 @@ from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
-from dataloader_tuner.instrument import probes, stalls
+from dataloader_tuner.instrument import stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
@@ -115,9 +115,7 @@ class ChildRun:
         if measurement is None:
             return []
         try:
-            return stalls.where_stuck(measurement.iterator,
-                                      getattr(measurement.loader, "batch_sampler", None),
-                                      self.stacks_dir)
+            return stalls.where_stuck(measurement.iterator, self.stacks_dir)
         except Exception:  # noqa: BLE001 - a detail of the report, never its failure
             return []
 
@@ -223,10 +221,8 @@ class ChildRun:
         self.events.send(ready)
         if request.kind == "inspect":  # the dashboard's check of a target: no loader
             return
-        # Workers write their stacks here when a hang report asks (probes.offer_stack); they
-        # inherit the folder's name with the environment, however they are started.
+        # Workers write their stacks here when a hang report asks (probes.offer_stack).
         self.stacks_dir = stalls.new_stacks_folder()
-        os.environ[probes.STACKS_ENV] = self.stacks_dir
         # The heap made so far (torch, the user's dataset) out of the collector's reach: NOTE
         # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections
         # then leave its pages unwritten too.

@@ -223,14 +223,15 @@ def main_thread_stack() -> str | None:
     return "Main thread (most recent call first):\n" + "\n".join(lines)
 
 
-def outstanding(iterator: Any, batch_sampler: Any) -> list[dict]:
+def outstanding(iterator: Any) -> list[dict]:
     """The batches ``iterator`` was asked for and has not delivered, oldest first:
-    ``[{worker_id, indices}]`` (indices where ``batch_sampler`` is a RecordingBatchSampler,
+    ``[{worker_id, indices}]`` (indices where its batch sampler is a RecordingBatchSampler,
     else None). Read from another thread while the loop waits."""
     task_info = dict(getattr(iterator, "_task_info", {}) or {})
     if not task_info:  # no workers: the main process is inside the fetch itself
         indices = current_indices()
         return [{"worker_id": -1, "indices": indices}] if indices is not None else []
+    batch_sampler = getattr(iterator, "_index_sampler", None)  # the loader's, as it iterates
     sent = batch_sampler.sent if isinstance(batch_sampler, RecordingBatchSampler) else {}
     waiting = sorted(k for k, info in task_info.items() if len(info) == 1)
     return [{"worker_id": task_info[k][0], "indices": _first_indices(sent.get(k))}

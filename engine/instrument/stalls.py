@@ -38,11 +38,11 @@ USUAL_SAMPLE = 256  # rows the usual time is read from, spread over the flush
 WAIT_S, STEP_S = 3, 4  # a batch row's positions (record/rows.BatchRecord)
 
 
-def where_stuck(iterator: Any, batch_sampler: Any, stacks_dir: str | None) -> list[dict]:
+def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
     """The batches ``iterator`` was asked for and has not delivered, oldest first, each as
-    ``{worker_id, indices, stack}`` (indices where ``batch_sampler`` remembers them, a stack
+    ``{worker_id, indices, stack}`` (indices where its batch sampler remembers them, a stack
     where the worker answers); at most MAX_STACKS workers asked."""
-    outstanding = probes.outstanding(iterator, batch_sampler)
+    outstanding = probes.outstanding(iterator)
     stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
     for entry in outstanding:
         worker = entry["worker_id"]
@@ -68,8 +68,9 @@ STALE_AFTER_S = 3600.0  # a folder whose process is gone, left this long: the pi
 
 
 def new_stacks_folder() -> str:
-    """A folder for this process's workers' stacks (probes.STACKS_ENV), after removing those
-    left behind by processes killed before they could (a SIGKILLed run, a killed job)."""
+    """A folder for this process's workers' stacks, named in the environment they inherit
+    (probes.STACKS_ENV), however they are started; made after removing those left behind by
+    processes killed before they could (a SIGKILLed run, a killed job)."""
     tmp = tempfile.gettempdir()
     now = time.time()
     for name in os.listdir(tmp):
@@ -81,7 +82,9 @@ def new_stacks_folder() -> str:
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:  # gone meanwhile, or another user's
             pass
-    return tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
+    os.environ[probes.STACKS_ENV] = folder
+    return folder
 
 
 class StallWatch:

@@ -42,10 +42,10 @@ def worth_trying(pick: list[TrialResult], final: LoaderConfig, keep_order: bool,
     tried although its batches' tail says it could pay)."""
     if final.num_workers < 2 or not final.in_order or not pick:
         return False, None
-    spread = statistics.median(t.worker_ms_cv for t in pick if t.worker_ms_cv is not None) \
-        if any(t.worker_ms_cv is not None for t in pick) else None
+    spreads = [t.worker_ms_cv for t in pick if t.worker_ms_cv is not None]
     idle = [t.consumer_idle_frac for t in pick if t.consumer_idle_frac is not None]
-    if spread is None or spread < HEAVY_TAIL_CV or (idle and statistics.median(idle) < WAITS_MIN):
+    spread = statistics.median(spreads) if spreads else 0.0
+    if spread < HEAVY_TAIL_CV or (idle and statistics.median(idle) < WAITS_MIN):
         return False, None
     tail = (f"the workers' batch times have a heavy tail (coefficient of variation "
             f"{spread:.1f}), so slow batches hold back those made after them")

@@ -478,9 +478,7 @@ class WatchedLoader:
         return False  # never ends the recorder's thread
 
     def _where_stuck(self) -> list[dict]:
-        iterator = self._iterator
-        return stalls.where_stuck(iterator, getattr(iterator, "_index_sampler", None),
-                                  self.stacks_dir)
+        return stalls.where_stuck(self._iterator, self.stacks_dir)
 
     # -- once, on the recorder's thread ------------------------------------------------------
 
@@ -545,23 +543,18 @@ def _shutdown(iterator) -> None:
         shutdown()
 
 
-_stacks_dir: str | None = None  # this process's, made once: workers write their stacks there
-
-
 def _stacks_folder() -> str | None:
     """Where this job's DataLoader workers write their stacks when a late batch asks
-    (probes.offer_stack): made once and named in the environment the workers inherit, removed at
-    exit; an engine child's own folder where one is set already."""
-    global _stacks_dir
+    (probes.offer_stack): made once a process, removed at exit; an engine child's own folder
+    where one is set already."""
     if os.environ.get(probes.STACKS_ENV):
         return os.environ[probes.STACKS_ENV]
     try:
-        _stacks_dir = stalls.new_stacks_folder()
+        folder = stalls.new_stacks_folder()
     except OSError:
         return None  # late batches are named without their workers' stacks
-    os.environ[probes.STACKS_ENV] = _stacks_dir
-    atexit.register(shutil.rmtree, _stacks_dir, ignore_errors=True)
-    return _stacks_dir
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def _say(text: str) -> None:
