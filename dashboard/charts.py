@@ -188,8 +188,11 @@ def idle_gaps_figure(batches: Sequence[BatchRecord], gpu_measured: bool) -> go.F
 def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) -> go.Figure:
     """Throughput against num_workers, one point per measured trial, the pick highlighted."""
     searched = [t for t in trials if t.get("phase") not in
-                ("baseline", "final", "in_order", "out_of_order") and t.get("samples_per_s")]
+                ("baseline", "final", "in_order", "out_of_order", "threads_default",
+                 "threads_one") and t.get("samples_per_s")]
     unordered = [t for t in trials if t.get("phase") == "out_of_order" and t.get("samples_per_s")]
+    # the worker count where one thread per pool was measured against the pools as they start
+    pools = [t for t in trials if t.get("phase") == "threads_default" and t.get("samples_per_s")]
     final = [t for t in trials if t.get("phase") == "final" and t.get("samples_per_s")]
     traces = []
     traces.append(go.Scatter(
@@ -208,6 +211,12 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
                                  y=[t["samples_per_s"] for t in unordered], mode="markers",
                                  name="in_order=False", marker={"size": 10, "symbol": "x",
                                                                 "color": COLORS[2]}))
+    if pools:  # (tune/thread_pools.py)
+        traces.append(go.Scatter(x=[t["num_workers"] for t in pools],
+                                 y=[t["samples_per_s"] for t in pools], mode="markers",
+                                 name="each library's threads as they start",
+                                 marker={"size": 10, "symbol": "circle-open",
+                                         "color": COLORS[3]}))
     baseline = [t for t in trials if t.get("phase") == "baseline" and t.get("samples_per_s")]
     if baseline:
         traces.append(go.Scatter(x=[b["num_workers"] for b in baseline],

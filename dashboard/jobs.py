@@ -180,6 +180,8 @@ def settings_from_controls(controls: dict) -> dict:
     }
     if workers and not controls.get("in_order", True):  # DataLoader's default otherwise
         settings["in_order"] = False
+    if workers and controls.get("one_thread"):  # each worker's thread pools to one thread
+        settings["worker_threads"] = 1
     if not controls.get("batch_sampler"):  # the module's batch sampler makes the batches
         settings["batch_size"] = (None if controls.get("self_batching")
                                   else int(controls["batch_size"]))
@@ -219,6 +221,7 @@ def controls_from_settings(settings: dict) -> dict:
         "prefetch_factor": int(settings.get("prefetch_factor") or 2),
         "persistent_workers": bool(settings.get("persistent_workers")) and workers > 0,
         "in_order": settings.get("in_order") is not False or workers == 0,
+        "one_thread": settings.get("worker_threads") == 1 and workers > 0,
     }
 
 

@@ -19,7 +19,9 @@ TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "p
 
 # Settings DataLoader takes only with worker processes, and their defaults.
 WORKER_ONLY = {"prefetch_factor": None, "persistent_workers": False,
-               "multiprocessing_context": None, "timeout": 0}
+               "multiprocessing_context": None, "timeout": 0, "worker_threads": None}
+# Settings of this tool's, not DataLoader keyword arguments: rendered into ones (snippet).
+NOT_DATALOADER = ("worker_threads",)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class LoaderConfig:
     persistent_workers: bool = False
     generator: Any = None
     in_order: bool = True
+    # None: each library's thread pools as they start in a worker; 1: each limited to one
+    # thread, by a worker_init_fn (instrument/threads.py's LimitThreads, around the user's own)
+    worker_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,6 +113,15 @@ class LoaderConfig:
                 "refuses it without. Set num_workers >= 1 or timeout=0.",
                 type="invalid_settings",
             )
+        if self.worker_threads not in (None, 1):
+            raise ConfigError(
+                f"worker_threads must be 1 (each worker's thread pools limited to one thread) "
+                f"or None (left as the libraries start them), got {self.worker_threads!r}.",
+                type="invalid_settings")
+        if self.num_workers == 0 and self.worker_threads is not None:
+            raise ConfigError(
+                "worker_threads only applies with worker processes (num_workers > 0). "
+                "Set num_workers >= 1 or leave worker_threads unset.", type="invalid_settings")
         if self.num_workers == 0 and self.persistent_workers:
             raise ConfigError(
                 "persistent_workers=True needs worker processes (num_workers > 0). "
@@ -147,6 +161,8 @@ class LoaderConfig:
         defaults = LoaderConfig()
         kwargs = {}
         for field in dataclasses.fields(self):
+            if field.name in NOT_DATALOADER:
+                continue
             value = getattr(self, field.name)
             if value != getattr(defaults, field.name) or field.name in ("batch_size", "num_workers"):
                 kwargs[field.name] = value
@@ -161,6 +177,8 @@ class LoaderConfig:
         out = {}
         for key, value in self.to_kwargs().items():
             out[key] = value if _is_json_scalar(value) else describe_object(value)
+        if self.worker_threads is not None:
+            out["worker_threads"] = self.worker_threads
         return out
 
     def snippet(self, dataset_name: str = "dataset", expressions: dict | None = None) -> str:
@@ -176,6 +194,12 @@ class LoaderConfig:
             else:
                 rendered = repr(value) if _is_json_scalar(value) else describe_object(value)
             parts.append(f"{key}={rendered}")
+        if self.worker_threads == 1:  # the user's own worker_init_fn runs inside it
+            own = next((p for p in parts if p.startswith("worker_init_fn=")), None)
+            inner = own.split("=", 1)[1] if own else ""
+            if own:
+                parts.remove(own)
+            parts.append(f"worker_init_fn=dataloader_tuner.LimitThreads({inner})")
         return f"DataLoader({', '.join(parts)})"
 
     @classmethod

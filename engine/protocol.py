@@ -157,7 +157,8 @@ class LateTimings:
 @dataclass(frozen=True)
 class Resources:
     """One sample: per process ``{pid, role, worker_id, cpu_percent, rss_mb, threads, uss_mb,
-    pss_mb, dirty_mb}`` (instrument.resources.ResourceSampler), and NVML's figures on a GPU."""
+    pss_mb, dirty_mb, helper_cpu_share, busy_threads}`` (instrument.resources.ResourceSampler), and NVML's
+    figures on a GPU."""
 
     kind: ClassVar[str] = "resources"
     t: float
@@ -175,7 +176,8 @@ class Epoch:
 
 @dataclass(frozen=True)
 class Probe:
-    """What a worker's first fetch revealed (random generators it drew from)."""
+    """What a worker's first fetch revealed: the random generators it drew from, its thread
+    pools (probes.first_fetch_probe)."""
 
     kind: ClassVar[str] = "probe"
     pid: int

@@ -19,10 +19,11 @@ import importlib.metadata
 import json
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from dataloader_tuner.config import WORKER_ONLY, LoaderConfig, supports_in_order
 from dataloader_tuner.errors import ConfigError
+from dataloader_tuner.instrument.threads import LimitThreads
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
     from dataloader_tuner.analyse.results import TuneResult
     from dataloader_tuner.child.target import ResolvedTarget
@@ -112,6 +113,8 @@ def tuned_values(recommended: dict) -> dict:
         values["batch_size"] = recommended["batch_size"]
     if "in_order" in recommended:  # only where the tune chose it (tune/order.py)
         values["in_order"] = bool(recommended["in_order"]) or not workers
+    # one thread per pool in each worker, where the tune measured it pays (tune/thread_pools.py)
+    values["worker_threads"] = recommended.get("worker_threads") if workers else None
     return values
 
 
@@ -138,17 +141,31 @@ def settings_file(result: "TuneResult") -> dict:
         "reasons": list(result.reasons),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_with": "from dataloader_tuner import load_settings; DataLoader(ds, <your other settings: "
-                     "shuffle, sampler, collate_fn, ...>, **load_settings(path))",
+                     "shuffle, sampler, collate_fn, ...>, **load_settings(path, "
+                     "worker_init_fn=<yours, if any>))",
         "snippet": result.snippet,
     }
 
 
-def load_settings(path: str) -> dict:
+def load_settings(path: str, worker_init_fn: Callable[[int], Any] | None = None) -> dict:
     """Read a settings file written by ``engine tune --out`` for ``DataLoader(ds, **settings)``.
 
     Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
-    provenance) are ignored.
+    provenance) are ignored. Where the file limits each worker's thread pools to one thread
+    (``worker_threads: 1``) the settings carry ``worker_init_fn=LimitThreads(worker_init_fn)``:
+    pass your own ``worker_init_fn`` here, not to DataLoader.
     """
+    settings = read_settings(path)
+    if settings.pop("worker_threads", None) == 1:
+        settings["worker_init_fn"] = LimitThreads(worker_init_fn)
+    elif worker_init_fn is not None:
+        settings["worker_init_fn"] = worker_init_fn
+    return settings
+
+
+def read_settings(path: str) -> dict:
+    """The settings file's settings as written (JSON values, this tool's ``worker_threads``
+    included), checked: what the CLI sends a run."""
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)

@@ -131,9 +131,6 @@ def test_oversubscription_rules():
     busy = pitfalls.cpu_oversubscription(
         1, SystemSnapshot.from_dict({"cpus_usable": 8, "other_load_cpus": 4.0}), 0.9)
     assert busy[0].code == "cpus_busy_elsewhere" and busy[0].severity == "info"
-    threads = [{"role": "worker", "threads": 9}, {"role": "worker", "threads": 9}]
-    assert pitfalls.thread_oversubscription(threads, 2, 2)[0].evidence["threads_per_worker"] == 9
-    assert pitfalls.thread_oversubscription(threads, 2, 16) == []
 
 
 def test_restarts_each_epoch_only_without_persistent_workers():

@@ -23,7 +23,7 @@ from torch.utils.data import (
 
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.instrument import gpu, probes
+from dataloader_tuner.instrument import gpu, probes, threads
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
@@ -58,7 +58,9 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     auto_collation = config.batch_sampler is not None or config.batch_size is not None
     kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
     if config.num_workers > 0:
-        kwargs["worker_init_fn"] = probes.OfferingStack(config.worker_init_fn)
+        init_fn = (threads.LimitThreads(config.worker_init_fn) if config.worker_threads == 1
+                   else config.worker_init_fn)
+        kwargs["worker_init_fn"] = probes.OfferingStack(init_fn)
     if (config.num_workers > 0 and config.batch_sampler is None and config.batch_size is not None
             and not isinstance(dataset, IterableDataset)):
         # The same batches DataLoader would build from these settings, but remembered, so a

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dataloader_tuner.settings import load_settings
+from dataloader_tuner.settings import read_settings
 from dataloader_tuner.store import default_db_path
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE = 0, 1, 2
@@ -75,7 +75,7 @@ def error_doc(error: dict) -> dict:
 def settings_from_args(args: argparse.Namespace) -> dict:
     """The settings given on the command line (a settings file, then flags); the module's own
     fill in the rest."""
-    chosen = load_settings(args.settings) if getattr(args, "settings", None) else {}
+    chosen = read_settings(args.settings) if getattr(args, "settings", None) else {}
     chosen.update({key: getattr(args, key) for key in SETTING_FLAGS
                    if getattr(args, key, None) is not None})
     if hasattr(args, "batch_size"):  # absent unless given (argparse.SUPPRESS); None is a value

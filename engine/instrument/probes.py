@@ -30,6 +30,7 @@ from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from dataloader_tuner.instrument import threads
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class _FetchTimer:
         self.indices: Sequence[Any] | None = None  # the batch's: for hang and error reports
         self.fetching = False
         self.pid = os.getpid()
-        self.probed = False  # this process's first fetch was probed (see rng_probe)
+        self.probed = False  # this process's first fetch was probed (see first_fetch_probe)
         self.probe: dict[str, Any] | None = None
         self.made = 0  # batches this process made
         self.every = 1  # the costly reads happen on every n-th batch (see READ_SHARE)
@@ -273,7 +274,7 @@ class TimedMapDataset(Dataset):
             timer.first_fetch_here()
             before = rng_state(self.inner)
             items = self.__getitems__(indices)
-            timer.probe = rng_probe(before, rng_state(self.inner))
+            timer.probe = first_fetch_probe(before, rng_state(self.inner))
             return items
         timer.indices, timer.fetching = indices, True
         timed = timer.made % timer.timed_every == 0
@@ -359,7 +360,7 @@ class TimedIterableDataset(IterableDataset):
             if timed:
                 timer.add(start, clock())
             if probing:
-                _timer.probe, probing = rng_probe(before, rng_state(self.inner)), False
+                _timer.probe, probing = first_fetch_probe(before, rng_state(self.inner)), False
             count += 1
             yield item
 
@@ -513,10 +514,11 @@ def rng_state(dataset: Any) -> dict[str, str]:
     return states
 
 
-def rng_probe(before: dict[str, str], after: dict[str, str]) -> dict:
-    """The generators this process's first fetch drew from, with their starting state."""
+def first_fetch_probe(before: dict[str, str], after: dict[str, str]) -> dict:
+    """What this process's first fetch revealed: the generators it drew from, with their
+    starting state, and its thread pools as the fetch left them (instrument/threads.py)."""
     used = {name: state for name, state in before.items() if after.get(name) != state}
-    return {"rng_used": used}
+    return {"rng_used": used, "pools": threads.pools(), "pool_env": threads.pool_env()}
 
 
 def wrap_dataset(dataset: Dataset) -> Dataset:

@@ -9,7 +9,7 @@ import time
 import psutil
 
 from dataloader_tuner import protocol
-from dataloader_tuner.instrument import gpu
+from dataloader_tuner.instrument import gpu, threads
 
 
 class ResourceSampler:
@@ -59,9 +59,11 @@ class ResourceSampler:
                     # A process seen for the first time has no CPU reading yet (None).
                     cpu = None if pid in primed else proc.cpu_percent(None)
                     rss = proc.memory_info().rss / 2**20
-                    threads = proc.num_threads()
+                    thread_count = proc.num_threads()
                     private = (self._private_mb(pid, proc) if pid != self.me.pid
                                else dict.fromkeys(self.PRIVATE_KEYS))
+                    # a worker's pools at work (NOTE [ Threads per worker ])
+                    use = threads.thread_use(proc) if pid != self.me.pid else None
             except psutil.Error:
                 self.known.pop(pid, None)
                 self.uss_due.pop(pid, None)
@@ -69,7 +71,9 @@ class ResourceSampler:
             role = "main" if pid == self.me.pid else "worker"
             procs.append(
                 {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
-                 "cpu_percent": cpu, "rss_mb": rss, "threads": threads, **private}
+                 "cpu_percent": cpu, "rss_mb": rss, "threads": thread_count, **private,
+                 "helper_cpu_share": use.helper_share if use else None,
+                 "busy_threads": use.busy_threads if use else None}
             )
         gpu_sample = None
         if self.nvml is not None:

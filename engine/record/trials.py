@@ -46,6 +46,12 @@ class TrialResult:
     # Epochs begun inside the steady window: a restarting setting paid its start-up there.
     restarts_measured: int = 0
     in_order: bool = True  # False: batches delivered as workers finish them (torch >= 2.6)
+    worker_threads: int | None = None  # 1: each worker's thread pools limited to one thread
+    # As read in the trial's workers (NOTE [ Threads per worker ]): each pool's size, the share
+    # of their CPU done by threads other than their main one, and their busy threads.
+    worker_pools: dict[str, int] | None = None
+    helper_cpu_share: float | None = None
+    busy_threads: int | None = None
 
     @property
     def ms_per_batch(self) -> float:

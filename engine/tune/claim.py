@@ -25,13 +25,15 @@ from typing import Callable
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.instrument.threads import limits_threads
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.recommend import uncertainty_pct
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 
 CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune
 # Trials made after the search (or before it): not the search's early figures of a setting.
-OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order")
+OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order", "threads_default",
+                  "threads_one")
 DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
 
 
@@ -183,7 +185,15 @@ def same_settings(a: LoaderConfig, b: LoaderConfig) -> bool:
             and bool(a.persistent_workers and a.num_workers)
             == bool(b.persistent_workers and b.num_workers)
             and a.batch_size == b.batch_size
-            and (a.in_order or not a.num_workers) == (b.in_order or not b.num_workers))
+            and (a.in_order or not a.num_workers) == (b.in_order or not b.num_workers)
+            and threads_limited(a) == threads_limited(b))
+
+
+def threads_limited(config: LoaderConfig) -> bool:
+    """Each worker's thread pools limited to one thread, by the setting or the user's own
+    worker_init_fn (instrument/threads.py)."""
+    return bool(config.num_workers) and (config.worker_threads == 1
+                                         or limits_threads(config.worker_init_fn))
 
 
 def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResult]:
@@ -192,7 +202,8 @@ def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResu
     wanted = setting(config.num_workers, config.prefetch_factor, config.pin_memory)
     return [t for t in early if t.phase not in OUTSIDE_SEARCH
             and setting(t.num_workers, t.prefetch_factor, t.pin_memory) == wanted
-            and t.in_order == config.in_order and not paid_restart(t)]
+            and t.in_order == config.in_order and not paid_restart(t)
+            and (t.worker_threads == 1) == (config.worker_threads == 1)]
 
 
 def end_reason(result: Claim, source: str) -> str:

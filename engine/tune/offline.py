@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from dataloader_tuner.analyse import metrics
+from dataloader_tuner.instrument import threads
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.tune import claim, order
@@ -38,9 +39,11 @@ from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, summarize_trial
+from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 
-TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order")
+TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
+              "worker_threads")
 MIN_WINDOW_S = 0.6
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
@@ -58,6 +61,28 @@ def workers_private_mb() -> float | None:
         except psutil.Error:
             pass
     return sum(sizes) / len(sizes) if sizes else None
+
+
+def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The trial's workers' thread pools (their probes) and how their threads shared their CPU,
+    as TrialResult's fields (NOTE [ Threads per worker ])."""
+    pools: dict[str, int] = {}
+    for probe in seen.values():
+        for name, size in (probe.get("pools") or {}).items():
+            pools[name] = max(pools.get(name, 0), size)
+    uses = []
+    for pid in seen:
+        try:
+            use = threads.thread_use(psutil.Process(pid))
+        except psutil.Error:
+            use = None
+        if use is not None:
+            uses.append(use)
+    return {"worker_pools": pools or None,
+            "helper_cpu_share": (round(statistics.median(u.helper_share for u in uses), 3)
+                                 if uses else None),
+            "busy_threads": int(statistics.median(u.busy_threads for u in uses)) if uses
+            else None}
 
 
 class TrialClock:
@@ -113,11 +138,15 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             running = companions
         clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
         cpu_before = time.process_time()
-        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
-                                  clock.enough)
+        seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
+        measurement = Measurement(
+            resolved, config, consumer, HARD_CAP_S, records.append, clock.enough,
+            on_worker=lambda pid, worker_id, probe: seen.update(
+                {pid: probe or {}} if worker_id >= 0 else {}))
         measurement.run()
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
+        workers_threads = worker_threads_read(seen)  # while the workers still run
     finally:
         try:
             if running is not None:  # the companions stopped before this loader's workers are
@@ -138,6 +167,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
         phase=phase, repeat=repeat, in_order=config.in_order,
     )
+    if trial is not None:
+        trial = replace(trial, worker_threads=config.worker_threads, **workers_threads)
     if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
                         node_samples_per_s=others.node_total(trial.samples_per_s))
@@ -159,12 +190,23 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
 
     attempts: list[str] = []
 
+    # threads against the cores this rank has, not less the load of the moment
+    threads_decision = ThreadsDecision(limits.cpus_usable / limits.local_world_size)
+
     def measure(spec: TrialSpec) -> TrialResult | None:
         # NOTE [ Persistent workers while searching ]: the restart cost is judged apart.
-        trial_config = search_config.replace(num_workers=spec.num_workers,
-                                             persistent_workers=spec.num_workers > 0)
-        return measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
-                             attempts=attempts, companions=companions)
+        trial_config = search_config.replace(
+            num_workers=spec.num_workers, persistent_workers=spec.num_workers > 0,
+            worker_threads=threads_decision.worker_threads if spec.num_workers else None)
+        trial = measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
+                              attempts=attempts, companions=companions)
+        if trial is None:
+            return None
+        # NOTE [ Deciding threads during the search ] (tune/thread_pools.py)
+        return threads_decision.check(
+            trial, lambda threads, repeat: measure_trial(
+                resolved, trial_config.replace(worker_threads=threads), consumer, spec.phase,
+                repeat, companions=companions), on_trial)
 
     started = time.monotonic()
     # The first batches in a fresh process pay for page faults, allocator growth and lazy
@@ -183,6 +225,11 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             outcome = tuner.run()
         except NoSteadyState as exc:
             raise no_steady_state_error(attempts, config) from exc
+        pick = [t for t in outcome.trials if t.num_workers == outcome.recommendation.kwargs[
+            "num_workers"] and t.phase not in claim.OUTSIDE_SEARCH]
+        outcome = replace(outcome, trials=[*outcome.trials, *threads_decision.others],
+                          recommendation=threads_decision.recommend(outcome.recommendation,
+                                                                    pick))
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
         final, outcome = _delivery_order(resolved, final, consumer, outcome, on_trial,
@@ -333,6 +380,8 @@ def own_kwargs(config: LoaderConfig) -> dict[str, int | bool | None]:
     if config.num_workers:
         kwargs["persistent_workers"] = config.persistent_workers
         kwargs["prefetch_factor"] = config.prefetch_factor
+        if config.worker_threads is not None:
+            kwargs["worker_threads"] = config.worker_threads
     return kwargs
 
 

@@ -1,0 +1,186 @@
+"""The thread pools inside a process (torch's, BLAS's, OpenMP's, OpenCV's): how many threads each
+may run, how much of a worker's CPU its extra threads do, and a worker_init_fn that limits each
+pool to one thread.
+
+NOTE [ Threads per worker ]
+
+    DataLoader sets torch's own intra-op pool to one thread in every worker
+    (torch/utils/data/_utils/worker.py), but not the pools of the libraries a dataset calls:
+    numpy's OpenBLAS, MKL, OpenMP (libgomp, libomp) and OpenCV each start one thread per core
+    in every worker, and a worker_init_fn that calls ``torch.set_num_threads(n)`` undoes
+    torch's. W workers then run W x cores threads on the cores, and BLAS threads spin while
+    they wait for each other. Measured on tests/datasets/blas_threads.py (a few 160x160
+    matmuls per sample), 2 workers on 2 CPUs: 9-12 s an epoch with numpy's 2-thread pool
+    against 1.4 s limited to one thread (6-8x; pytorch#82219, #19825 report up to 10x).
+
+    Read in each process after its first fetch (the probe): each pool's size (``pools``). A
+    pool can be large and idle (numpy imported, no BLAS called), so what says it works is the
+    share of a worker's CPU done by its threads other than the main one (``thread_use``):
+    0.47-0.51 above with the 2-thread pool, 0.08-0.17 limited to one, 0 for a pure-Python
+    dataset. Oversubscribed: a pool of P > 1 threads in the workers, W x P above the usable
+    CPUs, and helper threads doing at least HELPER_SHARE_MIN of the workers' CPU
+    (analyse/pitfalls.py's ``oversubscribed``, read by the diagnostic and the tuner).
+
+    Limited by ``LimitThreads``, a worker_init_fn (the user's own runs after it): torch's pool,
+    every BLAS and OpenMP library already loaded, and OpenCV's, each set to one thread; the
+    variables OMP_NUM_THREADS and the like set to 1 for libraries the worker loads later. The
+    main process is left as it is: a training step on the CPU keeps its threads.
+
+    Libraries are found in /proc/self/maps (Linux); elsewhere only torch's and OpenCV's pools
+    are read and limited.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import psutil
+
+# Variables the libraries read when they load (for those a worker imports after its start).
+POOL_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+            "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+# Library file name (a part of it) -> (pool name, getter symbols, setter symbols). OpenBLAS is
+# built with a prefix and a suffix in numpy's and scipy's wheels (scipy_openblas...64_).
+_LIBRARIES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("openblas", "openblas",
+     ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+      "openblas_get_num_threads64_", "openblas_get_num_threads"),
+     ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+      "openblas_set_num_threads64_", "openblas_set_num_threads")),
+    ("libmkl_rt", "mkl", ("MKL_Get_Max_Threads",), ("MKL_Set_Num_Threads",)),
+    ("libgomp", "openmp", ("omp_get_max_threads",), ("omp_set_num_threads",)),
+    ("libomp", "openmp", ("omp_get_max_threads",), ("omp_set_num_threads",)),
+    ("libiomp", "openmp", ("omp_get_max_threads",), ("omp_set_num_threads",)),
+)
+
+
+def _loaded_libraries() -> list[str]:
+    """Paths of the shared libraries this process has loaded (Linux; [] elsewhere)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            paths = {line.split(None, 5)[-1].strip() for line in handle if ".so" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
+
+
+def _library_calls(which: int) -> list[tuple[str, Callable[..., int]]]:
+    """(pool name, function) for each loaded pool library: its getter (which=0) or setter (1).
+    The libraries are opened without loading anything new (RTLD_NOLOAD)."""
+    found = []
+    for path in _loaded_libraries():
+        name = os.path.basename(path)
+        for part, pool, getters, setters in _LIBRARIES:
+            if part not in name:
+                continue
+            try:
+                library = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0))
+            except OSError:
+                break
+            for symbol in (getters, setters)[which]:
+                if hasattr(library, symbol):
+                    found.append((pool, getattr(library, symbol)))
+                    break
+            break
+    return found
+
+
+def pools() -> dict[str, int]:
+    """Threads each pool of this process may run: ``{"torch": 1, "openblas": 8, ...}``."""
+    sizes: dict[str, int] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        sizes["torch"] = int(torch.get_num_threads())
+    for pool, getter in _library_calls(0):
+        try:
+            sizes[pool] = max(sizes.get(pool, 0), int(getter()))
+        except Exception:  # noqa: BLE001 - a library that will not say is left out
+            pass
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None and hasattr(cv2, "getNumThreads"):
+        sizes["opencv"] = int(cv2.getNumThreads())
+    return sizes
+
+
+def pool_env() -> dict[str, str]:
+    """The thread variables set in this process's environment."""
+    return {key: os.environ[key] for key in POOL_ENV if key in os.environ}
+
+
+def limit_to_one() -> None:
+    """Every pool of this process to one thread (see the NOTE)."""
+    for key in POOL_ENV:
+        os.environ[key] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    for _pool, setter in _library_calls(1):
+        try:
+            setter(1)
+        except Exception:  # noqa: BLE001 - a library that refuses keeps its pool
+            pass
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None and hasattr(cv2, "setNumThreads"):
+        cv2.setNumThreads(1)
+
+
+class LimitThreads:
+    """A worker_init_fn that limits each thread pool of the worker to one thread, then runs
+    ``init_fn`` (yours, if any): ``DataLoader(ds, num_workers=8,
+    worker_init_fn=LimitThreads(your_init_fn))``. The tuner recommends it where it measured it
+    faster (NOTE [ Threads per worker ]). A class, so spawn workers can unpickle it by name."""
+
+    def __init__(self, init_fn: Callable[[int], Any] | None = None) -> None:
+        self.init_fn = init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        limit_to_one()
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+    def __repr__(self) -> str:
+        inner = getattr(self.init_fn, "__qualname__", None) or (
+            type(self.init_fn).__name__ if self.init_fn is not None else "")
+        return f"LimitThreads({inner})"
+
+
+def limits_threads(init_fn: Any) -> bool:
+    """Whether a worker_init_fn (maybe wrapped by the probes) is LimitThreads."""
+    while init_fn is not None:
+        if isinstance(init_fn, LimitThreads):
+            return True
+        init_fn = getattr(init_fn, "init_fn", None)
+    return False
+
+
+@dataclass(frozen=True)
+class ThreadUse:
+    """How a process's threads shared its CPU since it started."""
+
+    helper_share: float  # done by its threads other than the main one
+    busy_threads: int  # threads that did at least BUSY_SHARE of its CPU each
+
+
+# One of 8 threads of a pool doing half a worker's CPU did 6-7% each; the worker's result
+# queue feeder, pickling batches, 2-3%.
+BUSY_SHARE = 0.05
+
+
+def thread_use(process: psutil.Process) -> ThreadUse | None:
+    """None when the threads cannot be read or the process has barely run."""
+    try:
+        threads = process.threads()
+    except (psutil.Error, OSError):
+        return None
+    times = {t.id: t.user_time + t.system_time for t in threads}
+    total = sum(times.values())
+    if total < 0.05:  # too little CPU to tell a pool from a blip
+        return None
+    others = sum(cpu for tid, cpu in times.items() if tid != process.pid)
+    return ThreadUse(round(others / total, 3),
+                     sum(1 for cpu in times.values() if cpu >= BUSY_SHARE * total))

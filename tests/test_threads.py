@@ -1,0 +1,217 @@
+"""Threads per worker (NOTE [ Threads per worker ], instrument/threads.py): the pools read in
+real workers, the diagnostic, the setting in configs, settings files and snippets, the search's
+decision, and a real tune checked against plain loops."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy  # noqa: F401 - loads numpy's OpenBLAS, as a dataset that uses numpy does
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dataloader_tuner import LimitThreads, load_settings
+from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.dashboard.jobs import controls_from_settings, settings_from_controls
+from dataloader_tuner.errors import ConfigError
+from dataloader_tuner.instrument import threads
+from dataloader_tuner.settings import read_settings, recommended_config, tuned_values
+from dataloader_tuner.tune.claim import same_settings
+from dataloader_tuner.tune.recommend import Recommendation
+from dataloader_tuner.tune.thread_pools import LIMITED_PHASE, ThreadsDecision
+from tests.real.plain_loop import plain_rate
+
+from .conftest import ROOT, dataset_path
+from .test_tuner import trial
+
+CORES = psutil.cpu_count() or 1
+needs_cores = pytest.mark.skipif(CORES < 2, reason="a pool of one thread per core needs 2 cores")
+
+
+class PoolsSeen(Dataset):
+    """Each sample is its worker's pools, as read there."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return threads.pools()
+
+
+def _worker_pools(init_fn=None) -> dict:
+    loader = DataLoader(PoolsSeen(), batch_size=None, num_workers=1, worker_init_fn=init_fn)
+    return next(iter(loader))
+
+
+@needs_cores
+def test_a_worker_reads_its_pools_and_limit_threads_sets_each_to_one():
+    own = threads.pools()
+    assert own["openblas"] == CORES  # numpy's OpenBLAS, found among the loaded libraries
+    as_started = _worker_pools()
+    # DataLoader sets torch's pool to one thread, not OpenBLAS's
+    assert as_started["torch"] == 1 and as_started["openblas"] == CORES
+    calls = []
+    limited = _worker_pools(LimitThreads(calls.append))
+    assert limited["openblas"] == 1 and all(size == 1 for size in limited.values())
+    assert threads.limits_threads(LimitThreads(None))
+    assert repr(LimitThreads(_worker_pools)) == "LimitThreads(_worker_pools)"
+
+
+def test_helper_threads_share_of_a_process_cpu():
+    use = threads.thread_use(psutil.Process())
+    assert use is not None and 0.0 <= use.helper_share <= 1.0 and use.busy_threads >= 1
+
+
+def test_oversubscribed_needs_more_busy_threads_than_cpus_and_the_pools_at_work():
+    blas = [{"torch": 1, "openblas": 8}]
+    found = pitfalls.oversubscribed(blas, [(0.5, 8), (0.5, 8)], 4, 8)
+    assert found is not None and found.pool == "openblas" and found.limits_can_help
+    assert "each worker keeps 8 threads busy (4 workers: 32 threads on 8 CPU(s))" in found.said(4, 8)
+    assert pitfalls.oversubscribed(blas, [(0.05, 1)], 4, 8) is None  # the pool sits idle
+    assert pitfalls.oversubscribed(blas, [(0.5, 2)], 4, 8) is None  # 8 busy threads on 8 CPUs
+    # many busy threads beyond any library pool: the dataset's own; LimitThreads cannot help
+    own = pitfalls.oversubscribed([{"torch": 1, "openblas": 2}], [(0.55, 9)], 2, 2)
+    assert own is not None and not own.limits_can_help
+    assert "look like threads your dataset starts itself" in own.said(2, 2)
+
+
+def test_the_diagnostic_reads_probes_and_resource_rows():
+    probes = [{"pid": 10 + i, "worker_id": i, "probe": {"pools": {"torch": 1, "openblas": 4}}}
+              for i in range(2)]
+    rows = [{"pid": 10 + i, "role": "worker", "helper_cpu_share": 0.5, "busy_threads": 4}
+            for i in range(2)]
+    found = pitfalls.thread_oversubscription(probes, rows, 2, 4)
+    assert found[0].code == "thread_oversubscription"
+    assert found[0].evidence["pool"] == "openblas" and "LimitThreads" in found[0].fix
+    torch_raised = [{**p, "probe": {"pools": {"torch": 4}}} for p in probes]
+    assert "raised it again" in pitfalls.thread_oversubscription(torch_raised, rows, 2, 4)[0].message
+    assert pitfalls.thread_oversubscription(probes, rows, 0, 4) == []
+
+
+def init(worker_id):
+    """A user's own worker_init_fn."""
+
+
+def test_the_setting_in_configs_snippets_and_settings_files(tmp_path):
+    config = LoaderConfig(batch_size=8, num_workers=2, worker_init_fn=init, worker_threads=1)
+    assert "worker_threads" not in config.to_kwargs()  # not DataLoader's
+    assert config.snippet().endswith("worker_init_fn=dataloader_tuner.LimitThreads(init))")
+    assert config.to_json_dict()["worker_threads"] == 1
+    assert config.replace(num_workers=0).worker_threads is None
+    with pytest.raises(ConfigError, match="worker_threads must be 1"):
+        LoaderConfig(num_workers=2, worker_threads=4)
+    with pytest.raises(ConfigError, match="only applies with worker processes"):
+        LoaderConfig(worker_threads=1)
+    assert not same_settings(config, config.replace(worker_threads=None))
+    values = tuned_values({"num_workers": 2, "worker_threads": 1})
+    assert recommended_config(LoaderConfig(batch_size=8), values).worker_threads == 1
+    assert tuned_values({"num_workers": 0, "worker_threads": 1})["worker_threads"] is None
+
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"dataloader_kwargs": {"num_workers": 2, "worker_threads": 1}}))
+    assert read_settings(str(path))["worker_threads"] == 1  # as the CLI sends it to a run
+    kwargs = load_settings(str(path), worker_init_fn=init)
+    assert "worker_threads" not in kwargs
+    assert isinstance(kwargs["worker_init_fn"], LimitThreads)
+    assert kwargs["worker_init_fn"].init_fn is init
+    DataLoader(PoolsSeen(), batch_size=None, **kwargs)  # DataLoader takes them as they are
+
+    # the page's "One thread per pool in each worker" box, both ways
+    controls = {"num_workers": 2, "pin_memory": False, "prefetch_factor": 2,
+                "persistent_workers": False, "batch_size": 8,
+                **controls_from_settings({"num_workers": 2, "worker_threads": 1})}
+    assert controls["one_thread"] is True
+    assert settings_from_controls(controls)["worker_threads"] == 1
+    assert "worker_threads" not in settings_from_controls({**controls, "one_thread": False})
+
+
+def _searched(n, rate, threads=None, share=0.5, busy=2, **kw):
+    return trial(n, rate, rate_ci=0.03, worker_threads=threads,
+                 worker_pools={"torch": 1, "openblas": 2}, helper_cpu_share=share,
+                 busy_threads=busy, **kw)
+
+
+def test_the_search_decides_once_at_the_first_oversubscribed_trial():
+    decision = ThreadsDecision(cpus_usable=2)
+    ran, shown = [], []
+
+    def measure(worker_threads, repeat):
+        ran.append(worker_threads)
+        return _searched(2, 900.0 if worker_threads == 1 else 200.0, worker_threads)
+
+    fits = _searched(1, 400.0)  # one worker's 2 threads on 2 CPUs
+    assert decision.check(fits, measure, shown.append) is fits and not ran
+    kept = decision.check(_searched(2, 210.0), measure, shown.append)
+    assert ran == [1, 1, None]  # A B B A, the search's trial the first A
+    assert kept.worker_threads == 1 and kept.phase == "search"
+    assert decision.worker_threads == 1 and len(shown) == 3
+    assert sum(t.phase == LIMITED_PHASE for t in shown) == 1
+    assert "LimitThreads(): 900 samples/s with one thread per pool" in decision.reason
+    later = _searched(3, 950.0, 1)
+    assert decision.check(later, measure, shown.append) is later and len(ran) == 3
+
+    rec = Recommendation({"num_workers": 3}, 950.0, 3.0, ("3 workers",))
+    assert decision.recommend(rec, [later]).kwargs["worker_threads"] == 1
+    assert "worker_threads" not in decision.recommend(rec, [fits]).kwargs
+
+
+def test_the_search_keeps_the_pools_where_limiting_does_not_pay():
+    decision = ThreadsDecision(cpus_usable=2)
+    kept = decision.check(_searched(2, 500.0),
+                          lambda threads_, repeat: _searched(2, 505.0, threads_), lambda t: None)
+    assert kept.worker_threads is None and decision.worker_threads is None
+    assert "did not pay beyond its noise" in decision.reason
+
+
+def _cli(*args: str, db) -> dict:
+    run = subprocess.run(
+        [sys.executable, "-m", "dataloader_tuner", *args, "--json", "--db", str(db)],
+        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+        timeout=400)
+    return json.loads(run.stdout)
+
+
+@needs_cores
+@pytest.mark.slow  # ~20 s: two profiles
+@pytest.mark.parametrize("fixture,pool", [("blas_threads.py", "openblas"),
+                                          ("torch_threads.py", "torch")])
+def test_a_profile_names_the_pool_that_oversubscribes(fixture, pool, tmp_path):
+    args = ["--num-workers", "2"] if fixture == "blas_threads.py" else []
+    doc = _cli("profile", dataset_path(fixture), "--seconds", "4", *args, db=tmp_path / "r.db")
+    assert doc["status"] == "ok", doc.get("error")
+    found = {w["code"]: w for w in doc["warnings"]}["thread_oversubscription"]
+    assert found["evidence"]["pool"] == pool
+    assert found["evidence"]["helper_cpu_share"] >= pitfalls.HELPER_SHARE_MIN
+
+
+@needs_cores
+@pytest.mark.slow  # ~60 s: a real tune, then plain loops
+def test_a_tune_limits_the_threads_where_plain_loops_confirm_it(tmp_path):
+    """numpy's OpenBLAS runs one thread per core in each worker: the tune measures one thread
+    per pool faster, and plain DataLoader loops with and without LimitThreads agree."""
+    target = dataset_path("blas_threads.py")
+    doc = _cli("tune", target, "--budget-s", "20", "--max-workers", "3", db=tmp_path / "r.db")
+    assert doc["status"] == "ok", doc.get("error")
+    recommended = doc["recommended"]
+    assert recommended.get("worker_threads") == 1, doc["reasons"]
+    assert "worker_init_fn=dataloader_tuner.LimitThreads()" in doc["snippet"]
+    assert any(t["phase"] == "threads_default" for t in doc["trials"])
+    settings = {k: v for k, v in recommended.items() if k != "worker_threads"}
+    settings["num_workers"] = max(settings["num_workers"], 2)
+    gains = []
+    for pair in range(2):
+        rates = {}
+        for limit in ((False, True) if pair % 2 == 0 else (True, False)):
+            init = LimitThreads() if limit else None
+            rates[limit] = plain_rate(target, 3.0, worker_init_fn=init,
+                                      **settings)["samples_per_s"]
+        gains.append(rates[True] / rates[False])
+    assert statistics.median(gains) > 1.5, gains
+    assert torch.get_num_threads() >= 1  # this process's own pools untouched
