@@ -132,7 +132,9 @@ def recommended_settings(base: dict, recommended: dict) -> dict:
 # -- the settings file (engine tune --out, the dashboard's download) ---------------------------
 
 def settings_file(result: "TuneResult") -> dict:
-    """What ``--out`` writes: the kwargs for ``DataLoader(ds, **settings)`` and their evidence."""
+    """What ``--out`` writes: the settings and their evidence. ``dataloader_tuner.load_settings``
+    turns them into DataLoader's keyword arguments (``worker_threads`` is this tool's: a
+    worker_init_fn)."""
     return {
         "dataloader_kwargs": result.recommended,
         "target": result.target,

@@ -42,6 +42,9 @@ SHM_SHARE = 0.5  # batches in flight above half of free /dev/shm
 # A worker's threads other than its main one doing this share of its CPU: its pools work
 # (NOTE [ Threads per worker ]: 0.5 with a 2-thread BLAS pool at work, under 0.2 limited).
 HELPER_SHARE_MIN = 0.25
+# A worker's thread that sends batches to the main process (its queue's feeder) did 70% of its
+# CPU on 0.1 ms batches and 2% on 24 ms ones: below this making time its share says nothing.
+MAKING_MIN_MS = 2.0
 POOL_NAMES = {"openblas": "OpenBLAS (numpy's BLAS)", "mkl": "MKL", "openmp": "OpenMP",
               "opencv": "OpenCV", "torch": "torch intra-op"}
 RESTART_SHARE = 0.05  # worker start-up above 5% of an epoch, paid every epoch
@@ -54,7 +57,7 @@ RNG_FIX = """def worker_init_fn(worker_id):
 DataLoader(dataset, ..., worker_init_fn=worker_init_fn)"""
 
 THREADS_FIX = """import dataloader_tuner
-# each worker's pools (torch, BLAS, OpenMP, OpenCV) to one thread, then your own init, if any:
+# your own init, if any, then each worker's pools (torch, BLAS, OpenMP, OpenCV) to one thread:
 DataLoader(dataset, ..., worker_init_fn=dataloader_tuner.LimitThreads(your_worker_init_fn))
 
 # or without this package, in your worker_init_fn:
@@ -427,11 +430,14 @@ class Oversubscribed:
 
 
 def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, int]],
-                   num_workers: int, cpus_usable: float) -> Oversubscribed | None:
+                   num_workers: int, cpus_usable: float,
+                   making_ms: float | None) -> Oversubscribed | None:
     """From each worker's pools (its probe) and its threads' use of its CPU ((share done by
     threads other than the main one, busy threads)): more busy threads than usable CPUs, with
-    the other threads doing at least HELPER_SHARE_MIN of the work."""
-    if not num_workers or not uses:
+    the other threads doing at least HELPER_SHARE_MIN of the work. Only where a batch takes
+    MAKING_MIN_MS or more to make (``making_ms``, the median): on faster ones the thread that
+    sends batches to the main process does as much as the making."""
+    if not num_workers or not uses or making_ms is None or making_ms < MAKING_MIN_MS:
         return None
     share = statistics.median(u[0] for u in uses)
     busy = int(statistics.median(u[1] for u in uses))
@@ -443,13 +449,15 @@ def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, 
 
 
 def thread_oversubscription(probes: Sequence[dict[str, Any]], resources: Sequence[dict[str, Any]],
-                            num_workers: int, cpus_usable: float) -> list[Diagnostic]:
+                            num_workers: int, cpus_usable: float,
+                            making_ms: float | None) -> list[Diagnostic]:
     pools = [p["probe"].get("pools") or {} for p in probes if p["worker_id"] >= 0]
     latest: dict[int, tuple[float, int]] = {}  # worker pid -> its use since it started, last read
     for row in resources:
         if row["role"] == "worker" and row.get("helper_cpu_share") is not None:
             latest[row["pid"]] = (row["helper_cpu_share"], row.get("busy_threads") or 1)
-    found = oversubscribed(pools, list(latest.values()), num_workers, cpus_usable)
+    found = oversubscribed(pools, list(latest.values()), num_workers, cpus_usable,
+                           making_ms)
     if found is None:
         return []
     fix = ("Limit each worker to one thread per pool; tune measures whether it pays."

@@ -233,10 +233,12 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
                            per_batch["bytes"])
         found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(made),
                                                live.tuned_workers)
-        found += pitfalls.thread_oversubscription(live.probes, live.resources, workers,
-                                                  system.cores)
     fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
     making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
+    if workers and system is not None:
+        found += pitfalls.thread_oversubscription(
+            live.probes, live.resources, workers, system.cores,
+            making_s * 1000 if making_s is not None else None)
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
     found += overdue_batches(live.overdue, live.batches)
     return found

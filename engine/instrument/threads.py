@@ -9,7 +9,7 @@ NOTE [ Threads per worker ]
     numpy's OpenBLAS, MKL, OpenMP (libgomp, libomp) and OpenCV each start one thread per core
     in every worker, and a worker_init_fn that calls ``torch.set_num_threads(n)`` undoes
     torch's. W workers then run W x cores threads on the cores, and BLAS threads spin while
-    they wait for each other. Measured on tests/datasets/blas_threads.py (a few 160x160
+    they wait for each other. Measured on tests/datasets/blas_threads.py (a few 128x128
     matmuls per sample), 2 workers on 2 CPUs: 9-12 s an epoch with numpy's 2-thread pool
     against 1.4 s limited to one thread (6-8x; pytorch#82219, #19825 report up to 10x).
 
@@ -21,7 +21,8 @@ NOTE [ Threads per worker ]
     CPUs, and helper threads doing at least HELPER_SHARE_MIN of the workers' CPU
     (analyse/pitfalls.py's ``oversubscribed``, read by the diagnostic and the tuner).
 
-    Limited by ``LimitThreads``, a worker_init_fn (the user's own runs after it): torch's pool,
+    Limited by ``LimitThreads``, a worker_init_fn (the user's own runs before it, so one that
+    raises torch's pool is overruled): torch's pool,
     every BLAS and OpenMP library already loaded, and OpenCV's, each set to one thread; the
     variables OMP_NUM_THREADS and the like set to 1 for libraries the worker loads later. The
     main process is left as it is: a training step on the CPU keeps its threads.
@@ -130,8 +131,8 @@ def limit_to_one() -> None:
 
 
 class LimitThreads:
-    """A worker_init_fn that limits each thread pool of the worker to one thread, then runs
-    ``init_fn`` (yours, if any): ``DataLoader(ds, num_workers=8,
+    """A worker_init_fn that runs ``init_fn`` (yours, if any), then limits each thread pool of
+    the worker to one thread: ``DataLoader(ds, num_workers=8,
     worker_init_fn=LimitThreads(your_init_fn))``. The tuner recommends it where it measured it
     faster (NOTE [ Threads per worker ]). A class, so spawn workers can unpickle it by name."""
 
@@ -139,9 +140,9 @@ class LimitThreads:
         self.init_fn = init_fn
 
     def __call__(self, worker_id: int) -> None:
-        limit_to_one()
-        if self.init_fn is not None:
+        if self.init_fn is not None:  # first: one that raises torch's pool is overruled
             self.init_fn(worker_id)
+        limit_to_one()
 
     def __repr__(self) -> str:
         inner = getattr(self.init_fn, "__qualname__", None) or (
@@ -172,7 +173,10 @@ BUSY_SHARE = 0.05
 
 
 def thread_use(process: psutil.Process) -> ThreadUse | None:
-    """None when the threads cannot be read or the process has barely run."""
+    """None when the threads cannot be read or the process has barely run, and off Linux
+    (where a thread's id is not its process's for the main thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         threads = process.threads()
     except (psutil.Error, OSError):

@@ -190,23 +190,27 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
 
     attempts: list[str] = []
 
-    # threads against the cores this rank has, not less the load of the moment
-    threads_decision = ThreadsDecision(limits.cpus_usable / limits.local_world_size)
+    # threads against the cores this rank has (a quota counted), not less the load now
+    threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
+    threads_of: dict[int, int | None] = {}  # a worker count stays on its first trial's setting
 
     def measure(spec: TrialSpec) -> TrialResult | None:
         # NOTE [ Persistent workers while searching ]: the restart cost is judged apart.
         trial_config = search_config.replace(
             num_workers=spec.num_workers, persistent_workers=spec.num_workers > 0,
-            worker_threads=threads_decision.worker_threads if spec.num_workers else None)
+            worker_threads=threads_of.get(spec.num_workers, threads_decision.worker_threads)
+            if spec.num_workers else None)
         trial = measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
                               attempts=attempts, companions=companions)
         if trial is None:
             return None
         # NOTE [ Deciding threads during the search ] (tune/thread_pools.py)
-        return threads_decision.check(
+        trial = threads_decision.check(
             trial, lambda threads, repeat: measure_trial(
                 resolved, trial_config.replace(worker_threads=threads), consumer, spec.phase,
                 repeat, companions=companions), on_trial)
+        threads_of.setdefault(spec.num_workers, trial.worker_threads)
+        return trial
 
     started = time.monotonic()
     # The first batches in a fresh process pay for page faults, allocator growth and lazy

@@ -34,7 +34,7 @@ def found_in(trial: TrialResult, cpus_usable: float) -> Oversubscribed | None:
         return None
     found = oversubscribed([trial.worker_pools or {}],
                            [(trial.helper_cpu_share, trial.busy_threads or 1)],
-                           trial.num_workers, cpus_usable)
+                           trial.num_workers, cpus_usable, trial.worker_ms)
     return found if found is not None and found.limits_can_help else None
 
 
@@ -79,8 +79,12 @@ class ThreadsDecision:
                   ) -> Recommendation:
         """The pick's own threads setting, with the reason line."""
         kwargs = dict(recommendation.kwargs)
+        if not kwargs.get("num_workers"):  # no workers, no pools of theirs to speak of
+            return recommendation
         if pick and all(t.worker_threads == 1 for t in pick):
             kwargs["worker_threads"] = 1
+        elif self.worker_threads == 1:  # the pick's count was measured before it was decided
+            return replace(recommendation, kwargs=kwargs)
         reasons = recommendation.reasons + ((self.reason,) if self.reason else ())
         return replace(recommendation, kwargs=kwargs, reasons=reasons)
 
