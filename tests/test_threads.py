@@ -81,7 +81,7 @@ def test_oversubscribed_needs_more_busy_threads_than_cpus_and_the_pools_at_work(
     assert "each worker keeps 8 threads busy (4 workers: 32 threads on 8 CPU(s))" in found.said(4, 8)
     assert pitfalls.oversubscribed(blas, [(0.05, 1)], 4, 8, 20.0) is None  # the pool sits idle
     assert pitfalls.oversubscribed(blas, [(0.5, 2)], 4, 8, 20.0) is None  # 8 threads, 8 CPUs
-    # 0.1 ms batches: the thread sending them does as much as the making; no pool is judged
+    # 0.1 ms of CPU a batch: the thread sending them does as much as the making; not judged
     assert pitfalls.oversubscribed(blas, [(0.7, 3)], 4, 8, 0.1) is None
     # many busy threads beyond any library pool: the dataset's own; LimitThreads cannot help
     own = pitfalls.oversubscribed([{"torch": 1, "openblas": 2}], [(0.55, 9)], 2, 2, 10.0)
@@ -140,8 +140,8 @@ def test_the_setting_in_configs_snippets_and_settings_files(tmp_path):
     assert "worker_threads" not in settings_from_controls({**controls, "one_thread": False})
 
 
-def _searched(n, rate, threads=None, share=0.5, busy=2, worker_ms=20.0, **kw):
-    return trial(n, rate, rate_ci=0.03, worker_threads=threads, worker_ms=worker_ms,
+def _searched(n, rate, threads=None, share=0.5, busy=2, cpu_ms=20.0, **kw):
+    return trial(n, rate, rate_ci=0.03, worker_threads=threads, cpu_ms=cpu_ms,
                  worker_pools={"torch": 1, "openblas": 2}, helper_cpu_share=share,
                  busy_threads=busy, **kw)
 
@@ -170,8 +170,8 @@ def test_the_search_decides_once_at_the_first_oversubscribed_trial():
     assert "worker_threads" not in decision.recommend(rec, [fits]).kwargs
     no_workers = Recommendation({"num_workers": 0}, 950.0, 3.0, ("0 workers",))
     assert decision.recommend(no_workers, []) == no_workers  # no reason about pools it lacks
-    fast = ThreadsDecision(cpus_usable=2)  # 0.1 ms batches: not judged, not measured
-    fast.check(_searched(2, 210.0, worker_ms=0.1), measure, shown.append)
+    fast = ThreadsDecision(cpus_usable=2)  # 0.3 ms of CPU a batch: not judged, not measured
+    fast.check(_searched(2, 210.0, cpu_ms=0.3), measure, shown.append)
     assert not fast.decided
 
 

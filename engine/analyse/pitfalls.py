@@ -43,8 +43,9 @@ SHM_SHARE = 0.5  # batches in flight above half of free /dev/shm
 # (NOTE [ Threads per worker ]: 0.5 with a 2-thread BLAS pool at work, under 0.2 limited).
 HELPER_SHARE_MIN = 0.25
 # A worker's thread that sends batches to the main process (its queue's feeder) did 70% of its
-# CPU on 0.1 ms batches and 2% on 24 ms ones: below this making time its share says nothing.
-MAKING_MIN_MS = 2.0
+# CPU on batches of 0.1 ms of CPU, and most of it on a dataset that sleeps (0.3 ms of CPU in a
+# 2.4 ms batch), 2% on 24 ms ones: below this CPU per batch its share says nothing.
+CPU_MIN_MS = 2.0
 POOL_NAMES = {"openblas": "OpenBLAS (numpy's BLAS)", "mkl": "MKL", "openmp": "OpenMP",
               "opencv": "OpenCV", "torch": "torch intra-op"}
 RESTART_SHARE = 0.05  # worker start-up above 5% of an epoch, paid every epoch
@@ -431,13 +432,13 @@ class Oversubscribed:
 
 def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, int]],
                    num_workers: int, cpus_usable: float,
-                   making_ms: float | None) -> Oversubscribed | None:
+                   cpu_ms: float | None) -> Oversubscribed | None:
     """From each worker's pools (its probe) and its threads' use of its CPU ((share done by
     threads other than the main one, busy threads)): more busy threads than usable CPUs, with
-    the other threads doing at least HELPER_SHARE_MIN of the work. Only where a batch takes
-    MAKING_MIN_MS or more to make (``making_ms``, the median): on faster ones the thread that
-    sends batches to the main process does as much as the making."""
-    if not num_workers or not uses or making_ms is None or making_ms < MAKING_MIN_MS:
+    the other threads doing at least HELPER_SHARE_MIN of the work. Only where making a batch
+    takes CPU_MIN_MS of CPU or more (``cpu_ms``, the median): on less the thread that sends
+    batches to the main process does as much as the making."""
+    if not num_workers or not uses or cpu_ms is None or cpu_ms < CPU_MIN_MS:
         return None
     share = statistics.median(u[0] for u in uses)
     busy = int(statistics.median(u[1] for u in uses))
@@ -450,14 +451,13 @@ def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, 
 
 def thread_oversubscription(probes: Sequence[dict[str, Any]], resources: Sequence[dict[str, Any]],
                             num_workers: int, cpus_usable: float,
-                            making_ms: float | None) -> list[Diagnostic]:
+                            cpu_ms: float | None) -> list[Diagnostic]:
     pools = [p["probe"].get("pools") or {} for p in probes if p["worker_id"] >= 0]
     latest: dict[int, tuple[float, int]] = {}  # worker pid -> its use since it started, last read
     for row in resources:
         if row["role"] == "worker" and row.get("helper_cpu_share") is not None:
             latest[row["pid"]] = (row["helper_cpu_share"], row.get("busy_threads") or 1)
-    found = oversubscribed(pools, list(latest.values()), num_workers, cpus_usable,
-                           making_ms)
+    found = oversubscribed(pools, list(latest.values()), num_workers, cpus_usable, cpu_ms)
     if found is None:
         return []
     fix = ("Limit each worker to one thread per pool; tune measures whether it pays."

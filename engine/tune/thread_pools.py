@@ -34,7 +34,7 @@ def found_in(trial: TrialResult, cpus_usable: float) -> Oversubscribed | None:
         return None
     found = oversubscribed([trial.worker_pools or {}],
                            [(trial.helper_cpu_share, trial.busy_threads or 1)],
-                           trial.num_workers, cpus_usable, trial.worker_ms)
+                           trial.num_workers, cpus_usable, trial.worker_cpu_ms)
     return found if found is not None and found.limits_can_help else None
 
 

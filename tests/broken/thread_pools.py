@@ -10,7 +10,7 @@ _pool = None
 
 
 def _work(i):
-    return sum(range(2000 + i % 7))
+    return sum(range(6000 + i % 7))
 
 
 class Pooled(Dataset):
