@@ -187,19 +187,16 @@ class LoaderConfig:
         ``expressions`` names objects as the user's code makes them (``sampler`` ->
         ``"make_sampler(dataset)"``); other objects are named by their class or function."""
         expressions = expressions or {}
-        parts = [dataset_name]
+        rendered: dict[str, str] = {}
         for key, value in self.to_kwargs().items():
             if key in expressions and not _is_json_scalar(value):
-                rendered = expressions[key]
+                rendered[key] = expressions[key]
             else:
-                rendered = repr(value) if _is_json_scalar(value) else describe_object(value)
-            parts.append(f"{key}={rendered}")
+                rendered[key] = repr(value) if _is_json_scalar(value) else describe_object(value)
         if self.worker_threads == 1:  # the user's own worker_init_fn runs inside it
-            own = next((p for p in parts if p.startswith("worker_init_fn=")), None)
-            inner = own.split("=", 1)[1] if own else ""
-            if own:
-                parts.remove(own)
-            parts.append(f"worker_init_fn=dataloader_tuner.LimitThreads({inner})")
+            own = rendered.pop("worker_init_fn", "")
+            rendered["worker_init_fn"] = f"dataloader_tuner.LimitThreads({own})"
+        parts = [dataset_name, *(f"{key}={text}" for key, text in rendered.items())]
         return f"DataLoader({', '.join(parts)})"
 
     @classmethod

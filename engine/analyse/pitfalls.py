@@ -68,8 +68,8 @@ TORCH_RAISED = ("DataLoader sets torch's pool to one thread in each worker; your
                 "or dataset raised it again.")
 OTHERS_UNLIMITED = ("DataLoader sets torch's own pool to one thread in each worker, not the "
                     "pools of other libraries.")
-OWN_THREADS_FIX = """# the workers already run in parallel: a thread pool of the dataset's own, in each of
-# them, needs a thread or two, not one per core
+OWN_THREADS_FIX = """# the workers already run in parallel: a thread pool of the
+# dataset's own, in each of them, needs a thread or two, not one per core
 pool = ThreadPoolExecutor(max_workers=1)"""
 
 
@@ -452,7 +452,8 @@ def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, 
 def thread_oversubscription(probes: Sequence[dict[str, Any]], resources: Sequence[dict[str, Any]],
                             num_workers: int, cpus_usable: float,
                             cpu_ms: float | None) -> list[Diagnostic]:
-    pools = [p["probe"].get("pools") or {} for p in probes if p["worker_id"] >= 0]
+    in_workers = [p["probe"] for p in probes if p["worker_id"] >= 0]
+    pools = [probe.get("pools") or {} for probe in in_workers]
     latest: dict[int, tuple[float, int]] = {}  # worker pid -> its use since it started, last read
     for row in resources:
         if row["role"] == "worker" and row.get("helper_cpu_share") is not None:
@@ -468,7 +469,9 @@ def thread_oversubscription(probes: Sequence[dict[str, Any]], resources: Sequenc
         f"{TORCH_RAISED if found.pool == 'torch' else OTHERS_UNLIMITED} {fix}",
         {"busy_threads_per_worker": found.busy_threads, "num_workers": num_workers,
          "cpus_usable": cpus_usable, "helper_cpu_share": found.helper_share,
-         "pool": found.pool, "pool_threads": found.pool_threads},
+         "pool": found.pool, "pool_threads": found.pool_threads,
+         # OMP_NUM_THREADS and the like as the workers had them (they size the pools)
+         "pool_env": next((p["pool_env"] for p in in_workers if p.get("pool_env")), {})},
         THREADS_FIX if found.limits_can_help else OWN_THREADS_FIX)]
 
 

@@ -52,6 +52,39 @@ def alternate(measure_base: Callable[[int], TrialResult | None],
     return base, pick
 
 
+@dataclass(frozen=True)
+class InTurn:
+    """Two settings measured in turn (``alternate``): their mean rates and how well their ratio
+    is known (both sides' uncertainties combined, as a fraction)."""
+
+    a: list[TrialResult]
+    b: list[TrialResult]
+    rate_a: float
+    rate_b: float
+    noise: float | None
+
+    def b_pays(self, min_gain: float) -> bool:
+        """B faster than A by ``min_gain`` and beyond the noise, every trial one to believe."""
+        gain = self.rate_b / self.rate_a
+        return (self.noise is not None and all(t.conclusive for t in self.a + self.b)
+                and gain >= min_gain and gain - 1 > self.noise)
+
+    def noise_text(self) -> str:
+        return f", ±{self.noise:.0%}" if self.noise is not None else ""
+
+
+def in_turn(a: list[TrialResult | None], b: list[TrialResult | None]) -> InTurn | None:
+    """The two sides of ``alternate``, or None where a trial reached no steady state."""
+    kept_a = [t for t in a if t is not None]
+    kept_b = [t for t in b if t is not None]
+    if len(kept_a) < len(a) or len(kept_b) < len(b) or not kept_a or not kept_b:
+        return None
+    pcts = [p for p in (uncertainty_pct(kept_a), uncertainty_pct(kept_b)) if p is not None]
+    return InTurn(kept_a, kept_b, statistics.fmean(t.samples_per_s for t in kept_a),
+                  statistics.fmean(t.samples_per_s for t in kept_b),
+                  (sum(p ** 2 for p in pcts) ** 0.5) / 100 if pcts else None)
+
+
 def items_per_s(trial: TrialResult) -> float:
     """The rate in the dataset's own items: samples, or whole batches with batch_size=None."""
     if trial.batch_size is None and trial.batches_per_s:

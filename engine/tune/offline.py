@@ -139,10 +139,13 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
         cpu_before = time.process_time()
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
-        measurement = Measurement(
-            resolved, config, consumer, HARD_CAP_S, records.append, clock.enough,
-            on_worker=lambda pid, worker_id, probe: seen.update(
-                {pid: probe or {}} if worker_id >= 0 else {}))
+
+        def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
+            if worker_id >= 0:  # not the main process
+                seen[pid] = probe or {}
+
+        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
+                                  clock.enough, on_worker=worker_seen)
         measurement.run()
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None

@@ -26,7 +26,7 @@ import statistics
 
 from dataloader_tuner.config import LoaderConfig, supports_in_order
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.recommend import uncertainty_pct
+from dataloader_tuner.tune.claim import in_turn
 
 HEAVY_TAIL_CV = 1.0
 WAITS_MIN = 0.02
@@ -60,21 +60,13 @@ def worth_trying(pick: list[TrialResult], final: LoaderConfig, keep_order: bool,
 def decide(ordered: list[TrialResult | None], unordered: list[TrialResult | None]
            ) -> tuple[bool, str]:
     """(recommend in_order=False, the reason line), from the pick measured both ways in turn."""
-    a = [t for t in ordered if t is not None]
-    b = [t for t in unordered if t is not None]
-    if len(a) < len(ordered) or len(b) < len(unordered) or not a or not b:
+    both = in_turn(ordered, unordered)
+    if both is None:
         return False, ("in_order=False was measured but a trial reached no steady state: "
                        "batches stay in order.")
-    rate_a = statistics.fmean(t.samples_per_s for t in a)
-    rate_b = statistics.fmean(t.samples_per_s for t in b)
-    pcts = [p for p in (uncertainty_pct(a), uncertainty_pct(b)) if p is not None]
-    noise = (sum(p ** 2 for p in pcts) ** 0.5) / 100 if pcts else None
-    gain = rate_b / rate_a
-    figures = (f"{rate_b:.0f} samples/s out of order against {rate_a:.0f} in order "
-               f"({len(b)} trials each, in turn")
-    figures += f", ±{noise:.0%})" if noise is not None else ")"
-    conclusive = all(t.conclusive for t in a + b) and noise is not None
-    if conclusive and gain >= MIN_GAIN and gain - 1 > noise:  # type: ignore[operator]
+    figures = (f"{both.rate_b:.0f} samples/s out of order against {both.rate_a:.0f} in order "
+               f"({len(both.b)} trials each, in turn{both.noise_text()})")
+    if both.b_pays(MIN_GAIN):
         return True, (f"in_order=False: {figures}: a slow batch no longer holds back the ones "
                       f"made after it. Note: {KEEP_ORDER_HINT}.")
     return False, f"in_order=False was measured and did not pay beyond its noise: {figures}."

@@ -16,13 +16,13 @@ NOTE [ Deciding threads during the search ]
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dataloader_tuner.analyse.pitfalls import POOL_NAMES, Oversubscribed, oversubscribed
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.recommend import Recommendation, uncertainty_pct
+from dataloader_tuner.tune.claim import in_turn
+from dataloader_tuner.tune.recommend import Recommendation
 
 MIN_GAIN = 1.03
 DEFAULT_PHASE, LIMITED_PHASE = "threads_default", "threads_one"
@@ -93,24 +93,16 @@ def decide(as_started: list[TrialResult | None], limited: list[TrialResult | Non
            found: Oversubscribed, workers: int, cpus_usable: float) -> tuple[bool, str]:
     """(limit each worker's pools to one thread, the reason line)."""
     pool = POOL_NAMES.get(found.pool or "", found.pool)
-    a = [t for t in as_started if t is not None]
-    b = [t for t in limited if t is not None]
-    if len(a) < len(as_started) or len(b) < len(limited):
+    both = in_turn(as_started, limited)
+    if both is None:
         return False, (f"One thread per pool in each worker was measured ({pool} had "
                        f"{found.pool_threads}) but a trial reached no steady state: the pools "
                        "stay as they start.")
-    rate_a = statistics.fmean(t.samples_per_s for t in a)
-    rate_b = statistics.fmean(t.samples_per_s for t in b)
-    pcts = [p for p in (uncertainty_pct(a), uncertainty_pct(b)) if p is not None]
-    noise = (sum(p ** 2 for p in pcts) ** 0.5) / 100 if pcts else None
-    figures = (f"{rate_b:.0f} samples/s with one thread per pool in each worker against "
-               f"{rate_a:.0f} with {pool}'s {found.pool_threads} (at {workers} "
-               f"worker{'s' if workers != 1 else ''}, "
-               f"{len(b)} trials each, in turn")
-    figures += f", ±{noise:.0%})" if noise is not None else ")"
-    conclusive = all(t.conclusive for t in a + b) and noise is not None
-    gain = rate_b / rate_a
-    if conclusive and gain >= MIN_GAIN and gain - 1 > noise:  # type: ignore[operator]
+    figures = (f"{both.rate_b:.0f} samples/s with one thread per pool in each worker against "
+               f"{both.rate_a:.0f} with {pool}'s {found.pool_threads} (at {workers} "
+               f"worker{'s' if workers != 1 else ''}, {len(both.b)} trials each, in turn"
+               f"{both.noise_text()})")
+    if both.b_pays(MIN_GAIN):
         return True, (f"worker_init_fn=dataloader_tuner.LimitThreads(): {figures}: "
                       f"{workers} worker(s) with {found.busy_threads} busy threads each were "
                       f"more than the {cpus_usable:g} CPU(s) run at once. The search went on "
