@@ -103,7 +103,8 @@ def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
     assert doc["status"] == "ok", doc.get("error")
     baseline, recommended = doc["baseline"], doc["recommended"]
     drifted = [w for w in doc["warnings"] if w["code"] == "drifted_while_tuning"]
-    assert drifted and "Your settings" in drifted[0]["message"]  # 0 workers: cold, then warm
+    # 0 workers: cold, then warm. The pick may drift too on a loaded machine; both are said.
+    assert any(w["message"].startswith("Your settings") for w in drifted), drifted
     assert baseline["speedup"] is not None and "end of the tune" in baseline["claimed_from"]
 
     warming_store.dataset.warm_up()  # the store as the job reads it after its first epoch
