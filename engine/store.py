@@ -74,7 +74,8 @@ class StoredRun:
 # One row per process per resource sample (instrument/resources.py): the private-memory columns
 # are what worker_memory_growth judges, so a stored run can be judged again as it was live.
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
-                    "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads")
+                    "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads",
+                    "shm_used_mb", "shm_total_mb")
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER",
                   "busy_threads": "INTEGER"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched

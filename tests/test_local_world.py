@@ -8,6 +8,9 @@ import sys
 import psutil
 import pytest
 
+from dataloader_tuner import RunStore
+from dataloader_tuner.run.live import LiveRun
+
 from .conftest import ROOT, dataset_path
 from .test_watch import reap_orphans
 
@@ -37,6 +40,9 @@ def test_a_node_of_two_ranks_is_tuned_with_two_loaders_running_at_once(tmp_path)
     assert all(t["node_samples_per_s"] > t["samples_per_s"] for t in measured)
     assert any("Measured with 2 loaders running at once" in r for r in doc["reasons"])
     assert {p.pid for p in companions_alive()} <= before  # every companion was stopped
+    # Its settings run on each rank: the run's /dev/shm checks count both ranks' batches.
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    assert LiveRun.stored(store, store.list_runs()[0].id).ranks_on_node == 2
 
 
 BROKEN_COMPANION = """

@@ -67,6 +67,20 @@ def test_shm_pressure_from_batches_in_flight():
     assert pitfalls.shm_pressure(0, 0, 4 * 2**20, shm) == []
 
 
+def test_shm_read_during_the_run_counts_the_batches_in_it_as_their_own():
+    """Read while the run goes on, /dev/shm's used space holds the run's own batches: 16 MB in
+    flight with 40 MB free is 56 MB for them (no warning), not 40; another job taking 30 MB
+    more leaves 26 for them: over half."""
+    in_flight = (2, 2, 4 * 2**20)  # 16 MB
+    assert pitfalls.shm_pressure(*in_flight, {"free_mb": 40.0, "total_mb": 64.0},
+                                 in_use=True) == []
+    assert pitfalls.shm_pressure(*in_flight, {"free_mb": 24.0, "total_mb": 64.0})  # not in use
+    climbed = pitfalls.shm_pressure(*in_flight, {"free_mb": 10.0, "total_mb": 64.0},
+                                    in_use=True)[0]
+    assert climbed.evidence["shm_free_mb"] == 26.0 and climbed.evidence["during_run"]
+    assert not climbed.evidence["will_not_fit"]
+
+
 def test_shm_pressure_counts_the_nodes_ranks_and_says_when_batches_will_not_fit():
     shm = {"free_mb": 64.0, "total_mb": 64.0}
     near = pitfalls.shm_pressure(2, 2, 8 * 2**20, shm)[0]  # 32 MB: half of it
@@ -74,7 +88,7 @@ def test_shm_pressure_counts_the_nodes_ranks_and_says_when_batches_will_not_fit(
     # the same loader on each of a node's 4 ranks: 128 MB against 64
     crossing = pitfalls.shm_pressure(2, 2, 8 * 2**20, shm, ranks=4, estimated=True)[0]
     assert crossing.evidence == {"in_flight_mb": 128.0, "shm_free_mb": 64.0, "ranks": 4,
-                                 "will_not_fit": True, "estimated": True}
+                                 "will_not_fit": True, "estimated": True, "during_run": False}
     assert "x 4 ranks on this node" in crossing.message and "sample 0 x batch_size" in \
         crossing.message and "will die" in crossing.message
     for fix in ("fewer workers", "prefetch_factor", "--shm-size", "file_system"):

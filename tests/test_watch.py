@@ -372,3 +372,48 @@ def test_the_card_of_a_watched_loader_says_whether_the_job_chose_its_sampler():
     assert _own_sampler(DataLoader(data, sampler=WeightedRandomSampler([1.0] * 16, 16)))
     assert _own_sampler(DataLoader(data, batch_sampler=[[0, 1], [2, 3]]))
     assert not _own_sampler(DataLoader(data, batch_sampler=own_batches))  # as DataLoader builds
+
+
+SHM_FILLS = """
+import os, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+from dataloader_tuner import watch
+
+class Big(Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i): return torch.zeros(1 << 20)  # 4 MB: 16 MB in flight
+
+loader = watch(DataLoader(Big(), batch_size=1, num_workers=2, persistent_workers=True),
+               name="shm", db=sys.argv[1])
+path, start, filled = f"/dev/shm/dataloader-tuner-test-{os.getpid()}", time.monotonic(), False
+try:
+    while time.monotonic() - start < 4.5:
+        for batch in loader:
+            time.sleep(0.002)
+            if not filled and time.monotonic() - start > 1.5:
+                with open(path, "wb") as f:  # another job's 36 MB
+                    f.write(bytes(36 << 20))
+                filled = True
+                print("FILLED", file=sys.stderr, flush=True)
+finally:
+    if os.path.exists(path):
+        os.remove(path)
+loader.close()
+"""
+
+
+@pytest.mark.slow  # a 4.5 s training job
+def test_a_watched_job_is_told_as_dev_shm_fills_while_it_runs(db_path):
+    """16 MB of batches in flight fit a rehearsed 64 MB /dev/shm at the start; another job's
+    36 MB file taken mid-run leaves them less than twice their size: said on the job's stderr
+    then (not before), and kept in the run's warnings after the file is gone."""
+    job = subprocess.run([sys.executable, "-c", SHM_FILLS, db_path], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT, DATALOADER_TUNER_SHM_MB="64"))
+    assert job.returncode == 0, job.stderr[-2000:]
+    before, _, after = job.stderr.partition("FILLED")
+    assert "Batches in flight" not in before and "Batches in flight (2 workers x prefetch 2" \
+        in after, job.stderr[-2000:]
+    run = RunStore(db_path).list_runs()[0]
+    found = [w for w in run.result.to_dict()["warnings"] if w["code"] == "shm_too_small"]
+    assert found and found[0]["evidence"]["during_run"], run.result.to_dict()["warnings"]

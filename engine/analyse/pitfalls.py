@@ -345,16 +345,20 @@ SHM_FIX = ("docker run --shm-size=8g ...   # or --ipc=host; or fewer workers / a
 
 def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
                  shm: dict[str, Any] | None, ranks: int = 1,
-                 estimated: bool = False) -> list[Diagnostic]:
+                 estimated: bool = False, in_use: bool = False) -> list[Diagnostic]:
     """Batches in flight (workers x prefetch_factor x batch bytes, for each of the node's
     ``ranks``) against the free space of /dev/shm, where worker batches travel: a warning at
     half of it, and one that says the run will fail once they would not fit. ``estimated``:
-    the batch's bytes come from sample 0 times the batch size (no batch made yet)."""
+    the batch's bytes come from sample 0 times the batch size (no batch made yet); ``in_use``:
+    /dev/shm was read while these batches were in it (a sample during the run), so the space
+    they hold is theirs, not taken."""
     if not num_workers or not batch_bytes or not shm or shm.get("free_mb") is None:
         return []
     ranks = max(ranks, 1)
     in_flight_mb = ranks * num_workers * prefetch * batch_bytes / 2**20
     free_mb = shm["free_mb"]
+    if in_use:
+        free_mb = min(free_mb + in_flight_mb, shm.get("total_mb") or float("inf"))
     if in_flight_mb < SHM_SHARE * free_mb:
         return []
     each = f"{batch_bytes / 2**20:.1f} MB" + (" (sample 0 x batch_size)" if estimated else "")
@@ -369,7 +373,8 @@ def shm_pressure(num_workers: int, prefetch: int, batch_bytes: float | None,
         f"Batches in flight ({num_workers} workers x prefetch {prefetch} x {each}{node} = "
         f"{in_flight_mb:.0f} MB) need {verdict}. {SHM_FIXES}",
         {"in_flight_mb": round(in_flight_mb, 1), "shm_free_mb": round(free_mb, 1),
-         "ranks": ranks, "will_not_fit": in_flight_mb >= free_mb, "estimated": estimated},
+         "ranks": ranks, "will_not_fit": in_flight_mb >= free_mb, "estimated": estimated,
+         "during_run": in_use},
         SHM_FIX)]
 
 

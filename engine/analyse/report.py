@@ -229,8 +229,9 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
                                         length)
     found += pitfalls.worker_memory_growth(live.resources)
     if system is not None:  # the machine as the child saw it (none if it failed first)
-        found += shm_check(config, live.dataset, system.shm, live.ranks_on_node,
-                           per_batch["bytes"])
+        shm_now = tightest_shm(live.resources, system.shm)
+        found += shm_check(config, live.dataset, shm_now or system.shm, live.ranks_on_node,
+                           per_batch["bytes"], in_use=shm_now is not None)
         found += pitfalls.cpu_oversubscription(workers, system, pitfalls.cpu_share_of(made),
                                                live.tuned_workers)
     fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
@@ -244,15 +245,33 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
 
 
 def shm_check(config: dict[str, Any], dataset: DatasetCard | None, shm: dict[str, Any] | None,
-              ranks: int = 1, batch_bytes: float | None = None) -> list[Diagnostic]:
+              ranks: int = 1, batch_bytes: float | None = None, in_use: bool = False
+              ) -> list[Diagnostic]:
     """/dev/shm against the batches these settings keep in flight: from the batches measured,
-    or before any is made from sample 0 (a run about to start, the dashboard's settings)."""
+    or before any is made from sample 0 (a run about to start, the dashboard's settings).
+    ``in_use``: ``shm`` was read during the run, these batches in it."""
     workers = config.get("num_workers") or 0
     prefetch = config.get("prefetch_factor") or (2 if workers else 0)
     estimated = batch_bytes is None
     if estimated:
         batch_bytes = expected_batch_bytes(dataset, config)
-    return pitfalls.shm_pressure(workers, prefetch, batch_bytes, shm, ranks, estimated)
+    return pitfalls.shm_pressure(workers, prefetch, batch_bytes, shm, ranks, estimated, in_use)
+
+
+def tightest_shm(resources: list[dict[str, Any]], at_start: dict[str, Any] | None
+                 ) -> dict[str, Any] | None:
+    """/dev/shm at its fullest in the run's resource samples (their main process's rows), in
+    shm_usage's form (the rehearsed size kept from the start), or None before one is taken:
+    space taken while the run goes on (another job, leaked segments) is judged as it climbs,
+    and a run that came close is told so after it has passed."""
+    fullest = max((row for row in resources
+                   if row.get("role") == "main" and row.get("shm_total_mb")),
+                  key=lambda row: row["shm_used_mb"] or 0.0, default=None)
+    if fullest is None:
+        return None
+    used, total = fullest["shm_used_mb"] or 0.0, fullest["shm_total_mb"]
+    return {"used_mb": used, "total_mb": total, "free_mb": max(total - used, 0.0),
+            "rehearsed": bool(at_start and at_start.get("rehearsed"))}
 
 
 def expected_batch_bytes(dataset: DatasetCard | None, config: dict[str, Any]) -> float | None:

@@ -217,6 +217,9 @@ class ChildRun:
             consumer=consumer.to_dict(),
             system=system.snapshot(),
             torch=__import__("torch").__version__,
+            # A node-level tune's settings run on each of its ranks: their batches share
+            # /dev/shm (the check as the run starts, the run's diagnostics).
+            ranks_on_node=request.local_world_size if request.kind == "tune" else 1,
         )
         self.events.send(ready)
         if request.kind == "inspect":  # the dashboard's check of a target: no loader

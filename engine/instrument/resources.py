@@ -8,8 +8,11 @@ import time
 
 import psutil
 
-from dataloader_tuner import protocol
+from dataloader_tuner import protocol, system
 from dataloader_tuner.instrument import gpu, threads
+
+
+SHM_KEYS = ("shm_used_mb", "shm_total_mb")  # the main process's rows only
 
 
 class ResourceSampler:
@@ -73,7 +76,8 @@ class ResourceSampler:
                 {"pid": pid, "role": role, "worker_id": self.worker_ids.get(pid),
                  "cpu_percent": cpu, "rss_mb": rss, "threads": thread_count, **private,
                  "helper_cpu_share": use.helper_share if use else None,
-                 "busy_threads": use.busy_threads if use else None}
+                 "busy_threads": use.busy_threads if use else None,
+                 **(self._shm() if role == "main" else dict.fromkeys(SHM_KEYS))}
             )
         gpu_sample = None
         if self.nvml is not None:
@@ -82,6 +86,16 @@ class ResourceSampler:
             except Exception:  # noqa: BLE001
                 pass
         return protocol.Resources(t, procs, gpu_sample)
+
+    @staticmethod
+    def _shm() -> dict[str, float | None]:
+        """/dev/shm as this sample found it (on the main process's row: it is the machine's),
+        with the batches in flight in it: a check during the run counts them as its own."""
+        usage = system.shm_usage()
+        if usage is None:
+            return dict.fromkeys(SHM_KEYS)
+        return {"shm_used_mb": round(usage["used_mb"], 1),
+                "shm_total_mb": round(usage["total_mb"], 1)}
 
     def _children(self) -> list[int]:
         """This process's children. From /proc/PID/task/*/children where the kernel has it:

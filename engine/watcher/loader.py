@@ -34,6 +34,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
+from dataloader_tuner.analyse.report import shm_check, tightest_shm
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.instrument import probes, stalls
 from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
@@ -115,6 +116,11 @@ class WatchedLoader:
         self.max_workers = max_workers
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
         self._logged = 0  # decisions of the search already written to the run
+        # /dev/shm as the run goes (_watch_shm): the sample last judged, the latest batch
+        # size seen, and what was said (1: over half of it, 2: would not fit).
+        self._shm_sample: protocol.Resources | None = None
+        self._batch_bytes: int | None = None
+        self._shm_said = 0
         self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
         self.script = training_script()
@@ -133,7 +139,7 @@ class WatchedLoader:
         self._iterator: Any = None
         self.stalls = stalls.StallWatch(self.t0)
         self.stacks_dir = _stacks_folder()
-        self.recorder.start(self._ready, on_tick=self._watch_stalls)
+        self.recorder.start(self._ready, on_tick=self._on_tick)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
         # loaders in the same order), and two loaders both called "loader" kept apart.
@@ -464,7 +470,12 @@ class WatchedLoader:
 
     # -- on the recorder's thread -----------------------------------------------------------
 
-    def _watch_stalls(self) -> bool:
+    def _on_tick(self) -> bool:
+        self._watch_stalls()
+        self._watch_shm()
+        return False  # never ends the recorder's thread
+
+    def _watch_stalls(self) -> None:
         """Each flush: a batch overdue is written to the run and said on stderr (the job goes
         on; NOTE [ When a batch is overdue ], stalls.py)."""
         try:
@@ -475,7 +486,33 @@ class WatchedLoader:
                 _say(f"{self.name}: {overdue_now(overdue)} (its stack: the run's diagnostics)")
         except Exception:  # noqa: BLE001 - a report missed, never the recording (or the job)
             pass
-        return False  # never ends the recorder's thread
+
+    def _watch_shm(self) -> None:
+        """Each resource sample: /dev/shm's free space against the batches the loader keeps in
+        flight now, said on stderr as it first crosses half and again once they would not fit
+        (the run's diagnostics, read from the same samples, say it on the page)."""
+        sample = self.recorder.last_resources
+        if sample is None or sample is self._shm_sample:
+            return
+        self._shm_sample = sample
+        try:
+            for row in reversed(self.recorder.rows[-64:]):  # the latest batch's size, sampled
+                if row[6]:
+                    self._batch_bytes = row[6]
+                    break
+            shm = tightest_shm(sample.procs, system.shm_usage())  # this sample, rehearsed?
+            current = (self.search.current if self.search is not None else
+                       Setting(self.loader.num_workers, self.loader.prefetch_factor))
+            found = shm_check({"num_workers": current.num_workers,
+                               "prefetch_factor": current.prefetch_factor}, None, shm,
+                              self.rank.local_world_size if self.rank else 1,
+                              self._batch_bytes, in_use=True)
+            level = 2 if found and found[0].evidence["will_not_fit"] else len(found)
+            if level > self._shm_said:
+                _say(f"{self.name}: {found[0].message}")
+            self._shm_said = max(self._shm_said, level)
+        except Exception:  # noqa: BLE001 - a check missed, never the recording (or the job)
+            pass
 
     def _where_stuck(self) -> list[dict]:
         return stalls.where_stuck(self._iterator, self.stacks_dir)
