@@ -21,6 +21,7 @@ RANKS_REFRESH_S = 2.0  # as often as the ranks report
 def _table(board: job_board.Board) -> None:
     st.dataframe([{
         "run": run.id, "loader": run.label, "status": run.status, "job": job_board.job_of(run),
+        "built by": run.framework or "the script",
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)),
         "samples/s": _round(board.rates[run.id]),
     } for run in board.runs], hide_index=True)
@@ -37,7 +38,8 @@ def _run_view(run_id: int) -> None:
     live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
     result = run.result if isinstance(run.result, ProfileResult) else live.profile_summary(
         "ok" if run.status in ("running", "lost") else run.status)
-    st.markdown(f"**{run.label or 'loader'}** in `{job_board.job_of(run)}`: **{run.status}**, "
+    by = f" (built by the {run.framework})" if run.framework else ""
+    st.markdown(f"**{run.label or 'loader'}**{by} in `{job_board.job_of(run)}`: **{run.status}**, "
                 f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
                 + (" (the most recent)" if running else ""))
     if run.status == "lost":

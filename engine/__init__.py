@@ -54,9 +54,18 @@ def watch(loader, name: str | None = None, db: str | None = None, tune: bool = F
     return watch_loader(loader, name, db, tune, max_workers, settings_out)
 
 
+def watch_trainer(trainer, tune: bool = False, db: str | None = None,
+                  max_workers: int | None = None):
+    """Measure the loaders a Hugging Face Trainer builds: ``watch_trainer(trainer)`` before
+    ``trainer.train()``. See engine/watcher/trainers.py."""
+    from dataloader_tuner.watcher.trainers import watch_trainer as watch_hf_trainer
+
+    return watch_hf_trainer(trainer, tune, db, max_workers)
+
+
 __all__ = [
     # watch a training job
-    "watch",
+    "watch", "watch_trainer",
     # start and follow runs
     "RunRequest", "RunHandle", "RunState", "run_to_completion", "inspect_target", "Inspection",
     "LiveRun",

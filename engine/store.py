@@ -54,6 +54,7 @@ class StoredRun:
     script: str | None = None  # a watched run's training script
     heartbeat_at: float | None = None
     rank: dict | None = None  # {rank, world_size, local_rank, local_world_size, node_rank, job_id}
+    framework: str | None = None  # the trainer that built a watched loader ("Hugging Face Trainer")
     config: dict | None = None
     dataset: DatasetCard | None = None
     system: SystemSnapshot | None = None
@@ -80,8 +81,10 @@ RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "thr
                   "busy_threads": "INTEGER"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
 # ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
-WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json")
-WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT", "rank_json": "TEXT"}
+WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json",
+                  "framework")
+WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT", "rank_json": "TEXT",
+                "framework": "TEXT"}
 # A writer on another machine cannot be checked by pid: silent this long, it counts as gone.
 LOST_AFTER_S = 60.0
 
@@ -105,7 +108,8 @@ CREATE TABLE IF NOT EXISTS runs (
     script TEXT,
     heartbeat_at REAL,
     tune_requested_at REAL,
-    rank_json TEXT
+    rank_json TEXT,
+    framework TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -176,17 +180,18 @@ class RunStore:
 
     def create_run(self, kind: str, target: str, config: dict, label: str | None = None,
                    parent_id: int | None = None, script: str | None = None,
-                   rank: dict | None = None) -> int:
+                   rank: dict | None = None, framework: str | None = None) -> int:
         """A new run, written by this process (its host and pid are kept, see mark_lost_runs;
-        ``rank``: its place in a torchrun job, watcher/rank_identity.py)."""
+        ``rank``: its place in a torchrun job, watcher/rank_identity.py; ``framework``: the
+        trainer that built a watched loader)."""
         now = time.time()
         with self._conn() as conn:
             cursor = conn.execute(
                 "INSERT INTO runs (kind, label, target, status, started_at, config_json, "
-                "parent_id, host, pid, script, heartbeat_at, rank_json) "
-                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                "parent_id, host, pid, script, heartbeat_at, rank_json, framework) "
+                "VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, label, target, now, json.dumps(config), parent_id, socket.gethostname(),
-                 os.getpid(), script, now, json.dumps(rank) if rank else None),
+                 os.getpid(), script, now, json.dumps(rank) if rank else None, framework),
             )
             return int(cursor.lastrowid or 0)  # always set after an INSERT
 
@@ -269,7 +274,8 @@ class RunStore:
     def list_runs(self, limit: int = 100) -> list[StoredRun]:
         rows = self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
-            "error_json, parent_id, host, pid, script, heartbeat_at, rank_json FROM runs "
+            "error_json, parent_id, host, pid, script, heartbeat_at, rank_json, framework "
+            "FROM runs "
             "ORDER BY id DESC LIMIT ?", (limit,)
         ).fetchall()
         return [self._stored_run(row) for row in rows]
@@ -369,7 +375,8 @@ class RunStore:
             error=json.loads(row["error_json"]) if row["error_json"] else None,
             host=row["host"], pid=row["pid"], script=row["script"],
             heartbeat_at=row["heartbeat_at"],
-            rank=json.loads(row["rank_json"]) if row["rank_json"] else None, **details)
+            rank=json.loads(row["rank_json"]) if row["rank_json"] else None,
+            framework=row["framework"], **details)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -47,6 +47,8 @@ from dataloader_tuner.settings import settings_file
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
 from dataloader_tuner.tune.in_place import InPlaceSearch, Search, Setting
+from dataloader_tuner.watcher import frameworks
+from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
 from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher.rank_identity import rank_identity
@@ -91,8 +93,22 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     ``tune=True`` also tries worker counts inside the job (in_place.py), up to ``max_workers``
     (default: twice the usable CPUs), switching only between batches and keeping each epoch's
     samples and order as the sampler drew them; the chosen settings are printed and saved to
-    ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder)."""
+    ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder).
+
+    accelerate's prepared loader (``watch(accelerator.prepare(loader))``) and a DataLoader
+    subclass that uses DataLoader's own iterator are watched inside their own object, which is
+    returned as it is (attach.py): what they add around iteration stays theirs."""
     try:
+        inner = inner_loader(loader)
+        if inner is not None or (type(loader) is not DataLoader
+                                 and attach_blocker(loader) is None):
+            # Watched inside its own object, which the job keeps: accelerate's prepared
+            # loader (the plain DataLoader it iterates), a subclass using DataLoader's iterator.
+            WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
+                          tune=tune, max_workers=max_workers, settings_out=settings_out,
+                          in_place=True, ahead=inner is not None,
+                          framework=frameworks.ACCELERATE if inner is not None else None)
+            return loader
         return WatchedLoader(loader, name, RunStore(db), tune=tune, max_workers=max_workers,
                              settings_out=settings_out)
     except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
@@ -107,10 +123,18 @@ class WatchedLoader:
 
     def __init__(self, loader: DataLoader, name: str | None, store: RunStore,
                  tune: bool = False, max_workers: int | None = None,
-                 settings_out: str | None = None) -> None:
+                 settings_out: str | None = None, in_place: bool = False,
+                 framework: str | None = None, ahead: bool = False) -> None:
+        """``in_place``: the loader stays the job's (or its trainer's) own object, its
+        iterators the watcher's (attach.py); ``framework``: the trainer that built it, named
+        in the run and in the settings it recommends (frameworks.py); ``ahead``: a wrapper
+        iterates it one batch ahead of the loop (accelerate's), so the wait for an epoch's
+        end is the loop's wait for its last batch (``ended``)."""
         self.loader = loader
         self.name = name or "loader"
-        self.probed, self.unprobed_reason = instrumented(loader)
+        self.in_place, self.framework, self.ahead = in_place, framework, ahead
+        self.probed, self.unprobed_reason = instrumented(loader, any_class=in_place)
+        self._own: Any = None  # in place and not probed: the loader's own persistent iterator
         self.search: Search | None = None
         self.tune_off_because: str | None = None
         self.max_workers = max_workers
@@ -128,7 +152,8 @@ class WatchedLoader:
         self.rank = rank_identity()  # None outside a torchrun job
         run_id = store.create_run("watch", self.script, self.config.to_json_dict(),
                                   label=self.name, script=self.script,
-                                  rank=self.rank.to_dict() if self.rank else None)
+                                  rank=self.rank.to_dict() if self.rank else None,
+                                  framework=framework)
         self.history = HistorySink(store, run_id)
         self.recorder = Recorder(self.history, self.t0, gaps=StepGaps.create(),
                                  own_workers_only=True, keep_recent=True)
@@ -148,6 +173,8 @@ class WatchedLoader:
         self.reporter = (RankReporter(self.rank, self.job_key, self.recorder, store,
                                       run_id, stalls=self.stalls).start()
                          if self.rank else None)
+        if in_place:
+            attach(loader, self.__iter__)
         if tune:
             self._start_tuning()
         self.copies = CopyTimes.create()  # None without CUDA
@@ -215,8 +242,34 @@ class WatchedLoader:
         if self.probed is not None:
             self._iterator = iter(self.probed)
             return self._batches(mark, self._iterator, probed=True)
-        self._iterator = iter(self.loader)
+        self._iterator = self._own_iterator()
         return self._batches(mark, self._iterator, probed=False)
+
+    def follow(self, loader: DataLoader) -> None:
+        """The job built this loader anew for the same role (a trainer's evaluation loader,
+        made again at each evaluation): this run goes on over it."""
+        if loader is self.loader:
+            return
+        if self.in_place:
+            detach(self.loader)
+        self.loader, self._own = loader, None
+        self.probed, self.unprobed_reason = instrumented(loader, any_class=self.in_place)
+        if self.in_place:
+            attach(loader, self.__iter__)
+
+    def _own_iterator(self) -> Iterator[Any]:
+        """The loader's own iterator (not probed): watched in place, made as DataLoader.__iter__
+        would, under the watcher's hold on it (attach.py)."""
+        loader = self.loader
+        if not self.in_place:
+            return iter(loader)
+        if not (loader.persistent_workers and loader.num_workers > 0):
+            return DataLoader._get_iterator(loader)
+        if self._own is None:
+            self._own = DataLoader._get_iterator(loader)
+        else:
+            self._own._reset(loader)
+        return self._own
 
     def to(self, batch: Any, device: Any, non_blocking: bool | None = None) -> Any:
         """``batch`` with its tensors on ``device`` (tuples, lists, dicts, namedtuples kept),
@@ -251,6 +304,11 @@ class WatchedLoader:
                     _die_of_sigterm()
 
     def _close(self, status: str, error: dict | None):
+        if self.in_place:  # its own iterators again (an epoch under way ends unrecorded)
+            detach(self.loader)
+            if self.probed is not None:  # the copy's workers, kept between epochs, end now
+                _shutdown(getattr(self.probed, "_iterator", None))
+                self.probed._iterator = None
         if self.search is not None and not self.search.finished:
             measured = len(self.search.measured)
             _say(f"{self.name}: tuning in place did not finish before the loader's run ended "
@@ -292,11 +350,17 @@ class WatchedLoader:
                 self._iterator = None
 
     def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
+        last = None  # (ahead) the last row, held until the next batch or the epoch's end came
         while True:
             try:
                 item, t_request, t_ready, seq = ledger.next_batch(iterator, mark)
             except StopIteration:
+                if last is not None:
+                    rows.append(ended(last, clock() - ledger.t0))
                 return
+            if last is not None:
+                rows.append(last)
+                last = None
             if probed:
                 batch, meta = item
             else:
@@ -305,8 +369,14 @@ class WatchedLoader:
             self._handed = seq  # the batch loader.to() copies
             try:
                 yield batch
-            finally:  # also the last batch of a loop that breaks off (the generator closed)
+            except BaseException:  # also the last batch of a loop that breaks off (closed)
                 rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
+                raise
+            row = ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta)
+            if self.ahead:
+                last = row
+            else:
+                rows.append(row)
 
     def _tuned_batches(self, search: Search) -> Iterator[Any]:
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -441,7 +511,7 @@ class WatchedLoader:
         config = self.config.replace(**{k: v for k, v in recommended.items()})
         result = TuneResult(
             status="ok", target=self.script, recommended=recommended,
-            snippet=config.snippet(), expected_samples_per_s=rate,
+            snippet=frameworks.snippet(self.framework, config), expected_samples_per_s=rate,
             uncertainty_pct=100 * interval if interval else None,
             baseline={"source": "the job's own settings", **asdict(search.baseline)},
             reasons=tuple(d.verdict for d in search.decisions))
@@ -538,14 +608,22 @@ class WatchedLoader:
                 has_sampler=_own_sampler(self.loader),
                 has_train_step=False, has_dataloader_kwargs=False),
             config=self.config.to_json_dict(),
-            snippet=self.config.snippet(),
-            consumer={"kind": "training_loop", "step_ms": None},
+            snippet=frameworks.snippet(self.framework, self.config),
+            consumer={"kind": "training_loop", "step_ms": None, "framework": self.framework},
             system=system.snapshot(),
             warmup_batches=self.config.warmup_batches,
             counting=counting,
             torch=torch.__version__,
             ranks_on_node=self.rank.local_world_size if self.rank else 1,
         )
+
+
+def ended(last: Any, t_end: float) -> Any:
+    """The epoch's last row, its wait taking in the epoch's end: a wrapper that asks one batch
+    ahead (accelerate) asks for the end (the workers shutting down) before it hands the last
+    batch over, inside the loop's wait (``t_end``: since the run's start)."""
+    return last._replace(wait_s=last.wait_s + max(
+        t_end - (last.t_request + last.wait_s + last.step_s), 0.0))
 
 
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:

@@ -21,9 +21,12 @@ from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSam
 from dataloader_tuner.config import LoaderConfig
 
 
-def instrumented(loader: DataLoader) -> tuple[DataLoader | None, str | None]:
-    """(the probed copy, None), or (None, why not)."""
-    if type(loader) is not DataLoader:
+def instrumented(loader: DataLoader, any_class: bool = False
+                 ) -> tuple[DataLoader | None, str | None]:
+    """(the probed copy, None), or (None, why not). ``any_class``: a subclass too, its copy a
+    plain DataLoader: for a loader watched in place (attach.py), whose own class still does
+    what it adds around DataLoader's iterator."""
+    if type(loader) is not DataLoader and not any_class:
         return None, (f"{type(loader).__name__} is not a plain DataLoader (a subclass or a "
                       "loader of another library): the watcher times your loop's side only "
                       "(waits, steps, samples), not the workers'")
@@ -77,6 +80,12 @@ def config_of(loader: DataLoader) -> LoaderConfig:
 
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
+    batch_size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
+    if type(batch_sampler) is BatchSampler and batch_size is None:
+        # Made with batch_sampler=BatchSampler(...) (accelerate's prepared loaders are): the
+        # settings are the batch sampler's.
+        sampler, batch_size = batch_sampler.sampler, batch_sampler.batch_size
+        drop_last = batch_sampler.drop_last
     shuffle = type(sampler) is RandomSampler
     plain_sampler = type(sampler) in (RandomSampler, SequentialSampler) or (
         type(sampler).__name__ == "_InfiniteConstantSampler")
@@ -84,14 +93,14 @@ def config_of(loader: DataLoader) -> LoaderConfig:
     collate = getattr(loader, "collate_fn", None)
     workers = int(getattr(loader, "num_workers", 0) or 0)
     return LoaderConfig(
-        batch_size=None if custom_batches else getattr(loader, "batch_size", None),
+        batch_size=None if custom_batches else batch_size,
         shuffle=shuffle and not custom_batches,
         sampler=None if plain_sampler or custom_batches else sampler,
         batch_sampler=batch_sampler if custom_batches else None,
         num_workers=workers,
         collate_fn=None if collate in (default_collate, default_convert) else collate,
         pin_memory=bool(getattr(loader, "pin_memory", False)),
-        drop_last=bool(getattr(loader, "drop_last", False)),
+        drop_last=bool(drop_last),
         timeout=getattr(loader, "timeout", 0) or 0,
         worker_init_fn=getattr(loader, "worker_init_fn", None),
         multiprocessing_context=getattr(loader, "multiprocessing_context", None) if workers

@@ -1,0 +1,91 @@
+"""Watching a DataLoader inside the object the job, or its trainer, already holds.
+
+A trainer builds and keeps its own loader object: accelerate's ``DataLoaderShard`` around a
+plain DataLoader (the Hugging Face Trainer's too), Lightning's loaders inside its
+``CombinedLoader``, a user's DataLoader subclass. Wrapping one would hand the trainer something
+else. Instead the watcher takes over the one step of ``DataLoader.__iter__`` that makes the
+iterator, ``_get_iterator``, on that instance only: what the object or its wrapper does around
+iteration (moving batches to the device, one batch ahead; skipping batches on resume;
+``set_epoch``) stays theirs, and the batches come from the watcher's probed copy (rebuild.py),
+with the same sampler and generator, as with ``watch(loader)``. ``DataLoader.__iter__`` keeps a
+persistent_workers loader's iterator and calls its ``_reset`` at each epoch: there
+``MeasuredIterator`` starts the watcher's next epoch.
+
+Timed there, a batch's wait is the loader's: what a wrapper adds in the same ``next()`` (accelerate
+moving the batch to the device) is in the step, as a loop's own ``.to(device)`` is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from torch.utils.data import DataLoader
+
+GET_ITERATOR = "_get_iterator"
+
+
+def inner_loader(wrapper: Any) -> DataLoader | None:
+    """The plain DataLoader a wrapper iterates, where it keeps one: accelerate's
+    DataLoaderShard and DataLoaderDispatcher hold it as ``base_dataloader`` (a StatefulDataLoader
+    there is not plain: not taken)."""
+    inner = getattr(wrapper, "__dict__", {}).get("base_dataloader")
+    return inner if type(inner) is DataLoader else None
+
+
+def attach_blocker(loader: Any) -> str | None:
+    """Why ``loader`` cannot be watched inside its own object, or None. Its class must make its
+    iterators with DataLoader's own ``__iter__`` and ``_get_iterator``: a class that replaces
+    them may never ask for the watcher's."""
+    if not isinstance(loader, DataLoader):
+        return f"{type(loader).__name__} is not a DataLoader"
+    cls = type(loader)
+    for method in ("__iter__", GET_ITERATOR):
+        if getattr(cls, method) is not getattr(DataLoader, method):
+            return (f"{cls.__name__} defines its own {method}: its batches may not come from "
+                    "DataLoader's iterator")
+    return None
+
+
+class MeasuredIterator:
+    """What the watched loader's ``__iter__`` returns: one of the watcher's epochs, started
+    again by DataLoader's ``_reset`` where the loader keeps its workers between epochs."""
+
+    def __init__(self, loader: DataLoader, epoch: Callable[[], Iterator[Any]]) -> None:
+        self._loader, self._epoch = loader, epoch
+        self._batches = epoch()
+
+    def __iter__(self) -> "MeasuredIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()  # an epoch broken off: its bookkeeping ends with it
+        self._batches = self._epoch()
+
+
+def attach(loader: DataLoader, epoch: Callable[[], Iterator[Any]]) -> None:
+    """From now on ``iter(loader)`` runs ``epoch()`` (attach_blocker said it may)."""
+    # Set on the instance (DataLoader forbids only its sampling attributes after construction).
+    def measured() -> Any:  # (DataLoader types it as its own iterator class)
+        return MeasuredIterator(loader, epoch)
+
+    loader._get_iterator = measured  # type: ignore[method-assign]
+    loader._iterator = None  # a persistent iterator made before: the next epoch is ours
+
+
+def detach(loader: DataLoader) -> None:
+    """The loader's own iterators again (the run ended)."""
+    loader.__dict__.pop(GET_ITERATOR, None)
+    if isinstance(loader.__dict__.get("_iterator"), MeasuredIterator):
+        loader._iterator = None
+
+
+def attached(loader: Any) -> bool:
+    return GET_ITERATOR in getattr(loader, "__dict__", {})
