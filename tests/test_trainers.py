@@ -47,9 +47,9 @@ def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     assert watched["received"] == plain["received"]
     run = runs_by_label(db_path)["train"]
     doc = run.result.to_dict()
-    assert run.framework == "accelerate" and doc["batches"] == 24 and doc["epochs"] == 2
+    assert run.framework == "accelerate" and doc["batches"] == 48 and doc["epochs"] == 2
     assert sorted(w["id"] for w in doc["workers"]) == [0, 1]
-    assert all(w["busy_frac"] and w["batches"] == 12 for w in doc["workers"])
+    assert all(w["busy_frac"] and w["batches"] == 24 for w in doc["workers"])
     assert abs(doc["input_wait"]["share"] - watched["wait_share"]) <= 0.02, (
         doc["input_wait"], watched)
 

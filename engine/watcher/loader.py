@@ -34,7 +34,8 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
-from dataloader_tuner.analyse.report import shm_check, tightest_shm
+from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.analyse.report import tightest_shm
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.instrument import probes, stalls
 from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
@@ -100,17 +101,15 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     returned as it is (attach.py): what they add around iteration stays theirs."""
     try:
         inner = inner_loader(loader)
-        if inner is not None or (type(loader) is not DataLoader
-                                 and attach_blocker(loader) is None):
-            # Watched inside its own object, which the job keeps: accelerate's prepared
-            # loader (the plain DataLoader it iterates), a subclass using DataLoader's iterator.
-            WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
-                          tune=tune, max_workers=max_workers, settings_out=settings_out,
-                          in_place=True, ahead=inner is not None,
-                          framework=frameworks.ACCELERATE if inner is not None else None)
-            return loader
-        return WatchedLoader(loader, name, RunStore(db), tune=tune, max_workers=max_workers,
-                             settings_out=settings_out)
+        # Watched inside its own object, which the job keeps: accelerate's prepared loader
+        # (the plain DataLoader it iterates), a subclass using DataLoader's iterator.
+        in_place = inner is not None or (type(loader) is not DataLoader
+                                         and attach_blocker(loader) is None)
+        watched = WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
+                                tune=tune, max_workers=max_workers, settings_out=settings_out,
+                                in_place=in_place, ahead=inner is not None,
+                                framework=frameworks.ACCELERATE if inner is not None else None)
+        return loader if in_place else watched
     except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
         _say(f"{name or 'loader'}: not watched ({type(exc).__name__}: {exc}); training goes "
              "on with the loader as it is")
@@ -145,6 +144,7 @@ class WatchedLoader:
         self._shm_sample: protocol.Resources | None = None
         self._batch_bytes: int | None = None
         self._shm_said = 0
+        self._shm_at_start: dict | None = None  # as the Ready read it (a rehearsed size?)
         self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
         self.script = training_script()
@@ -350,6 +350,7 @@ class WatchedLoader:
                 self._iterator = None
 
     def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
+        ahead = self.ahead
         last = None  # (ahead) the last row, held until the next batch or the epoch's end came
         while True:
             try:
@@ -373,7 +374,7 @@ class WatchedLoader:
                 rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
                 raise
             row = ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta)
-            if self.ahead:
+            if ahead:
                 last = row
             else:
                 rows.append(row)
@@ -570,13 +571,12 @@ class WatchedLoader:
                 if row[6]:
                     self._batch_bytes = row[6]
                     break
-            shm = tightest_shm(sample.procs, system.shm_usage())  # this sample, rehearsed?
             current = (self.search.current if self.search is not None else
                        Setting(self.loader.num_workers, self.loader.prefetch_factor))
-            found = shm_check({"num_workers": current.num_workers,
-                               "prefetch_factor": current.prefetch_factor}, None, shm,
-                              self.rank.local_world_size if self.rank else 1,
-                              self._batch_bytes, in_use=True)
+            found = pitfalls.shm_pressure(
+                current.num_workers, current.prefetch_factor or 2, self._batch_bytes,
+                tightest_shm(sample.procs, self._shm_at_start),  # this sample's reading
+                self.rank.local_world_size if self.rank else 1, in_use=True)
             level = 2 if found and found[0].evidence["will_not_fit"] else len(found)
             if level > self._shm_said:
                 _say(f"{self.name}: {found[0].message}")
@@ -595,6 +595,8 @@ class WatchedLoader:
         if self.unprobed_reason:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
                         + ")", "bytes": "not read"}
+        machine = system.snapshot()
+        self._shm_at_start = machine.shm
         return protocol.Ready(
             mode="watch",
             pid=os.getpid(),
@@ -610,7 +612,7 @@ class WatchedLoader:
             config=self.config.to_json_dict(),
             snippet=frameworks.snippet(self.framework, self.config),
             consumer={"kind": "training_loop", "step_ms": None, "framework": self.framework},
-            system=system.snapshot(),
+            system=machine,
             warmup_batches=self.config.warmup_batches,
             counting=counting,
             torch=torch.__version__,
