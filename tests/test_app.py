@@ -321,7 +321,7 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
                             "LOCAL_WORLD_SIZE": 2, "GROUP_RANK": 0,
                             "TORCHELASTIC_RUN_ID": "job-1"}.items():
             monkeypatch.setenv(name, str(value))
-        loaders.append(watch(DataLoader(Indices(160), batch_size=8), name="train", db=app_env))
+        loaders.append(watch(DataLoader(Indices(640), batch_size=8), name="train", db=app_env))
     for rank, loader in enumerate(loaders):
         for _batch in loader:
             time.sleep(0.002 if rank == 0 else 0.006)
