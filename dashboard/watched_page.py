@@ -38,7 +38,7 @@ def _run_view(run_id: int) -> None:
     live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
     result = run.result if isinstance(run.result, ProfileResult) else live.profile_summary(
         "ok" if run.status in ("running", "lost") else run.status)
-    by = f" (built by the {run.framework})" if run.framework else ""
+    by = f" (built by {run.framework})" if run.framework else ""
     st.markdown(f"**{run.label or 'loader'}**{by} in `{job_board.job_of(run)}`: **{run.status}**, "
                 f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
                 + (" (the most recent)" if running else ""))

@@ -57,6 +57,27 @@ def test_an_epochs_first_batch_is_waited_for_from_when_the_epoch_was_asked_for()
     assert t_request == switched
 
 
+def test_the_jobs_own_work_between_iter_and_the_first_next_is_not_waiting():
+    """A trainer that makes the epoch's iterator, then runs its hooks (Lightning): the loop
+    waits in iter() and in the first next() only, and for an earlier epoch's workers shutting
+    down in between."""
+    ledger, log = ledger_with_log()
+    mark = ledger.new_epoch()
+    time.sleep(0.02)  # iter(): starting the workers
+    mark.given = time.monotonic()
+    time.sleep(0.1)  # the trainer's hooks
+    ledger.closed(0.03)  # ...and the previous epoch's iterator dropped, its workers stopped
+    _, t_request, t_ready, _ = ledger.next_batch(iter([("a", meta(11))]), mark)
+    ledger.handed(mark, t_ready, meta(11))
+    waited = t_ready - t_request
+    assert 0.05 <= waited < 0.09, waited  # 20 ms in iter() + 30 ms shutting down, not 150 ms
+    assert log[0][3] == pytest.approx(waited)  # the epoch's start-up, as lived
+    later = ledger.new_epoch()  # once an epoch's first batch came, a shutdown is not its wait
+    ledger.handed(later, time.monotonic(), meta(11))
+    ledger.closed(5.0)
+    assert later.closing == 0.0
+
+
 def test_two_iterators_at_once_keep_their_own_epochs():
     ledger, log = ledger_with_log()
     first, second = ledger.new_epoch(), ledger.new_epoch()

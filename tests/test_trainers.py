@@ -1,7 +1,7 @@
 """The trainers that build the DataLoader themselves, watched in one line with their own
-packages: accelerate's prepared loader and the Hugging Face Trainer (tiny models from local
-configs; nothing downloaded). Each runs as a real training script, and the figures are checked
-against the loop's own clock."""
+packages: accelerate's prepared loader, the Hugging Face Trainer (tiny models from local
+configs; nothing downloaded) and Lightning, alone and under DDP. Each runs as a real training
+script, and the figures are checked against the loop's own clock."""
 
 import json
 import os
@@ -24,11 +24,13 @@ from .test_app import WATCHED_SCRIPT
 
 
 def script(name: str, *args: str) -> dict:
+    # (a DDP job's ranks on loopback only: KNOWLEDGE.md)
     job = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "trainers", name), *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1"))
+                         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1",
+                                  MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo"))
     assert job.returncode == 0, job.stderr[-3000:]
-    return json.loads(job.stdout.strip().splitlines()[-1])
+    return json.loads([line for line in job.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def runs_by_label(db_path: str) -> dict:
@@ -72,13 +74,74 @@ def test_hugging_face_trainer_loaders_are_watched_in_one_line(db_path, tmp_path,
     waited = doc["input_wait"]["waited_s"]
     assert abs(waited - loop["waited_s"]) <= 0.15 * loop["waited_s"], (doc["input_wait"], loop)
     # The Training jobs page lists both, named by the trainer that built them.
+    at = training_jobs_page(db_path, monkeypatch)
+    assert list(at.dataframe[0].value["built by"]) == ["Hugging Face Trainer"] * 2
+    assert "(built by Hugging Face Trainer)" in " ".join(m.value for m in at.markdown)
+    st.cache_resource.clear()
+
+
+def training_jobs_page(db_path: str, monkeypatch) -> AppTest:
     monkeypatch.setenv("DLTUNER_DB", db_path)
     st.cache_resource.clear()
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert not at.exception
-    assert list(at.dataframe[0].value["built by"]) == ["Hugging Face Trainer"] * 2
-    assert "(built by the Hugging Face Trainer)" in " ".join(m.value for m in at.markdown)
+    return at
+
+
+@pytest.mark.slow  # two Lightning trainings: 2 epochs, a validation after each
+def test_lightning_loaders_are_watched_by_one_callback(db_path, monkeypatch):
+    """``Trainer(callbacks=[WatchLoaders()])``: the train and val loaders, as Lightning
+    prepared them, with their workers; the same batches in the same order as unwatched; the
+    input wait against the loop's own clock (Lightning's hooks)."""
+    plain = script("lightning_fit.py", db_path, "--unwatched")
+    loop = script("lightning_fit.py", db_path)
+    # (each sample's draw too: the workers ran Lightning's worker_init_fn, set after the
+    # loader was handed over, as unwatched)
+    assert loop["received"] == plain["received"]
+    assert loop["ended"] == ["ok", "ok"]  # with the fit, not at the script's exit
+    runs = runs_by_label(db_path)
+    train, val = runs["train"], runs["val"]
+    assert {train.framework, val.framework} == {"Lightning"}
+    doc = train.result.to_dict()
+    assert doc["batches"] == 48 and doc["epochs"] == 2  # 192 samples of 8, twice
+    assert sorted((w["id"], w["batches"]) for w in doc["workers"]) == [(0, 24), (1, 24)]
+    assert doc["snippet"].startswith("DataLoader(")  # for the DataModule's train_dataloader
+    # The hooks' clock misses the first epoch's iter() (made in Lightning's setup, before any
+    # hook): within 10% and 25 ms of it. Lightning runs its hooks between the later epochs'
+    # iter() and first batch: the tool's start-up is the wait in both, the hooks' clock's too.
+    waited = doc["input_wait"]["waited_s"]
+    assert abs(waited - loop["waited_s"]) <= 0.1 * loop["waited_s"] + 0.025, (
+        doc["input_wait"], loop)
+    rows = RunStore(db_path).batches(train.id)
+    startups = [row.wait_s for row in rows if row.seq in (0, 24)]
+    assert startups[0] >= loop["startups_s"][0] - 0.002, (startups, loop["startups_s"])
+    assert abs(startups[1] - loop["startups_s"][1]) <= 0.25 * loop["startups_s"][1] + 0.005, (
+        startups, loop["startups_s"])
+    # The sanity check's 2 batches, then 6 after each epoch: one run, three epochs.
+    assert val.result.to_dict()["batches"] == 14 and val.result.to_dict()["epochs"] == 3
+    at = training_jobs_page(db_path, monkeypatch)
+    assert list(at.dataframe[0].value["built by"]) == ["Lightning"] * 2
+    assert "(built by Lightning)" in " ".join(m.value for m in at.markdown)
     st.cache_resource.clear()
+
+
+@pytest.mark.slow  # a DDP job: 2 ranks on gloo, each with 2 workers
+def test_lightning_ddp_ranks_are_one_job_with_their_distributed_samplers(db_path):
+    """Lightning's own launcher sets no RANK: each rank is told from the trainer, and rank 0
+    gathers both through the job's process-group store. Each rank's loader is the one Lightning
+    made again with a DistributedSampler: half the samples each."""
+    loop = script("lightning_fit.py", db_path, "--ddp")
+    assert len(loop["received"]) == 24  # rank 0: 96 samples of 8, twice
+    store = RunStore(db_path)
+    train = [run for run in store.list_runs() if run.label == "train"]
+    assert sorted(run.rank["rank"] for run in train) == [0, 1]
+    assert len({run.rank["job_id"] for run in train}) == 1
+    assert all(run.result.to_dict()["batches"] == 24 for run in train)
+    assert all(len(run.result.to_dict()["workers"]) == 2 for run in train)
+    rank0 = next(run for run in train if run.rank["rank"] == 0)
+    reports = {summary.rank: summary for _, summary in store.rank_reports(rank0.id)}
+    assert sorted(reports) == [0, 1] and {s.status for s in reports.values()} == {"ok"}
+    assert all(s.batches == 24 for s in reports.values())
 
 
 class Tagged(DataLoader):

@@ -78,12 +78,21 @@ def unprobed_meta(samples: int) -> UntimedMeta:
 
 class EpochMark:
     """One epoch as one iterator runs it: its number, when it was asked for, and whether its
-    first batch has come (each iterator keeps its own: two at once never mix their epochs)."""
+    first batch has come (each iterator keeps its own: two at once never mix their epochs).
 
-    __slots__ = ("epoch", "start", "opened")
+    ``given``: when ``iter()`` handed its iterator over, where that is apart from the first
+    ``next()`` (None: the epoch starts inside it). A trainer may do its own work between the two
+    (Lightning makes the epoch's iterator, then runs its hooks): the workers start meanwhile,
+    and the loop waits only in ``iter()`` and in the first ``next()``; ``away`` is the time
+    between, not waited, but for ``closing``: the previous epoch's workers shutting down
+    meanwhile (Lightning drops that iterator only after making the new one)."""
+
+    __slots__ = ("epoch", "start", "opened", "given", "away", "closing")
 
     def __init__(self, epoch: int, start: float) -> None:
         self.epoch, self.start, self.opened = epoch, start, False
+        self.given: float | None = None
+        self.away = self.closing = 0.0
 
 
 class BatchLedger:
@@ -109,19 +118,28 @@ class BatchLedger:
         # workers' start-up is in that wait (a stall watch allows for it).
         self.opening = False
         self.last_startup_s: float | None = None  # the last epoch's, once its first batch came
+        self.latest: EpochMark | None = None  # the epoch asked for last
 
     def new_epoch(self) -> EpochMark:
         """An epoch starts now: its start-up runs from here to its first batch."""
-        mark = EpochMark(self.epochs, time.monotonic())
+        mark = self.latest = EpochMark(self.epochs, time.monotonic())
         self.epochs += 1
         self.opening = True
         return mark
+
+    def closed(self, seconds: float) -> None:
+        """An earlier epoch's iterator took ``seconds`` to shut down: waited, if it came
+        between the latest epoch's ``iter()`` and its first ``next()`` (EpochMark)."""
+        mark = self.latest
+        if mark is not None and mark.given is not None and not mark.opened:
+            mark.closing += seconds
 
     def next_batch(self, iterator: Iterator, mark: EpochMark | None = None,
                    since: float | None = None) -> tuple[Any, float, float, int]:
         """``next(iterator)``, timed: ``(item, t_request, t_ready, seq)``. The first batch of
         ``mark``'s epoch was asked for when the epoch was (``iter()`` starting the workers is
-        waiting for data too, as the loop lives it), and a batch after ``since`` (a tuned
+        waiting for data too, as the loop lives it; the job's own work between ``iter()`` and
+        this ``next()`` is not: EpochMark), and a batch after ``since`` (a tuned
         loop's switch of loaders, time.monotonic) from then. StopIteration and errors pass through,
         the loop no longer shown waiting whatever ended the wait (a job may catch a
         KeyboardInterrupt and go on)."""
@@ -139,7 +157,9 @@ class BatchLedger:
             self.asking_since = None
         t_ready = time.monotonic()
         if mark is not None and not mark.opened:
-            t_request = mark.start
+            if mark.given is not None:
+                mark.away = max(t_request - mark.given - mark.closing, 0.0)
+            t_request = mark.start + mark.away
         elif since is not None:
             t_request = since
         seq = self.seq
@@ -155,7 +175,7 @@ class BatchLedger:
         if not mark.opened:
             mark.opened = True
             self.opening = False
-            self.last_startup_s = t_ready - mark.start
+            self.last_startup_s = t_ready - mark.start - mark.away
             self.on_epoch(mark.epoch, mark.start - self.t0, self.last_startup_s)
         if meta.__class__ is tuple:  # making not timed (each worker's first batch is)
             return

@@ -8,6 +8,7 @@ from dataloader_tuner.config import LoaderConfig
 
 HF_TRAINER = "Hugging Face Trainer"
 ACCELERATE = "accelerate"
+LIGHTNING = "Lightning"
 
 # TrainingArguments' field for each DataLoader setting the tuner recommends.
 TRAINING_ARGUMENTS = {"num_workers": "dataloader_num_workers",

@@ -52,7 +52,7 @@ from dataloader_tuner.watcher import frameworks
 from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
 from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
-from dataloader_tuner.watcher.rank_identity import rank_identity
+from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 from dataloader_tuner.watcher.rebuild import config_of, copy_kwargs, instrumented
 from dataloader_tuner.record.ledger import EpochMark, samples_of, unprobed_meta
 from dataloader_tuner.child.dataset_card import dataset_length
@@ -123,16 +123,19 @@ class WatchedLoader:
     def __init__(self, loader: DataLoader, name: str | None, store: RunStore,
                  tune: bool = False, max_workers: int | None = None,
                  settings_out: str | None = None, in_place: bool = False,
-                 framework: str | None = None, ahead: bool = False) -> None:
+                 framework: str | None = None, ahead: bool = False,
+                 rank: RankIdentity | None = None) -> None:
         """``in_place``: the loader stays the job's (or its trainer's) own object, its
         iterators the watcher's (attach.py); ``framework``: the trainer that built it, named
         in the run and in the settings it recommends (frameworks.py); ``ahead``: a wrapper
         iterates it one batch ahead of the loop (accelerate's), so the wait for an epoch's
-        end is the loop's wait for its last batch (``ended``)."""
+        end is the loop's wait for its last batch (``ended``); ``rank``: its place in a
+        distributed job where the launcher does not say it as torchrun does (Lightning's)."""
         self.loader = loader
         self.name = name or "loader"
         self.in_place, self.framework, self.ahead = in_place, framework, ahead
         self.probed, self.unprobed_reason = instrumented(loader, any_class=in_place)
+        self._init_fn_copied = loader.worker_init_fn  # the one the probed copy runs
         self._own: Any = None  # in place and not probed: the loader's own persistent iterator
         self.search: Search | None = None
         self.tune_off_because: str | None = None
@@ -149,7 +152,7 @@ class WatchedLoader:
         self.config = _config(loader)
         self.script = training_script()
         self.t0 = time.monotonic()
-        self.rank = rank_identity()  # None outside a torchrun job
+        self.rank = rank or rank_identity()  # None outside a distributed job
         run_id = store.create_run("watch", self.script, self.config.to_json_dict(),
                                   label=self.name, script=self.script,
                                   rank=self.rank.to_dict() if self.rank else None,
@@ -237,13 +240,22 @@ class WatchedLoader:
             self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
             return self._tuned_batches(self.search)
+        if self.in_place and self.loader.worker_init_fn is not self._init_fn_copied:
+            self._copy_again()
         # The epoch starts before iter(): starting the workers is the job's wait too.
         mark = self.ledger.new_epoch()
-        if self.probed is not None:
-            self._iterator = iter(self.probed)
-            return self._batches(mark, self._iterator, probed=True)
-        self._iterator = self._own_iterator()
-        return self._batches(mark, self._iterator, probed=False)
+        probed = self.probed is not None
+        self._iterator = iter(self.probed) if probed else self._own_iterator()
+        mark.given = time.monotonic()
+        return self._batches(mark, self._iterator, probed=probed)
+
+    def _copy_again(self) -> None:
+        """The probed copy made again from the loader as it is now: a trainer may set its
+        ``worker_init_fn`` after handing it over (Lightning, for seed_everything(workers=True))."""
+        if self.probed is not None:  # workers it kept between epochs end with it
+            _shutdown(getattr(self.probed, "_iterator", None))
+        self.probed, self.unprobed_reason = instrumented(self.loader, any_class=self.in_place)
+        self._init_fn_copied = self.loader.worker_init_fn
 
     def follow(self, loader: DataLoader) -> None:
         """The job built this loader anew for the same role (a trainer's evaluation loader,
@@ -253,7 +265,7 @@ class WatchedLoader:
         if self.in_place:
             detach(self.loader)
         self.loader, self._own = loader, None
-        self.probed, self.unprobed_reason = instrumented(loader, any_class=self.in_place)
+        self._copy_again()
         if self.in_place:
             attach(loader, self.__iter__)
 
@@ -348,6 +360,15 @@ class WatchedLoader:
         finally:  # a loop that breaks off frees its workers with the generator, as before
             if self._iterator is iterator:
                 self._iterator = None
+            if not self._kept(iterator):  # (its workers are gone already if it ran out)
+                t_close = clock()
+                _shutdown(iterator)
+                ledger.closed(clock() - t_close)
+
+    def _kept(self, iterator: Any) -> bool:
+        """Whether ``iterator`` is one a loader keeps for its next epoch (persistent workers)."""
+        return iterator is self._own or (
+            self.probed is not None and getattr(self.probed, "_iterator", None) is iterator)
 
     def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
         ahead = self.ahead

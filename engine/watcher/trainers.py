@@ -1,5 +1,6 @@
 """One line for the trainers that build the DataLoader themselves: the Hugging Face Trainer
-(``watch_trainer``) here, accelerate's prepared loader in ``watch`` itself (loader.py).
+(``watch_trainer``) here, Lightning's callback in dataloader_tuner.lightning, accelerate's
+prepared loader in ``watch`` itself (loader.py).
 
 Each watches the loaders the trainer builds inside the objects it keeps (attach.py), one run per
 role ("train", "eval"): a loader built again for the same role (an evaluation loader made anew at
@@ -15,6 +16,7 @@ from dataloader_tuner.store import RunStore
 from dataloader_tuner.watcher.attach import attach_blocker, attached, inner_loader
 from dataloader_tuner.watcher.frameworks import HF_TRAINER
 from dataloader_tuner.watcher.loader import WatchedLoader, _say
+from dataloader_tuner.watcher.rank_identity import RankIdentity
 
 
 class RoleWatch:
@@ -22,14 +24,16 @@ class RoleWatch:
     built last for it."""
 
     def __init__(self, framework: str, db: str | None, tune_roles: set[str],
-                 max_workers: int | None) -> None:
+                 max_workers: int | None, rank: RankIdentity | None = None) -> None:
         self.framework, self.tune_roles, self.max_workers = framework, tune_roles, max_workers
+        self.rank = rank  # where the launcher does not say it as torchrun does
         self.store = RunStore(db)
         self.runs: dict[str, WatchedLoader | None] = {}  # None: said why not
 
-    def follow(self, role: str, built: Any) -> None:
+    def follow(self, role: str, built: Any, ahead: bool = False) -> None:
         """Watch ``built`` (what the trainer holds: a DataLoader, accelerate's wrapper) as
-        ``role``; never raises into the training job."""
+        ``role``; ``ahead``: the trainer asks it for one batch ahead of the loop (accelerate's
+        wrapper is known to). Never raises into the training job."""
         try:
             inner = inner_loader(built)
             loader = inner if inner is not None else built
@@ -46,11 +50,19 @@ class RoleWatch:
                 self.runs[role] = WatchedLoader(
                     loader, role, self.store, tune=role in self.tune_roles,
                     max_workers=self.max_workers, in_place=True, framework=self.framework,
-                    ahead=inner is not None)
+                    ahead=ahead or inner is not None, rank=self.rank)
             else:
                 run.follow(loader)
         except Exception as exc:  # noqa: BLE001 - never the training job's problem
             _say(f"{role}: not watched ({type(exc).__name__}: {exc}); training goes on")
+
+    def close(self, status: str = "ok", error: dict | None = None) -> None:
+        """End every role's run now (the trainer is done: a notebook's process goes on); the
+        loaders get their own iterators back. A later loader starts new runs."""
+        runs, self.runs = self.runs, {}
+        for run in runs.values():
+            if run is not None:
+                run.close(status, error)
 
 
 def watch_trainer(trainer: Any, tune: bool = False, db: str | None = None,

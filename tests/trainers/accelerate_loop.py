@@ -29,7 +29,8 @@ def main() -> None:
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Slow(), batch_size=8, shuffle=True, num_workers=2, persistent_workers="--persistent" in sys.argv)
+    loader = DataLoader(Slow(), batch_size=8, shuffle=True, num_workers=2,
+                        persistent_workers="--persistent" in sys.argv)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if "--unwatched" not in sys.argv:
         loader = watch(loader, name="train", db=sys.argv[1])
