@@ -19,18 +19,21 @@ from streamlit.testing.v1 import AppTest
 from dataloader_tuner import RunStore, watch
 from dataloader_tuner.watcher.loader import _watched
 
+from .browser import free_port
 from .conftest import ROOT
 from .test_app import WATCHED_SCRIPT
 
 
-def script(name: str, *args: str) -> dict:
+def script(name: str, *args: str, cwd: str = ROOT) -> dict:
+    """What the training script printed last, as JSON, and its stderr (as "stderr")."""
     # (a DDP job's ranks on loopback only: KNOWLEDGE.md)
     job = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "trainers", name), *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         cwd=cwd, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1",
                                   MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo"))
     assert job.returncode == 0, job.stderr[-3000:]
-    return json.loads([line for line in job.stdout.splitlines() if line.startswith("{")][-1])
+    printed = json.loads([line for line in job.stdout.splitlines() if line.startswith("{")][-1])
+    return {**printed, "stderr": job.stderr}
 
 
 def runs_by_label(db_path: str) -> dict:
@@ -54,6 +57,24 @@ def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     assert all(w["busy_frac"] and w["batches"] == 24 for w in doc["workers"])
     assert abs(doc["input_wait"]["share"] - watched["wait_share"]) <= 0.02, (
         doc["input_wait"], watched)
+
+
+@pytest.mark.slow  # two accelerate loops of 80 epochs (~30 s)
+def test_accelerate_prepared_loader_is_tuned_in_place(db_path, tmp_path):
+    """``watch(accelerator.prepare(loader), tune=True)``: worker counts tried inside the
+    shard, the batches the loop gets unchanged (same samples, same order, every epoch), the
+    choice said and saved; the tuned epochs' input wait agrees with the loop's own clock."""
+    epochs = "80"  # (the search took 18 to 40 of them here)
+    plain = script("accelerate_loop.py", db_path, "--unwatched", "--tune", epochs, cwd=tmp_path)
+    tuned = script("accelerate_loop.py", db_path, "--tune", epochs, cwd=tmp_path)
+    assert tuned["type"] == "DataLoaderShard"
+    assert tuned["received"] == plain["received"]
+    assert "tuned in place: DataLoader(dataset, batch_size=8" in tuned["stderr"]
+    assert (tmp_path / "dataloader-tuner-train.json").exists()
+    doc = runs_by_label(db_path)["train"].result.to_dict()
+    assert doc["batches"] == 24 * 80
+    assert abs(doc["input_wait"]["share"] - tuned["wait_share"]) <= 0.02, (
+        doc["input_wait"], tuned["wait_share"])
 
 
 @pytest.mark.slow  # a real Trainer run: 2 epochs, 2 evaluations
@@ -142,6 +163,45 @@ def test_lightning_ddp_ranks_are_one_job_with_their_distributed_samplers(db_path
     reports = {summary.rank: summary for _, summary in store.rank_reports(rank0.id)}
     assert sorted(reports) == [0, 1] and {s.status for s in reports.values()} == {"ok"}
     assert all(s.batches == 24 for s in reports.values())
+
+
+def launcher(name: str, port: int) -> list[str]:
+    """The command that starts 2 ranks of a script on this machine, on loopback."""
+    if name == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1",
+                "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    # accelerate's multi-process launcher is torchrun's; its --cpu would want MPI for two
+    # processes: the script's use_cpu makes them CPU (gloo) ranks.
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", "2", "--num_machines", "1", "--main_process_ip", "127.0.0.1",
+            "--main_process_port", str(port), "--mixed_precision", "no",
+            "--dynamo_backend", "no"]
+
+
+@pytest.mark.slow  # a 2-rank job of the Hugging Face Trainer
+@pytest.mark.parametrize("name", ["torchrun", "accelerate launch"])
+def test_hugging_face_trainer_ranks_are_one_job(name, db_path, tmp_path):
+    """Under torchrun or ``accelerate launch`` each rank's train and eval loaders are its runs,
+    and rank 0 gathers both ranks of each into the job's view."""
+    job = subprocess.run(
+        [*launcher(name, free_port()), os.path.join(ROOT, "tests", "trainers", "hf_trainer.py"),
+         db_path, str(tmp_path / "out")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
+                 OMP_NUM_THREADS="1"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    store = RunStore(db_path)
+    runs = store.list_runs()
+    # 128 samples over 2 ranks in batches of 8, twice; 32 over 2 ranks, twice
+    for label, batches in (("train", 16), ("eval", 4)):
+        ranks = {run.rank["rank"]: run for run in runs if run.label == label}
+        assert sorted(ranks) == [0, 1], [(run.label, run.rank) for run in runs]
+        assert all(run.result.to_dict()["batches"] == batches for run in ranks.values())
+        assert all(len(run.result.to_dict()["workers"]) == 2 for run in ranks.values())
+        reports = {s.rank: s for _, s in store.rank_reports(ranks[0].id)}
+        assert sorted(reports) == [0, 1]
+        assert [s.batches for s in reports.values()] == [batches, batches]
 
 
 class Tagged(DataLoader):

@@ -94,6 +94,13 @@ class EpochMark:
         self.given: float | None = None
         self.away = self.closing = 0.0
 
+    def asked(self, t: float) -> None:
+        """The loop's first ``next()`` came at ``t`` (once; an iterator that does the epoch's
+        work inside it says so at its start, before that work)."""
+        if self.given is not None:
+            self.away = max(t - self.given - self.closing, 0.0)
+            self.given = None
+
 
 class BatchLedger:
     def __init__(self, t0: float, on_epoch: Callable[[int, float, float], None],
@@ -131,7 +138,7 @@ class BatchLedger:
         """An earlier epoch's iterator took ``seconds`` to shut down: waited, if it came
         between the latest epoch's ``iter()`` and its first ``next()`` (EpochMark)."""
         mark = self.latest
-        if mark is not None and mark.given is not None and not mark.opened:
+        if mark is not None and mark.given is not None:  # (not asked yet)
             mark.closing += seconds
 
     def next_batch(self, iterator: Iterator, mark: EpochMark | None = None,
@@ -157,8 +164,7 @@ class BatchLedger:
             self.asking_since = None
         t_ready = time.monotonic()
         if mark is not None and not mark.opened:
-            if mark.given is not None:
-                mark.away = max(t_request - mark.given - mark.closing, 0.0)
+            mark.asked(t_request)
             t_request = mark.start + mark.away
         elif since is not None:
             t_request = since

@@ -239,7 +239,10 @@ class WatchedLoader:
                 and self.tune_off_because is None):
             self._start_tuning()  # the dashboard's "Tune this job", from this epoch on
         if self.search is not None and not self.search.finished:
-            return self._tuned_batches(self.search)
+            mark = self.ledger.new_epoch()
+            batches = self._tuned_batches(self.search, mark)
+            mark.given = time.monotonic()
+            return batches
         if self.in_place and self.loader.worker_init_fn is not self._init_fn_copied:
             self._copy_again()
         # The epoch starts before iter(): starting the workers is the job's wait too.
@@ -400,12 +403,13 @@ class WatchedLoader:
             else:
                 rows.append(row)
 
-    def _tuned_batches(self, search: Search) -> Iterator[Any]:
+    def _tuned_batches(self, search: Search, mark: EpochMark) -> Iterator[Any]:
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
         batch sampler once, as DataLoader would (its sampler first, then the workers' base
         seed, from the loader's generator: later epochs draw exactly as without the tool);
         each setting's loader is handed the batches not yet taken, so a switch between two
         batches repeats and skips nothing and keeps the order."""
+        mark.asked(time.monotonic())  # drawing the plan, starting the workers: waited for
         loader = self.loader
         assert loader.batch_sampler is not None  # in_place_blocker turns such loaders away
         sampler_iter = iter(loader.batch_sampler)
@@ -414,7 +418,8 @@ class WatchedLoader:
         plan = list(sampler_iter)
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
         taken, segment = 0, 0
-        mark = ledger.new_epoch()
+        ahead, held = self.ahead, None  # (ahead) the last row, as in _epoch
+        ran_out = False  # the epoch's end came (not a loop breaking off)
         search.epoch_started(mark.epoch)
         source = self._open(search, plan, 0, search.current, base_seed, segment)
         switched: float | None = None  # a switch's start: the next batch waits from there
@@ -425,6 +430,7 @@ class WatchedLoader:
                     (batch, meta), t_request, t_ready, seq = ledger.next_batch(source, mark,
                                                                                switched)
                 except StopIteration:
+                    ran_out = True
                     return
                 except Exception as exc:  # noqa: BLE001 - a tried setting failed
                     setting = search.current
@@ -443,13 +449,22 @@ class WatchedLoader:
                     continue
                 switched = None
                 ledger.opening = False  # a switched loader's first batch came
+                if held is not None:
+                    rows.append(held)
+                    held = None
                 ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
                 try:
                     yield batch
-                finally:  # also the last batch of a loop that breaks off (see _batches)
-                    t_back = clock()
-                    rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta))
+                except BaseException:  # also the last batch of a loop that breaks off
+                    rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
+                    raise
+                t_back = clock()
+                row = ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta)
+                if ahead:
+                    held = row
+                else:
+                    rows.append(row)
                 taken += 1
                 # (not the old loader's shutdown: the job with one setting never pays that)
                 switch = search.after_batch(samples_of(meta), t_back - (opened or t_request))
@@ -466,8 +481,13 @@ class WatchedLoader:
                     ledger.opening = True  # its first batch carries the new workers' start-up
                     segment += 1
                     source = self._open(search, plan, taken, switch, base_seed, segment)
+            ran_out = True
         finally:
+            t_close = clock()
             _shutdown(source)
+            ledger.closed(clock() - t_close)
+            if held is not None:
+                rows.append(ended(held, clock() - ledger.t0) if ran_out else held)
 
     def _open(self, search: Search, plan: list[Any], start: int, setting: Setting,
               base_seed: int, segment: int) -> Iterator[Any]:

@@ -1,6 +1,7 @@
 """A training loop on accelerate without the Trainer: its prepared loader watched in one line.
 Prints, as JSON, what the loop received (each batch's first index) and the loop's own clock of
-its data wait. argv: DB [--unwatched]."""
+its data wait. argv: DB [--unwatched] [--persistent] [--tune EPOCHS] (tuned in place over
+EPOCHS epochs)."""
 
 import json
 import sys
@@ -33,9 +34,13 @@ def main() -> None:
                         persistent_workers="--persistent" in sys.argv)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if "--unwatched" not in sys.argv:
-        loader = watch(loader, name="train", db=sys.argv[1])
+        loader = watch(loader, name="train", db=sys.argv[1], tune="--tune" in sys.argv,
+                       max_workers=4)
     received, waited, started = [], 0.0, time.monotonic()
-    for epoch in range(2):
+    epochs = int(sys.argv[sys.argv.index("--tune") + 1]) if "--tune" in sys.argv else 2
+    epoch_waits = []
+    for epoch in range(epochs):
+        epoch_waits.append(-waited)
         asked = time.monotonic()
         iterator = iter(loader)  # the epoch's start-up is the loop's wait too
         while True:
@@ -51,8 +56,10 @@ def main() -> None:
             optimizer.zero_grad()
             time.sleep(0.003)  # the rest of a step
             asked = time.monotonic()
+        epoch_waits[-1] += waited
     print(json.dumps({"type": type(loader).__name__, "received": received,
-                      "wait_share": waited / (time.monotonic() - started)}))
+                      "wait_share": waited / (time.monotonic() - started), "waited_s": waited,
+                      "epoch_waits_s": epoch_waits}))
 
 
 if __name__ == "__main__":
