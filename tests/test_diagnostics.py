@@ -47,21 +47,25 @@ FAILURES = [
      ["KeyError", "worker process", "sample index 7"]),
     (broken("iter_raises.py"), ["--num-workers", "2"], "worker_error",
      ["OSError", "connection to the shard server was reset", "after 5 items"]),
-    (broken("collate_raises.py"), ["--num-workers", "2"], "worker_error",
-     ["ValueError", "in collate_fn for batch indices [0, 1, 2, 3]"]),
+    pytest.param(broken("collate_raises.py"), ["--num-workers", "2"], "worker_error",
+                 ["ValueError", "in collate_fn for batch indices [0, 1, 2, 3]"],
+                 marks=pytest.mark.slow),  # (the quick loop has it without workers)
     (broken("collate_raises.py"), [], "dataset_error", ["ValueError", "in collate_fn"]),
     # samples the default collate cannot stack: which field, which shapes
     (broken("ragged_shapes.py"), [], "collate_shapes",
      ["field 1", "(1, 4)", "(2, 4)", "custom collate_fn"]),
-    (broken("ragged_shapes.py"), ["--num-workers", "2"], "collate_shapes", ["field 1"]),
+    pytest.param(broken("ragged_shapes.py"), ["--num-workers", "2"], "collate_shapes",
+                 ["field 1"], marks=pytest.mark.slow),
     # workers killed by a signal, named, with the likely cause
     (broken("worker_segfault.py"), ["--num-workers", "2"], "worker_killed",
      ["Segmentation fault", "native code"]),
     (broken("worker_bus_error.py"), ["--num-workers", "2"], "worker_killed",
      ["Bus error", "shared memory", "--shm-size"]),
     # a hang: which worker, which indices
-    (broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
-     ["within 2 s", "the main process", "[6, 7]", "stuck at stuck_in_main.py:18 in __getitem__"]),
+    pytest.param(broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
+                 ["within 2 s", "the main process", "[6, 7]",
+                  "stuck at stuck_in_main.py:18 in __getitem__"],
+                 marks=pytest.mark.slow),  # (the quick loop has it in a worker)
     (broken("stuck_in_main.py"), ["--num-workers", "2", "--timeout-s", "2"], "hang",
      ["worker 1", "[6, 7]", "stuck at stuck_in_main.py:18 in __getitem__"]),
     # a dataset spawn workers cannot unpickle
@@ -71,7 +75,8 @@ FAILURES = [
 
 
 @pytest.mark.parametrize("target,args,error_type,phrases", FAILURES,
-                         ids=[f"{os.path.basename(t)}{''.join(a)}" for t, a, _, _ in FAILURES])
+                         ids=[f"{os.path.basename(t)}{''.join(a)}" for t, a, _, _ in (
+                             getattr(case, "values", case) for case in FAILURES)])
 def test_failure_has_a_specific_headline(target, args, error_type, phrases, db_path):
     code, doc, elapsed = profile(target, "--seconds", "8", *args, db=db_path)
     assert code == 1

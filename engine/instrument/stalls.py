@@ -73,8 +73,10 @@ def new_stacks_folder() -> str:
     processes killed before they could (a SIGKILLed run, a killed job)."""
     tmp = tempfile.gettempdir()
     now = time.time()
-    for name in os.listdir(tmp):
-        pid = name[len(STACKS_PREFIX):].split("-")[0] if name.startswith(STACKS_PREFIX) else ""
+    for name in os.listdir(tmp):  # (a shared /tmp may hold thousands: only ours are looked at)
+        if not name.startswith(STACKS_PREFIX):
+            continue
+        pid = name[len(STACKS_PREFIX):].split("-")[0]
         path = os.path.join(tmp, name)
         try:
             if (pid.isdigit() and not psutil.pid_exists(int(pid))
