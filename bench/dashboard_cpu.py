@@ -50,7 +50,7 @@ def main() -> None:
                 browser = pw.chromium.launch(executable_path=CHROMIUM_PATH, args=CHROMIUM_ARGS)
                 pages = [browser.new_page() for _ in range(args.tabs)]
                 for page in pages:
-                    page.goto(server.url)
+                    page.goto(server.page())
                 first = pages[0]
                 first.get_by_text("Found ", exact=False).first.wait_for(timeout=60000)
                 target = first.get_by_role("textbox", name="Dataset module")

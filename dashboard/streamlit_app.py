@@ -3,16 +3,21 @@ dashboard`` once installed (which runs this file)."""
 
 import streamlit as st
 
-from dataloader_tuner.dashboard import history_page, live_page, watched_page
+from dataloader_tuner.dashboard import access, history_page, live_page, watched_page
+
+PAGES = [(live_page.render, "Live", "live"), (watched_page.render, "Training jobs", "jobs"),
+         (history_page.render, "History", "history")]
 
 
 def run() -> None:
     st.set_page_config(page_title="DataLoader Tuner", layout="wide")
+    # Before anything else: a session without the token gets the page that says how to get
+    # in, whichever page's address it opened (access.py).
+    admitted = access.admitted()
     page = st.navigation([
-        st.Page(live_page.render, title="Live", url_path="live", default=True),
-        st.Page(watched_page.render, title="Training jobs", url_path="jobs"),
-        st.Page(history_page.render, title="History", url_path="history"),
-    ])
+        st.Page(render if admitted else access.render_locked, title=title, url_path=path,
+                default=path == "live")
+        for render, title, path in PAGES], position="sidebar" if admitted else "hidden")
     page.run()
 
 

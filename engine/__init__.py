@@ -15,9 +15,12 @@ The packages behind it (docs/development.md says more):
     engine/analyse/    pure reading of measurements: metrics, diagnostics, results, traces
     engine/watcher/    watch(loader): a user's training job, measured in its own process
     engine/cli/        python -m dataloader_tuner, one module per command
-and, shared by all: protocol (request and events), store, errors, system, config, settings.
+and, shared by all: protocol (request and events), store, errors, system, config, settings,
+access (the dashboard's token; files kept to their owner).
 """
 
+from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url,
+                                     new_token, tokens_match)
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
 from dataloader_tuner.record.rows import BatchRecord, timed
@@ -82,6 +85,8 @@ __all__ = [
     "chrome_trace", "counting_text", "fmt", "shm_check", "speedup_text", "startup_text",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
+    # the dashboard's token
+    "TOKEN_ENV", "NO_TOKEN_ENV", "TOKEN_QUERY", "new_token", "tokens_match", "dashboard_url",
     # errors
     "EngineError", "ConfigError", "RunError", "TargetError",
 ]

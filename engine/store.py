@@ -22,6 +22,7 @@ from typing import Sequence
 
 import psutil
 
+from dataloader_tuner.access import private_file, private_folder
 from dataloader_tuner import protocol
 from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
@@ -157,8 +158,9 @@ class RunStore:
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path or default_db_path()
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
+        # What the user's jobs do, and the code they run: theirs only (access.py).
+        private_folder(os.path.dirname(os.path.abspath(self.path)))
+        private_file(self.path)
         self._local = threading.local()
         with self._conn() as conn:
             conn.executescript(SCHEMA)

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -r requirements.txt
 python3 -m pip install -q --no-deps -e .
-exec python3 -m streamlit run app.py "$@"
+# (prints the address to open, with the token the dashboard opens with)
+exec python3 -m dataloader_tuner dashboard "$@"

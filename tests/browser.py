@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +29,11 @@ class Server:
     process: subprocess.Popen
     url: str
     log_path: str
+    token: str  # the dashboard opens only with it (dataloader_tuner.access)
+
+    def page(self, path: str = "") -> str:
+        """A page's address, with the token."""
+        return f"{self.url}/{path}?token={self.token}"
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -35,16 +41,18 @@ class Server:
 
 
 def start_server(port: int, db_path: str, autostart: bool = False,
-                 timeout_s: float = 60.0) -> Server:
-    env = dict(os.environ, DLTUNER_DB=db_path, DLTUNER_AUTOSTART="1" if autostart else "0")
-    log_path = db_path + ".server.log"
+                 timeout_s: float = 60.0, log_path: str | None = None) -> Server:
+    token = secrets.token_urlsafe(24)
+    env = dict(os.environ, DLTUNER_DB=db_path, DLTUNER_AUTOSTART="1" if autostart else "0",
+               DLTUNER_TOKEN=token)
+    log_path = log_path or db_path + ".server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
              "--server.headless", "true", "--browser.gatherUsageStats", "false"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
-    server = Server(process, f"http://127.0.0.1:{port}", log_path)
+    server = Server(process, f"http://127.0.0.1:{port}", log_path, token)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -35,6 +35,8 @@ def app_env(request, tmp_path, monkeypatch):
     db = str(tmp_path / "runs.sqlite")
     monkeypatch.setenv("DLTUNER_DB", db)
     monkeypatch.setenv("DLTUNER_AUTOSTART", "0")
+    monkeypatch.setenv("DLTUNER_TOKEN", APP_TOKEN)  # the session below enters with it
+    monkeypatch.delenv("DLTUNER_NO_TOKEN", raising=False)
     monkeypatch.chdir(ROOT)
     st.cache_resource.clear()  # a fresh job board on this test's database
     yield db
@@ -42,8 +44,13 @@ def app_env(request, tmp_path, monkeypatch):
     st.cache_resource.clear()
 
 
+APP_TOKEN = "the-token-of-these-tests"
+
+
 def live_app() -> AppTest:
-    return AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=90).run()
+    at = AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=90)
+    at.query_params["token"] = APP_TOKEN
+    return at.run()
 
 
 def settle(at: AppTest, timeout_s: float = 120.0) -> AppTest:

@@ -102,7 +102,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
     steps = Steps(page)
     try:
         # 1. The page opens on the demo dataset, and the demo starts by itself.
-        page.goto(server.url)
+        page.goto(server.page())
         page.get_by_text("Found dataloader_tuner.demo.FeatureDataset").wait_for(timeout=60_000)
         page.get_by_text("Run 1", exact=False).first.wait_for(timeout=60_000)
         page.get_by_text("samples/s").first.wait_for(timeout=60_000)
@@ -125,7 +125,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
         page.get_by_text("Run 2", exact=False).first.wait_for(timeout=30_000)
         page.get_by_text("running", exact=True).first.wait_for(timeout=30_000)
         other = browser.new_page()
-        other.goto(server.url)
+        other.goto(server.page())
         other.get_by_text("Run 2", exact=False).first.wait_for(timeout=60_000)
         other.close()
         page.get_by_role("button", name="Stop").click()
@@ -185,7 +185,7 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
     server = start_server(free_port(), db)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     steps = Steps(page)
-    page.goto(server.url + "/jobs")  # opened before the job starts: it must appear by itself
+    page.goto(server.page("jobs"))  # opened before the job starts: it must appear by itself
     page.get_by_text("No watched jobs yet").wait_for(timeout=60_000)
     job = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "examples", "train_watched.py"), "--epochs", "200",
@@ -210,3 +210,32 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
         job.wait()
         stop_server(server)
         reap_orphans()  # the killed job's workers, adopted here
+
+
+def test_the_dashboard_opens_only_with_its_token_in_a_real_browser(tmp_path, browser):
+    """Without the token, whichever page's address: the page that says how to get in, and the
+    demo that would start by itself does not (no history made); with it, the dashboard, and
+    a reload stays in. The server's own log never holds the token."""
+    db = tmp_path / "history" / "runs.sqlite"
+    server = start_server(free_port(), str(db), autostart=True,
+                          log_path=str(tmp_path / "server.log"))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        for path in ("", "jobs", "history"):
+            page.goto(f"{server.url}/{path}?token=wrong")
+            page.get_by_text("opens only with its token").wait_for(timeout=60_000)
+        page.goto(server.url)
+        page.get_by_text("opens only with its token").wait_for(timeout=60_000)
+        page.wait_for_timeout(2000)  # time enough for an autostart to begin, were it let in
+        assert not db.parent.exists()
+        page.goto(server.page())
+        page.get_by_text("Found dataloader_tuner.demo.FeatureDataset").wait_for(timeout=60_000)
+        page.get_by_role("link", name="Training jobs").click()
+        page.get_by_text("No watched jobs yet").wait_for(timeout=60_000)
+        page.reload()
+        page.get_by_text("No watched jobs yet").wait_for(timeout=60_000)
+        assert "opens only with its token" not in page.inner_text("body")
+        assert server.token not in server.log()
+    finally:
+        page.close()
+        stop_server(server)

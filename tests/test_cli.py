@@ -88,6 +88,7 @@ def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_p
     assert doc["reasons"] and any("no GPU" in r for r in doc["reasons"])
     assert "num_workers=" in result.stderr  # progress lines went to stderr
     settings = load_settings(str(out))
+    assert os.stat(out).st_mode & 0o777 == 0o600  # its owner's only (access.py)
     from tests.datasets.small_map import SmallMap
 
     assert len(list(DataLoader(SmallMap(), **settings))) > 0

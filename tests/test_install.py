@@ -154,4 +154,7 @@ def test_the_dashboard_command_serves_from_the_repository(venv, training_repo):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+        said = server.stdout.read().decode()
         server.stdout.close()
+    # The address to open carries the token the dashboard opens with (dataloader_tuner.access).
+    assert f"http://127.0.0.1:{port}/?token=" in said, said

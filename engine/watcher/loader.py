@@ -33,6 +33,7 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from dataloader_tuner import protocol, system
+from dataloader_tuner.access import open_private
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.report import tightest_shm
@@ -572,7 +573,7 @@ class WatchedLoader:
         if isinstance(search, FollowerSearch):  # the node's leader saves it, once
             return
         try:
-            with open(self.settings_out, "w", encoding="utf-8") as f:
+            with open_private(self.settings_out) as f:
                 json.dump(settings_file(result), f, indent=2)
             where = f"saved to {self.settings_out}"
         except OSError as exc:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dataloader_tuner.access import open_private
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.cli.args import EXIT_OK, EXIT_USAGE, add_db
 from dataloader_tuner.store import RunStore
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
                        label=f"run {args.run_id}: {saved.target}")
     text = json.dumps(doc)
     if args.out:
-        with open(args.out, "w") as f:
+        with open_private(args.out) as f:
             f.write(text)
         print(f"wrote {len(doc['traceEvents'])} trace events to {args.out}; open it in "
               "https://ui.perfetto.dev", file=sys.stderr)

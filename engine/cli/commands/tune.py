@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import replace
 
+from dataloader_tuner.access import open_private
 from dataloader_tuner import protocol
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.analyse.report import speedup_text
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
     result = replace(handle.live.tune_summary(handle.state.value), run_id=handle.run_id)
     if args.out and result.recommended:
-        with open(args.out, "w", encoding="utf-8") as handle_out:
+        with open_private(args.out) as handle_out:
             json.dump(settings_file(result), handle_out, indent=2)
         result = replace(result, settings_file=args.out)
     if args.json:
