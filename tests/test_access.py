@@ -195,7 +195,8 @@ def test_a_watched_jobs_history_and_settings_file_are_their_owners_only(tmp_path
     assert mode(tmp_path / "dataloader-tuner-mine.json") == 0o600
 
 
-def test_tune_settings_and_trace_files_are_their_owners_only(tmp_path, db_path):
+@pytest.mark.slow  # a real profile run, then its trace
+def test_a_trace_file_is_its_owners_only(tmp_path, db_path):
     done = subprocess.run(
         [sys.executable, "-m", "dataloader_tuner", "profile", "examples/tiny_in_memory.py",
          "--seconds", "1", "--json", "--db", db_path],

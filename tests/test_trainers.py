@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -80,6 +81,7 @@ def test_accelerate_prepared_loader_is_tuned_in_place(db_path, tmp_path):
 @pytest.mark.slow  # a real Trainer run: 2 epochs, 2 evaluations
 def test_hugging_face_trainer_loaders_are_watched_in_one_line(db_path, tmp_path, monkeypatch):
     loop = script("hf_trainer.py", db_path, str(tmp_path / "out"))
+    assert loop["ended"] == ["ok", "ok"]  # with train(), not at the script's exit
     runs = runs_by_label(db_path)
     train, evaluation = runs["train"], runs["eval"]
     assert {train.framework, evaluation.framework} == {"Hugging Face Trainer"}
@@ -151,7 +153,12 @@ def test_lightning_ddp_ranks_are_one_job_with_their_distributed_samplers(db_path
     """Lightning's own launcher sets no RANK: each rank is told from the trainer, and rank 0
     gathers both through the job's process-group store. Each rank's loader is the one Lightning
     made again with a DistributedSampler: half the samples each."""
+    before = {p.pid for p in psutil.Process().children()}
     loop = script("lightning_fit.py", db_path, "--ddp")
+    # Lightning's launcher does not wait for its other ranks: rank 1 may outlive rank 0 by a
+    # moment, handed to this process (the suite's subreaper) to reap.
+    for orphan in [p for p in psutil.Process().children() if p.pid not in before]:
+        orphan.wait(timeout=60)
     assert len(loop["received"]) == 24  # rank 0: 96 samples of 8, twice
     store = RunStore(db_path)
     train = [run for run in store.list_runs() if run.label == "train"]

@@ -77,7 +77,7 @@ def watch_trainer(trainer: Any, tune: bool = False, db: str | None = None,
     the eval dataset), with the full figures (workers, fetch, collate, input wait with each
     epoch's start-up), under ``torchrun`` and ``accelerate launch`` too (each rank its run).
     ``tune=True`` tunes the training loader in place (loader.py); its choice is given as the
-    ``TrainingArguments`` fields to set. Returns the trainer."""
+    ``TrainingArguments`` fields to set. The runs end with ``train()``. Returns the trainer."""
     roles = RoleWatch(HF_TRAINER, db, {"train"} if tune else set(), max_workers)
 
     def watching(build: Callable[..., Any], role_of: Callable[..., str]) -> Callable[..., Any]:
@@ -93,5 +93,18 @@ def watch_trainer(trainer: Any, tune: bool = False, db: str | None = None,
 
     trainer.get_train_dataloader = watching(trainer.get_train_dataloader, lambda *a, **k: "train")
     trainer.get_eval_dataloader = watching(trainer.get_eval_dataloader, eval_role)
+    trainer.add_callback(_end_runs_callback(roles))
     trainer._dataloader_tuner = roles  # kept with the trainer, for its runs to be found
     return trainer
+
+
+def _end_runs_callback(roles: RoleWatch) -> Any:
+    """A TrainerCallback ending the runs with ``train()`` (a notebook's process goes on; a later
+    ``evaluate()`` starts a new run)."""
+    from transformers import TrainerCallback  # the job's own: it made the trainer
+
+    class EndRuns(TrainerCallback):
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            roles.close()
+
+    return EndRuns()
