@@ -218,10 +218,20 @@ class Tagged(DataLoader):
         return f"{len(self)} batches"
 
 
-class OwnIterator(DataLoader):
+class Doubling(DataLoader):
+    """A user's subclass whose own __iter__ takes DataLoader's batches and works on them."""
+
     def __iter__(self):
         for batch in super().__iter__():
-            yield batch
+            yield batch * 2
+
+
+class OwnIterator(DataLoader):
+    """...and one whose __iter__ makes its batches itself."""
+
+    def __iter__(self):
+        for start in range(0, len(self.dataset), self.batch_size):
+            yield torch.tensor(self.dataset[start:start + self.batch_size])
 
 
 @pytest.mark.slow  # 2 persistent workers
@@ -250,3 +260,16 @@ def test_a_subclass_with_its_own_iterator_is_timed_from_the_loops_side(db_path, 
     assert watched is not loader and [int(b.sum()) for b in watched] == [6, 22]
     assert "timed" in watched.unprobed_reason or "loop" in watched.unprobed_reason
     assert torch.equal(next(iter(loader)), torch.tensor([0, 1, 2, 3]))  # its own, untouched
+
+
+def test_a_subclass_whose_iter_takes_dataloaders_batches_is_watched_inside(db_path):
+    """Its __iter__ stays its own (the loop gets the doubled batches); the batches it takes
+    from DataLoader's iterator come from the watcher's probed copy, with their worker."""
+    loader = Doubling(list(range(16)), batch_size=4, num_workers=1)
+    watched = watch(loader, name="doubling", db=db_path)
+    assert watched is loader
+    assert [int(b.sum()) for b in watched] == [2 * sum(range(i, i + 4)) for i in range(0, 16, 4)]
+    run = _watched[-1]
+    run.close()
+    rows = RunStore(db_path).batches(run.run_id)
+    assert len(rows) == 4 and {r.worker_id for r in rows} == {0} and rows[0].fetch_s is not None

@@ -17,6 +17,8 @@ moving the batch to the device) is in the step, as a loop's own ``.to(device)`` 
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
@@ -34,16 +36,36 @@ def inner_loader(wrapper: Any) -> DataLoader | None:
 
 def attach_blocker(loader: Any) -> str | None:
     """Why ``loader`` cannot be watched inside its own object, or None. Its class must make its
-    iterators with DataLoader's own ``__iter__`` and ``_get_iterator``: a class that replaces
-    them may never ask for the watcher's."""
+    iterators with DataLoader's own ``_get_iterator``, and its ``__iter__`` be DataLoader's or
+    one that takes its batches from it (``super().__iter__()``, as far as its source says): a
+    class that replaces them may never ask for the watcher's."""
     if not isinstance(loader, DataLoader):
         return f"{type(loader).__name__} is not a DataLoader"
     cls = type(loader)
-    for method in ("__iter__", GET_ITERATOR):
-        if getattr(cls, method) is not getattr(DataLoader, method):
-            return (f"{cls.__name__} defines its own {method}: its batches may not come from "
-                    "DataLoader's iterator")
+    if getattr(cls, GET_ITERATOR) is not getattr(DataLoader, GET_ITERATOR):
+        return (f"{cls.__name__} defines its own {GET_ITERATOR}: its batches may not come "
+                "from DataLoader's iterator")
+    own_iter = getattr(cls, "__iter__")
+    if own_iter is not DataLoader.__iter__ and not _iterates_dataloaders(own_iter):
+        return (f"{cls.__name__} defines its own __iter__, which does not take its batches "
+                "from DataLoader's (super().__iter__())")
     return None
+
+
+# super().__iter__(), super(Cls, self).__iter__(), DataLoader.__iter__(self)
+_DATALOADERS_ITER = re.compile(r"super\(\s*(\w+\s*,\s*\w+\s*)?\)\.__iter__\(|"
+                               r"DataLoader\.__iter__\(\s*self")
+
+
+def _iterates_dataloaders(method: Any) -> bool:
+    """Whether a subclass's own ``__iter__`` gets its batches from DataLoader's: read from its
+    source (none to read: no). What it does around them (a transform, a device copy) stays its
+    own, in the step, as accelerate's is."""
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+    return _DATALOADERS_ITER.search(source) is not None
 
 
 class MeasuredIterator:

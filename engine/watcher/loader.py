@@ -98,8 +98,9 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder).
 
     accelerate's prepared loader (``watch(accelerator.prepare(loader))``) and a DataLoader
-    subclass that uses DataLoader's own iterator are watched inside their own object, which is
-    returned as it is (attach.py): what they add around iteration stays theirs."""
+    subclass that takes its batches from DataLoader's own iterator are watched inside their own
+    object, which is returned as it is (attach.py): what they add around iteration stays
+    theirs."""
     try:
         inner = inner_loader(loader)
         # Watched inside its own object, which the job keeps: accelerate's prepared loader
