@@ -21,13 +21,13 @@ DataLoader(...) line to put in the DataModule's ``train_dataloader``.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from typing import Any, Callable
 
-from dataloader_tuner.errors import RunError
 from dataloader_tuner.watcher.frameworks import LIGHTNING
-from dataloader_tuner.watcher.loader import _say
+from dataloader_tuner.watcher.loader import _say, failed_with
 from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 from dataloader_tuner.watcher.trainers import RoleWatch
 
@@ -39,8 +39,7 @@ def _callback_base() -> type:
     for package in (["pytorch_lightning", "lightning.pytorch"] if prefer_old
                     else ["lightning.pytorch", "pytorch_lightning"]):
         try:
-            module = __import__(package, fromlist=["Callback"])
-            return module.Callback
+            return importlib.import_module(package).Callback
         except ImportError:
             continue
     raise ImportError("dataloader_tuner.lightning needs Lightning: pip install lightning "
@@ -115,9 +114,7 @@ class WatchLoaders(_callback_base()):  # type: ignore[misc]  # Lightning's, foun
         if isinstance(exception, KeyboardInterrupt):
             self.roles.close("stopped")
             return
-        self.roles.close("error", RunError(
-            f"The training ended with {type(exception).__name__}: {exception}",
-            type="watched_job_failed").to_dict())
+        self.roles.close("error", failed_with(exception))
 
 
 def _attribute(obj: Any, path: str) -> Any:

@@ -376,18 +376,14 @@ class WatchedLoader:
             self.probed is not None and getattr(self.probed, "_iterator", None) is iterator)
 
     def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
-        ahead = self.ahead
-        last = None  # (ahead) the last row, held until the next batch or the epoch's end came
+        handover = Handover(rows, self.ahead)
         while True:
             try:
                 item, t_request, t_ready, seq = ledger.next_batch(iterator, mark)
             except StopIteration:
-                if last is not None:
-                    rows.append(ended(last, clock() - ledger.t0))
+                handover.end(clock() - ledger.t0)
                 return
-            if last is not None:
-                rows.append(last)
-                last = None
+            handover.arrived()
             if probed:
                 batch, meta = item
             else:
@@ -399,11 +395,7 @@ class WatchedLoader:
             except BaseException:  # also the last batch of a loop that breaks off (closed)
                 rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
                 raise
-            row = ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta)
-            if ahead:
-                last = row
-            else:
-                rows.append(row)
+            handover.taken(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
 
     def _tuned_batches(self, search: Search, mark: EpochMark) -> Iterator[Any]:
         """One epoch while tuning in place. The epoch's batches are drawn from the loader's own
@@ -420,7 +412,7 @@ class WatchedLoader:
         plan = list(sampler_iter)
         ledger, rows, clock = self.ledger, self.recorder.rows, time.monotonic
         taken, segment = 0, 0
-        ahead, held = self.ahead, None  # (ahead) the last row, as in _epoch
+        handover = Handover(rows, self.ahead)
         ran_out = False  # the epoch's end came (not a loop breaking off)
         search.epoch_started(mark.epoch)
         source = self._open(search, plan, 0, search.current, base_seed, segment)
@@ -451,9 +443,7 @@ class WatchedLoader:
                     continue
                 switched = None
                 ledger.opening = False  # a switched loader's first batch came
-                if held is not None:
-                    rows.append(held)
-                    held = None
+                handover.arrived()
                 ledger.handed(mark, t_ready, meta)
                 self._handed = seq  # the batch loader.to() copies
                 try:
@@ -462,11 +452,7 @@ class WatchedLoader:
                     rows.append(ledger.row(seq, mark.epoch, t_request, t_ready, clock(), meta))
                     raise
                 t_back = clock()
-                row = ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta)
-                if ahead:
-                    held = row
-                else:
-                    rows.append(row)
+                handover.taken(ledger.row(seq, mark.epoch, t_request, t_ready, t_back, meta))
                 taken += 1
                 # (not the old loader's shutdown: the job with one setting never pays that)
                 switch = search.after_batch(samples_of(meta), t_back - (opened or t_request))
@@ -488,8 +474,7 @@ class WatchedLoader:
             t_close = clock()
             _shutdown(source)
             ledger.closed(clock() - t_close)
-            if held is not None:
-                rows.append(ended(held, clock() - ledger.t0) if ran_out else held)
+            handover.end(clock() - ledger.t0 if ran_out else None)
 
     def _open(self, search: Search, plan: list[Any], start: int, setting: Setting,
               base_seed: int, segment: int) -> Iterator[Any]:
@@ -663,12 +648,48 @@ class WatchedLoader:
         )
 
 
+class Handover:
+    """An epoch's rows on their way to the recorder. Where a wrapper asks the loader one batch
+    ahead of the loop (``ahead``: accelerate), each row is held until the next batch or the
+    epoch's end came, so that the end's wait lands on the last batch (``ended``)."""
+
+    __slots__ = ("rows", "ahead", "held")
+
+    def __init__(self, rows: list, ahead: bool) -> None:
+        self.rows, self.ahead, self.held = rows, ahead, None
+
+    def arrived(self) -> None:
+        """The next batch came: the row held is complete."""
+        if self.held is not None:
+            self.rows.append(self.held)
+            self.held = None
+
+    def taken(self, row: Any) -> None:
+        """The loop is back for another batch after ``row``'s."""
+        if self.ahead:
+            self.held = row
+        else:
+            self.rows.append(row)
+
+    def end(self, t_end: float | None) -> None:
+        """The epoch ran out at ``t_end`` (since the run's start; None: it broke off)."""
+        if self.held is not None:
+            self.rows.append(ended(self.held, t_end) if t_end is not None else self.held)
+            self.held = None
+
+
 def ended(last: Any, t_end: float) -> Any:
     """The epoch's last row, its wait taking in the epoch's end: a wrapper that asks one batch
     ahead (accelerate) asks for the end (the workers shutting down) before it hands the last
     batch over, inside the loop's wait (``t_end``: since the run's start)."""
     return last._replace(wait_s=last.wait_s + max(
         t_end - (last.t_request + last.wait_s + last.step_s), 0.0))
+
+
+def failed_with(failure: BaseException, what: str = "The training") -> dict:
+    """A watched run's error: the job ended with ``failure``."""
+    return RunError(f"{what} ended with {type(failure).__name__}: {failure}",
+                    type="watched_job_failed").to_dict()
 
 
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:
@@ -737,8 +758,7 @@ def _end_all() -> None:
     failure = getattr(sys, "last_value", None)
     error = None
     if failure is not None:
-        error = RunError(f"The training script ended with {type(failure).__name__}: {failure}",
-                         type="watched_job_failed").to_dict()
+        error = failed_with(failure, "The training script")
     for watched in list(_watched):
         watched.close("error" if error else "ok", error)
 
