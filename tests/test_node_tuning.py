@@ -193,21 +193,21 @@ def test_a_node_s_ranks_tune_in_place_together(tmp_path):
     samples each rank sees are its sampler's, and only rank 0 saves the choice."""
     import json
     import os
-    import subprocess
     import sys
 
     from .browser import free_port
     from .conftest import ROOT
+    from .jobs import run_job
 
     script = tmp_path / "train.py"
     script.write_text(NODE_JOB)
     env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    job = subprocess.run(
+    job = run_job(
         [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1",
          "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
          str(tmp_path / "runs.sqlite"), "12"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=env)
     assert job.returncode == 0, job.stderr[-4000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0["orders_ok"] and rank1["orders_ok"]

@@ -14,6 +14,7 @@ from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 
 from .browser import free_port
 from .conftest import ROOT
+from .jobs import run_job
 
 
 def test_identity_comes_from_torchrun_s_environment():
@@ -48,11 +49,11 @@ def test_every_rank_of_a_torchrun_job_is_recorded_with_its_place(tmp_path):
     db = str(tmp_path / "runs.sqlite")
     port = free_port()
     env = dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo")
-    job = subprocess.run(
+    job = run_job(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
          "--local-addr", "127.0.0.1", "--rdzv-id", "watched-job", str(script), db],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+        cwd=tmp_path, env=env, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
     runs = sorted(RunStore(db).list_runs(), key=lambda run: run.rank["rank"])
     assert [run.rank["rank"] for run in runs] == [0, 1]

@@ -16,6 +16,7 @@ from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.watcher.loader import _stacks_folder
 
 from tests.datasets.slow_indices import SlowOnAFew
 
@@ -150,3 +151,19 @@ def test_a_worker_stuck_before_its_first_fetch_still_offers_its_stack(tmp_path, 
 
 def _sleep_forever(worker_id: int) -> None:
     time.sleep(3600)
+
+
+def test_a_stacks_folder_named_by_a_parent_process_is_not_this_ones(monkeypatch):
+    """A rank started by rank 0 (Lightning's launcher), or a job launched from a watched
+    notebook, inherits its parent's folder in the environment: removed when the parent exits,
+    so a watched loader makes its own."""
+    parents = tempfile.mkdtemp(prefix=f"{stalls.STACKS_PREFIX}{os.getppid()}-")
+    monkeypatch.setenv("DATALOADER_TUNER_STACKS", parents)
+    made = ""
+    try:
+        made = _stacks_folder() or ""
+        assert made and made != parents and os.path.isdir(made)
+        assert _stacks_folder() == made  # once a process
+    finally:
+        for path in (parents, made):
+            shutil.rmtree(path, ignore_errors=True)

@@ -5,7 +5,6 @@ script, and the figures are checked against the loop's own clock."""
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -22,16 +21,16 @@ from dataloader_tuner.watcher.loader import _watched
 
 from .browser import free_port
 from .conftest import ROOT
+from .jobs import run_job
 from .test_app import WATCHED_SCRIPT
 
 
 def script(name: str, *args: str, cwd: str = ROOT) -> dict:
     """What the training script printed last, as JSON, and its stderr (as "stderr")."""
     # (a DDP job's ranks on loopback only: KNOWLEDGE.md)
-    job = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "trainers", name), *args],
-                         cwd=cwd, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1",
-                                  MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo"))
+    job = run_job([sys.executable, os.path.join(ROOT, "tests", "trainers", name), *args],
+                  cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1",
+                                    MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo"))
     assert job.returncode == 0, job.stderr[-3000:]
     printed = json.loads([line for line in job.stdout.splitlines() if line.startswith("{")][-1])
     return {**printed, "stderr": job.stderr}
@@ -191,10 +190,10 @@ def launcher(name: str, port: int) -> list[str]:
 def test_hugging_face_trainer_ranks_are_one_job(name, db_path, tmp_path):
     """Under torchrun or ``accelerate launch`` each rank's train and eval loaders are its runs,
     and rank 0 gathers both ranks of each into the job's view."""
-    job = subprocess.run(
+    job = run_job(
         [*launcher(name, free_port()), os.path.join(ROOT, "tests", "trainers", "hf_trainer.py"),
          db_path, str(tmp_path / "out")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                  OMP_NUM_THREADS="1"))
     assert job.returncode == 0, job.stderr[-3000:]

@@ -89,6 +89,16 @@ def new_stacks_folder() -> str:
     return folder
 
 
+def made_for_this_process() -> str | None:
+    """The stacks folder new_stacks_folder made in this process, if any. One named in the
+    environment by a parent (a rank started by rank 0, a job launched from a watched notebook)
+    is the parent's: removed when the parent exits."""
+    folder = os.environ.get(probes.STACKS_ENV)
+    if folder and os.path.basename(folder).startswith(f"{STACKS_PREFIX}{os.getpid()}-"):
+        return folder
+    return None
+
+
 class StallWatch:
     """Run from a recorder's thread each flush: ``observe`` the flush's rows, then ``check``."""
 

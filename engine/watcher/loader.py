@@ -727,9 +727,10 @@ def _shutdown(iterator) -> None:
 def _stacks_folder() -> str | None:
     """Where this job's DataLoader workers write their stacks when a late batch asks
     (probes.offer_stack): made once a process, removed at exit; an engine child's own folder
-    where one is set already."""
-    if os.environ.get(probes.STACKS_ENV):
-        return os.environ[probes.STACKS_ENV]
+    where one is set already (not one a parent process named in the environment)."""
+    folder = stalls.made_for_this_process()
+    if folder is not None:
+        return folder
     try:
         folder = stalls.new_stacks_folder()
     except OSError:
