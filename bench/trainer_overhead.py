@@ -1,20 +1,23 @@
 """What does the one line cost a trainer's training? Each framework's training, watched and
 not, in turns.
 
-Each trial is a fresh process that trains with its framework (accelerate's prepared loader, the
-Hugging Face Trainer, Lightning; a plain loop for reference) for 3 epochs of 96 batches, 2
-workers restarted each epoch, a sample taking 0.5 ms to make (the two workers make a batch of
-16 in ~4 ms) and a step of ~10 ms (a small model's forward and backward, then a sleep for the
-rest: a GPU step leaves the CPU free). The time is the training call's (``trainer.train()``,
-``trainer.fit()``, the loop), from before the line that watches: the watcher's start, its
-per-batch records, its recorder thread writing to SQLite and its end are all in it; imports
-are not (both variants import the same packages). Rounds alternate which variant runs first.
-The model's forward runs on one thread (as a GPU job's CPU side does): on this 2-core machine
-its default pool fights the two workers and the trials' spread grows several-fold.
+Per framework, one process trains with it (accelerate's prepared loader, the Hugging Face
+Trainer, Lightning; a plain loop for reference) over and over, alternating watched and plain
+after one of each to warm up: a fresh process per trial added its own start (imports, page
+faults, the first fork of a big process) to the spread, several percent on this machine, more
+than what is measured. Each training is 3 epochs of 96 batches, 2 workers restarted each epoch,
+a sample taking 0.5 ms to make (the two workers make a batch of 16 in ~4 ms) and a step of
+~10 ms (a small model's forward and backward, then a sleep for the rest: a GPU step leaves the
+CPU free). The time is the training call's (``trainer.train()``, ``trainer.fit()``, the loop),
+from before the line that watches: the watcher's start, its per-batch records, its recorder
+thread writing to SQLite and its end are all in it. The model's forward runs on one thread (as
+a GPU job's CPU side does): on this 2-core machine its default pool fights the two workers and
+the trials' spread grows several-fold.
 
 Per framework: the median of watched/plain over rounds (target <= 1.01) with a 90% bootstrap
-interval of that median (this machine's trials vary by several percent: the interval says what
-the rounds can tell), and the median seconds of each.
+interval of that median, the median seconds of each, and the median difference in ms (most of
+it paid once per training: the watcher's start and its runs' end; a longer training divides
+it).
 
     ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 10] [--only NAME]
 """
@@ -142,46 +145,54 @@ def trial(framework: str, watched: bool, db: str) -> float:
     raise SystemExit(f"unknown framework {framework!r}: one of {FRAMEWORKS}")
 
 
-def run_trial(framework: str, watched: bool, db: str) -> float:
+def run_rounds(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
+    """``rounds`` trainings of each variant in one fresh process, in turns."""
     done = subprocess.run(
-        [sys.executable, __file__, "--trial", framework, "watched" if watched else "plain", db],
-        capture_output=True, text=True, timeout=600, cwd=os.path.dirname(db),
+        [sys.executable, __file__, "--rounds-of", framework, str(rounds), db],
+        capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(db),
         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1"))
     if done.returncode != 0:
-        raise SystemExit(f"{framework} ({'watched' if watched else 'plain'}) failed:\n"
-                         f"{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["train_s"])
+        raise SystemExit(f"{framework} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rounds_here(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
+    """In this process: one training of each to warm up, then ``rounds`` pairs, each pair's
+    order alternating."""
+    trial(framework, False, db)
+    trial(framework, True, db)
+    times: dict[str, list[float]] = {"plain": [], "watched": []}
+    for round_ in range(rounds):
+        for watched in ([False, True] if round_ % 2 == 0 else [True, False]):
+            times["watched" if watched else "plain"].append(trial(framework, watched, db))
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--only", choices=FRAMEWORKS)
-    parser.add_argument("--trial", nargs=3, metavar=("FRAMEWORK", "VARIANT", "DB"),
+    parser.add_argument("--rounds-of", nargs=3, metavar=("FRAMEWORK", "ROUNDS", "DB"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.trial:
-        framework, variant, db = args.trial
-        print(json.dumps({"train_s": trial(framework, variant == "watched", db)}))
+    if args.rounds_of:
+        framework, rounds, db = args.rounds_of
+        print(json.dumps(rounds_here(framework, int(rounds), db)))
         return
     print(f"{EPOCHS} epochs x {BATCHES} batches of {BATCH_SIZE}, 2 workers, "
-          f"{STEP_S * 1000:.0f} ms step; {args.rounds} rounds, alternating")
+          f"{STEP_S * 1000:.0f} ms step; {args.rounds} rounds in one process, alternating")
     print(f"{'framework':<22} {'watched/plain':>13} {'90% interval':>15} {'plain s':>8} "
-          f"{'watched s':>9}")
+          f"{'watched s':>9} {'diff ms':>8}")
     for framework in [args.only] if args.only else FRAMEWORKS:
-        ratios, plain_s, watched_s = [], [], []
         with tempfile.TemporaryDirectory() as folder:
-            db = os.path.join(folder, "runs.sqlite")
-            for round_ in range(args.rounds):
-                order = [False, True] if round_ % 2 == 0 else [True, False]
-                times = {watched: run_trial(framework, watched, db) for watched in order}
-                plain_s.append(times[False])
-                watched_s.append(times[True])
-                ratios.append(times[True] / times[False])
+            times = run_rounds(framework, args.rounds, os.path.join(folder, "runs.sqlite"))
+        pairs = list(zip(times["watched"], times["plain"]))
+        ratios = [watched / plain for watched, plain in pairs]
         low, high = median_interval(ratios)
         print(f"{framework:<22} {statistics.median(ratios):>13.3f} "
-              f"{low:>7.3f}-{high:<7.3f} {statistics.median(plain_s):>8.2f} "
-              f"{statistics.median(watched_s):>9.2f}", flush=True)
+              f"{low:>7.3f}-{high:<7.3f} {statistics.median(times['plain']):>8.2f} "
+              f"{statistics.median(times['watched']):>9.2f} "
+              f"{1000 * statistics.median(w - p for w, p in pairs):>8.1f}", flush=True)
 
 
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:

@@ -69,6 +69,7 @@ def test_bad_usage_exits_2_and_rejected_settings_exit_1(db_path):
     assert cli("frobnicate", db=db_path).returncode == 2
 
 
+@pytest.mark.slow  # 6.6 s: a real tune (the quick loop has the dashboard's, replayed)
 def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_path):
     from torch.utils.data import DataLoader
 

@@ -22,6 +22,7 @@ parent_waits()
 """
 
 
+@pytest.mark.slow  # 3 s: a job left to hang
 def test_a_hung_job_fails_with_every_process_stack():
     with pytest.raises(pytest.fail.Exception) as failed:
         run_job([sys.executable, "-c", HANGS], timeout=3)

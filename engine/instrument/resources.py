@@ -27,9 +27,12 @@ class ResourceSampler:
     All three are None when not read this time, or when the process's memory is off limits.
     """
 
-    # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process.
+    # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process (6-12
+    # ms for a worker of a Lightning job: 2-3% of a core where each worker was read on sight).
     USS_EVERY_S = 2.0  # so each worker's is read this often, not on every 0.5 s sample,
-    USS_MAX_CPU_SHARE = 0.01  # and on a huge process rarer still: at most 1% of a core
+    USS_MAX_CPU_SHARE = 0.01  # and all workers' together take at most 1% of a core;
+    USS_MIN_AGE_S = 2.0  # a worker is first read at this age: one that ends sooner (an epoch's
+    # workers restarting) has no growth to judge
     PRIVATE_KEYS = ("uss_mb", "pss_mb", "dirty_mb")
 
     def __init__(self, worker_ids: dict[int, int]) -> None:
@@ -37,6 +40,7 @@ class ResourceSampler:
         self.worker_ids = worker_ids  # pid -> DataLoader worker id, filled as batches arrive
         self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
         self.uss_due: dict[int, float] = {}  # pid -> when its next USS reading is due
+        self.uss_gate = 0.0  # no worker's reading before this (the shared CPU budget)
         self.me.cpu_percent(None)
         self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
 
@@ -114,12 +118,16 @@ class ResourceSampler:
         """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
         has gone raises psutil.NoSuchProcess to the caller."""
         now = time.monotonic()
-        if now < self.uss_due.get(pid, 0.0):
+        if (now < max(self.uss_due.get(pid, 0.0), self.uss_gate)
+                or time.time() - proc.create_time() < self.USS_MIN_AGE_S):
             return dict.fromkeys(self.PRIVATE_KEYS)
         start = time.thread_time()  # our CPU, not the wait for a core on a busy machine
         found = self._smaps_rollup(pid) or self._psutil_private(proc)
         cost = time.thread_time() - start
-        self.uss_due[pid] = now + max(self.USS_EVERY_S, cost / self.USS_MAX_CPU_SHARE)
+        pause = cost / self.USS_MAX_CPU_SHARE
+        # Each worker's turn comes again after the others' (the gate lets one through a pause).
+        self.uss_due[pid] = now + max(self.USS_EVERY_S, pause * (len(self.known) - 1))
+        self.uss_gate = now + pause
         return found
 
     @staticmethod
