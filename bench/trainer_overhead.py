@@ -19,7 +19,7 @@ interval of that median, the median seconds of each, and the median difference i
 it paid once per training: the watcher's start and its runs' end; a longer training divides
 it).
 
-    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 10] [--only NAME]
+    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 20] [--only NAME]
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def rounds_here(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--only", choices=FRAMEWORKS)
     parser.add_argument("--rounds-of", nargs=3, metavar=("FRAMEWORK", "ROUNDS", "DB"),
                         help=argparse.SUPPRESS)

@@ -213,8 +213,27 @@ def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, 
              if t["phase"] not in ("prewarm", "baseline", "final") and t["samples_per_s"]}
     on_plateau = (chosen in rates and offline in rates
                   and rates[chosen] >= 0.95 * rates[offline])
-    assert abs(path.index(chosen) - path.index(offline)) <= 1 or on_plateau, (
-        chosen, offline, rates)
+    if abs(path.index(chosen) - path.index(offline)) <= 1 or on_plateau:
+        return
+    # Further apart, on a plateau the offline search did not measure at the in-place pick (4
+    # and 8 workers both feed an 8 ms step): the loop's own clock decides, each pick's epochs
+    # in turns, workers restarting each epoch as this job's do.
+    own = {n: [] for n in (chosen, offline)}
+    for _ in range(2):
+        for n in own:
+            own[n].append(epoch_rate(dataset, resolved.batch_size, n, step_ms / 1000))
+    assert max(own[chosen]) >= 0.95 * max(own[offline]), (chosen, offline, rates, own)
+
+
+def epoch_rate(dataset, batch_size: int, workers: int, step_s: float) -> float:
+    """Samples per second of one epoch of a loop that sleeps ``step_s`` a batch, as the loop
+    times it (its workers' start included)."""
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
+    started, samples = time.monotonic(), 0
+    for _images, labels in loader:
+        samples += len(labels)
+        time.sleep(step_s)
+    return samples / (time.monotonic() - started)
 
 
 def fail_in_third_worker(worker_id: int) -> None:
