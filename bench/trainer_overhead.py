@@ -19,7 +19,8 @@ interval of that median, the median seconds of each, and the median difference i
 it paid once per training: the watcher's start and its runs' end; a longer training divides
 it).
 
-    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 20] [--only NAME]
+    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 20] [--epochs 3]
+        [--only NAME]
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def trial(framework: str, watched: bool, db: str) -> float:
 def run_rounds(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
     """``rounds`` trainings of each variant in one fresh process, in turns."""
     done = subprocess.run(
-        [sys.executable, __file__, "--rounds-of", framework, str(rounds), db],
+        [sys.executable, __file__, "--epochs", str(EPOCHS), "--rounds-of", framework,
+         str(rounds), db],
         capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(db),
         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1"))
     if done.returncode != 0:
@@ -169,12 +171,16 @@ def rounds_here(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
 
 
 def main() -> None:
+    global EPOCHS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=EPOCHS,
+                        help="epochs per training (what is paid once weighs less in more)")
     parser.add_argument("--only", choices=FRAMEWORKS)
     parser.add_argument("--rounds-of", nargs=3, metavar=("FRAMEWORK", "ROUNDS", "DB"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
+    EPOCHS = args.epochs
     if args.rounds_of:
         framework, rounds, db = args.rounds_of
         print(json.dumps(rounds_here(framework, int(rounds), db)))
