@@ -77,6 +77,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
                 step(x, y).backward()
                 optimizer.step()
                 optimizer.zero_grad()
+        end_watched_runs()
         return time.monotonic() - started
     if framework == "accelerate":
         from accelerate import Accelerator
@@ -92,6 +93,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
                 accelerator.backward(step(x, y))
                 optimizer.step()
                 optimizer.zero_grad()
+        end_watched_runs()
         return time.monotonic() - started
     if framework == "Hugging Face Trainer":
         from transformers import Trainer, TrainingArguments
@@ -144,6 +146,16 @@ def trial(framework: str, watched: bool, db: str) -> float:
         trainer.fit(Module(), train_dataloaders=loader())
         return time.monotonic() - started
     raise SystemExit(f"unknown framework {framework!r}: one of {FRAMEWORKS}")
+
+
+def end_watched_runs() -> None:
+    """The runs a training watched end with it, as the Trainer's and Lightning's do: the
+    trials share one process, and a run left open keeps its recorder thread sampling every
+    later trial, plain or watched. (A script's runs end at its exit.)"""
+    from dataloader_tuner.watcher.loader import _watched
+
+    for watched in list(_watched):
+        watched.close()
 
 
 def run_rounds(framework: str, rounds: int, db: str) -> dict[str, list[float]]:

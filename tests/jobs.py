@@ -4,34 +4,55 @@ before the tree is killed, instead of pytest's timeout showing only the test's o
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sysconfig
+import time
 
 import psutil
 import pytest
 
-JOB_TIMEOUT_S = 240  # below pytest's 300 s (pyproject.toml): the dumps are this helper's
+JOB_TIMEOUT_S = 200  # below pytest's 300 s (pyproject.toml), with the dumps and the kill
+DUMPS_S = 40.0  # all the tree's stacks together
 
 
 def run_job(command: list[str], timeout: float = JOB_TIMEOUT_S,
             **popen: object) -> subprocess.CompletedProcess:
     """``subprocess.run(command, capture_output=True, text=True)``; past ``timeout``, the
-    stacks of the whole tree in the failure, the tree killed and reaped."""
+    stacks of the whole tree in the failure, the tree killed and reaped. The job runs in a
+    session of its own: whatever it started is killed with it, also when the test is
+    interrupted (pytest's own timeout, Ctrl-C)."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          **popen) as job:  # type: ignore[call-overload]
+                          start_new_session=True, **popen) as job:  # type: ignore[call-overload]
         try:
             out, err = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             tree = [psutil.Process(job.pid), *_descendants(job.pid)]
-            stacks = "\n".join(stack_of(process) for process in tree)
-            for process in tree:
-                _kill(process)
-            out, err = job.communicate()
-            psutil.wait_procs(tree, timeout=10)
+            deadline = time.monotonic() + DUMPS_S
+            stacks = "\n".join(stack_of(process, deadline) for process in tree)
+            _kill_tree(job, tree)
+            try:
+                out, err = job.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a pipe held by something that escaped
+                out, err = "", "(its output could not be read)"
             pytest.fail(f"{' '.join(command)} still running after {timeout:.0f} s. Stacks:\n"
                         f"{stacks}\nIts stderr (tail):\n{err[-3000:]}", pytrace=False)
+        except BaseException:
+            _kill_tree(job, [psutil.Process(job.pid), *_descendants(job.pid)])
+            raise
     return subprocess.CompletedProcess(command, job.returncode, out, err)
+
+
+def _kill_tree(job: subprocess.Popen, tree: list[psutil.Process]) -> None:
+    try:
+        os.killpg(job.pid, signal.SIGKILL)  # its session's group: what it started
+    except OSError:
+        pass
+    for process in tree:  # and what left the group (a launcher's own session)
+        _kill(process)
+    psutil.wait_procs(tree, timeout=10)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -41,18 +62,20 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def stack_of(process: psutil.Process) -> str:
-    """The process's Python stacks (every thread), or where the kernel has it waiting."""
+def stack_of(process: psutil.Process, deadline: float) -> str:
+    """The process's Python stacks (every thread), or where the kernel has it waiting (also
+    once ``deadline`` has passed: the dumps of a big tree stay within DUMPS_S)."""
     try:
         title = f"--- {process.pid} {process.name()} ({process.status()})"
     except psutil.Error:
         return f"--- {process.pid}: gone"
     # (next to this Python where its scripts folder is not on PATH: a pyenv's, a venv's)
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
-    if spy is not None:
+    left = deadline - time.monotonic()
+    if spy is not None and left > 1:
         try:
             dumped = subprocess.run([spy, "dump", "--pid", str(process.pid)],
-                                    capture_output=True, text=True, timeout=30)
+                                    capture_output=True, text=True, timeout=min(left, 20))
             return f"{title}\n{dumped.stdout or dumped.stderr}"
         except subprocess.TimeoutExpired:
             pass

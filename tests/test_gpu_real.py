@@ -9,7 +9,7 @@ is in its docstring; the tables they print go straight to the log (capsys.disabl
 
 Written on a machine without a GPU and not yet run on one (issue 27): the thresholds are first
 guesses, to be checked where a GPU is lent. Files go under tmp_path, subprocesses have a
-timeout and are reaped by subprocess.run, nothing listens on a port.
+timeout and their trees are reaped (tests/jobs.py), nothing listens on a port.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .conftest import ROOT
+from .jobs import run_job
 
 # The copies, the GPU step and the loop timed plain against watched are the bench's
 # (bench/gpu_copy.py): one definition of each.
@@ -53,7 +54,6 @@ pytestmark = [
 KB, MB = 2**10, 2**20
 COPY_SIZES = [64 * KB, 256 * KB, MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
 PINNED_FLOOR_GBPS = 3.0  # any PCIe 3.0 x16 link or better moves pinned memory faster than this
-SUBPROCESS_TIMEOUT_S = 300
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -129,9 +129,8 @@ def gap_table(rows: list) -> str:
 
 def cli(*args: str, db: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "dataloader_tuner", *args, "--db", db],
-                          capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=SUBPROCESS_TIMEOUT_S)
+    return run_job([sys.executable, "-m", "dataloader_tuner", *args, "--db", db], env=env,
+                   cwd=ROOT)
 
 
 # -- a. pinned against pageable copies --------------------------------------------------------
@@ -307,7 +306,7 @@ def test_watching_keeps_a_gpu_bound_loops_throughput(db_path, capsys):
         print(f"gaps measured on {len(gaps)} of {len(rows)} batches"
               + (f", p50 {statistics.median(gaps):.4f} ms, max {max(gaps):.4f} ms"
                  if gaps else ""))
-    assert abs(median - 1.0) <= 0.01, ratios
+    assert median <= 1.01, ratios  # (faster watched is noise, not a failure)
     if len(gaps) >= 10:
         assert statistics.quantiles(gaps, n=10)[-1] < 0.5
 
@@ -411,9 +410,8 @@ def test_a_rank_without_set_device_is_timed_on_the_device_it_copies_to(db_path, 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHELASTIC_", "MASTER_", "GROUP_RANK", "NODE_RANK"))}
     env.update(PYTHONPATH=ROOT, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
-    done = subprocess.run([sys.executable, str(script), db_path, device, str(size)],
-                          capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                          timeout=SUBPROCESS_TIMEOUT_S)
+    done = run_job([sys.executable, str(script), db_path, device, str(size)], env=env,
+                   cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     rows = RunStore(db_path).batches(out["run_id"])

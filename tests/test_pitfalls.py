@@ -197,6 +197,16 @@ def flat(mb):
     return lambda t: mb
 
 
+def test_growth_is_judged_from_a_workers_first_row_when_its_memory_is_read_later():
+    """The sampler reads a worker's memory from its second 2 on (USS_MIN_AGE_S): the 2 s
+    warm-up counts from the worker's first row, so a run of 10.5 s is judged as before."""
+    leak = lambda t: 13 + 457 * t / 60  # noqa: E731
+    rows = worker_rows(10.5, flat(1476), leak)
+    assert pitfalls.worker_memory_growth(rows)
+    late = [dict(r, uss_mb=None, dirty_mb=None) if r["t"] < 2.0 else r for r in rows]
+    assert [d.code for d in pitfalls.worker_memory_growth(late)] == ["worker_memory_growth"]
+
+
 def test_copy_on_read_leak_is_flagged_per_worker_with_the_serialize_fix():
     # pytorch issue 13246: private memory ~13 -> ~470 MB in 60 s per worker, RSS flat
     leak = lambda t: 13 + 457 * t / 60  # noqa: E731
@@ -330,30 +340,38 @@ def test_resource_sampler_reads_worker_private_memory_every_few_seconds(allocato
     assert after["uss_mb"] - before["uss_mb"] > 45 and after["dirty_mb"] - before["dirty_mb"] > 45
 
 
-def test_workers_private_memory_reads_share_one_cpu_budget_and_skip_the_newborn(monkeypatch):
-    """Each read walks a worker's page tables (6-12 ms on a Lightning job's workers): all
-    workers' reads together stay within USS_MAX_CPU_SHARE of a core, in turns, and a worker
-    younger than USS_MIN_AGE_S (an epoch's, restarting) is not read at all."""
+def test_workers_private_memory_reads_share_one_cpu_budget_in_turns(monkeypatch):
+    """Each read walks a worker's page tables (6-12 ms on a Lightning job's workers): one
+    worker a sample, all of them within USS_MAX_CPU_SHARE of a core, the longest due first, so
+    eight workers each get their turn; none before USS_MIN_AGE_S after it was first seen (an
+    epoch's workers, restarting), and never a child that is not one of the loader's workers."""
+    walks: list[int] = []
+
     def walk(pid):
+        walks.append(pid)
         started = time.thread_time()
-        while time.thread_time() - started < 0.005:  # 5 ms of our CPU, as a walk costs
+        while time.thread_time() - started < 0.002:  # 2 ms of our CPU, as a walk costs
             pass
         return {"uss_mb": 1.0, "pss_mb": 1.0, "dirty_mb": 1.0}
     monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk))
-    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(9)]
     try:
-        sampler = ResourceSampler({})
-        first, second = (psutil.Process(p.pid) for p in sleepers)
-        sampler.known.update({first.pid: first, second.pid: second})
-        assert sampler._private_mb(first.pid, first)["uss_mb"] is None  # newborn
-        monkeypatch.setattr(ResourceSampler, "USS_MIN_AGE_S", 0.0)
-        assert sampler._private_mb(first.pid, first)["uss_mb"] == 1.0
-        assert sampler._private_mb(second.pid, second)["uss_mb"] is None  # its turn comes later
-        pause = sampler.uss_gate - time.monotonic()
-        assert 0.3 < pause <= 0.5 + 0.1  # >= 5 ms / 1%, less the time since
-        time.sleep(pause + 0.01)
-        assert sampler._private_mb(first.pid, first)["uss_mb"] is None  # read 2 s ago at most
-        assert sampler._private_mb(second.pid, second)["uss_mb"] == 1.0
+        workers = {p.pid: i for i, p in enumerate(sleepers[:8])}  # the 9th: not a worker
+        sampler = ResourceSampler(dict(workers))
+        sampler.sample(0.0)
+        assert walks == []  # just seen: not read yet
+        for pid in sampler.uss_due:
+            sampler.uss_due[pid] = 0.0  # as if USS_MIN_AGE_S had passed
+        rounds = 0
+        while set(walks) != set(workers) and rounds < 12:
+            sampler.sample(0.5 * rounds)
+            assert len(walks) <= rounds + 1  # one a sample at most
+            pause = sampler.uss_gate - time.monotonic()
+            assert pause <= 0.25  # 2 ms / 1%: 0.2 s (less the time since)
+            time.sleep(max(pause, 0.0) + 0.01)
+            rounds += 1
+        assert set(walks) == set(workers) and len(walks) == len(set(walks)) == 8, walks
+        assert sleepers[8].pid not in walks
     finally:
         for sleeper in sleepers:
             sleeper.kill()

@@ -276,8 +276,10 @@ def _private_growth(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     Judged on dirty memory (written pages) where sampled, else USS: USS also counts clean file
     pages (mmap, LMDB) that only this worker maps, which are reclaimable, not a leak."""
     key = "dirty_mb" if any(r.get("dirty_mb") is not None for r in rows) else "uss_mb"
-    rows = [r for r in rows if r.get(key) is not None]
-    rows = [r for r in rows if r["t"] >= rows[0]["t"] + LEAK_WARMUP_S] if rows else []
+    # The warm-up from the worker's first row, read or not: its memory is read from
+    # ResourceSampler.USS_MIN_AGE_S on, which is no reason to wait longer.
+    born = rows[0]["t"] if rows else 0.0
+    rows = [r for r in rows if r.get(key) is not None and r["t"] >= born + LEAK_WARMUP_S]
     if len(rows) < LEAK_MIN_SAMPLES or rows[-1]["t"] - rows[0]["t"] < LEAK_MIN_SPAN_S:
         return None
     n = len(rows)
@@ -307,8 +309,7 @@ def worker_memory_growth(resources: Sequence[dict[str, Any]]) -> list[Diagnostic
     """Workers whose private memory keeps rising after warm-up, without levelling off."""
     by_pid: dict[int, list[dict[str, Any]]] = {}
     for row in resources:
-        if row["role"] == "worker" and (row.get("uss_mb") is not None
-                                        or row.get("dirty_mb") is not None):
+        if row["role"] == "worker":
             by_pid.setdefault(row["pid"], []).append(row)
     grew = [g for g in map(_private_growth, by_pid.values()) if g is not None]
     if not grew:

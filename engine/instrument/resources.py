@@ -29,10 +29,11 @@ class ResourceSampler:
 
     # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process (6-12
     # ms for a worker of a Lightning job: 2-3% of a core where each worker was read on sight).
-    USS_EVERY_S = 2.0  # so each worker's is read this often, not on every 0.5 s sample,
-    USS_MAX_CPU_SHARE = 0.01  # and all workers' together take at most 1% of a core;
-    USS_MIN_AGE_S = 2.0  # a worker is first read at this age: one that ends sooner (an epoch's
-    # workers restarting) has no growth to judge
+    USS_EVERY_S = 2.0  # so each worker's is read this often at most, one worker a sample,
+    USS_MAX_CPU_SHARE = 0.01  # all workers' together within 1% of a core, in turns;
+    USS_MIN_AGE_S = 2.0  # a worker is first read this long after it was first seen: one that
+    # ends sooner (an epoch's workers restarting) has no growth to judge (analyse/pitfalls.py
+    # counts a worker's warm-up from its first row, read or not)
     PRIVATE_KEYS = ("uss_mb", "pss_mb", "dirty_mb")
 
     def __init__(self, worker_ids: dict[int, int]) -> None:
@@ -53,11 +54,13 @@ class ResourceSampler:
                 except psutil.Error:
                     continue
                 self.known[pid] = child
+                self.uss_due[pid] = time.monotonic() + self.USS_MIN_AGE_S
                 primed.add(child.pid)
                 try:
                     child.cpu_percent(None)  # the first reading only primes the counter
                 except psutil.Error:
                     pass
+        reader = self._next_to_read(time.monotonic())
         for pid, proc in list(self.known.items()):
             try:
                 with proc.oneshot():
@@ -67,7 +70,7 @@ class ResourceSampler:
                     cpu = None if pid in primed else proc.cpu_percent(None)
                     rss = proc.memory_info().rss / 2**20
                     thread_count = proc.num_threads()
-                    private = (self._private_mb(pid, proc) if pid != self.me.pid
+                    private = (self._private_mb(pid, proc) if pid == reader
                                else dict.fromkeys(self.PRIVATE_KEYS))
                     # a worker's pools at work (NOTE [ Threads per worker ])
                     use = threads.thread_use(proc) if pid != self.me.pid else None
@@ -114,20 +117,27 @@ class ResourceSampler:
         except (OSError, ValueError):  # not Linux, or a kernel without the file
             return [child.pid for child in self.me.children(recursive=False)]
 
+    def _next_to_read(self, now: float) -> int | None:
+        """The worker whose private memory this sample reads: of the DataLoader workers due
+        (never the main process, nor a child that is not a worker, such as a rank another
+        launcher started), the longest due; None while the shared budget's pause lasts."""
+        if now < self.uss_gate:
+            return None
+        due = [pid for pid in self.known
+               if pid in self.worker_ids and pid != self.me.pid  # (loading in the main: -1)
+               and self.uss_due.get(pid, 0.0) <= now]
+        return min(due, key=lambda pid: self.uss_due.get(pid, 0.0)) if due else None
+
     def _private_mb(self, pid: int, proc: psutil.Process) -> dict:
-        """PRIVATE_KEYS in MB when this worker's reading is due, else Nones. A process that
-        has gone raises psutil.NoSuchProcess to the caller."""
+        """PRIVATE_KEYS in MB, read now; the next reading of any worker waits for the shared
+        budget, this one's for USS_EVERY_S at least. A process that has gone raises
+        psutil.NoSuchProcess to the caller."""
         now = time.monotonic()
-        if (now < max(self.uss_due.get(pid, 0.0), self.uss_gate)
-                or time.time() - proc.create_time() < self.USS_MIN_AGE_S):
-            return dict.fromkeys(self.PRIVATE_KEYS)
         start = time.thread_time()  # our CPU, not the wait for a core on a busy machine
         found = self._smaps_rollup(pid) or self._psutil_private(proc)
         cost = time.thread_time() - start
-        pause = cost / self.USS_MAX_CPU_SHARE
-        # Each worker's turn comes again after the others' (the gate lets one through a pause).
-        self.uss_due[pid] = now + max(self.USS_EVERY_S, pause * (len(self.known) - 1))
-        self.uss_gate = now + pause
+        self.uss_due[pid] = now + self.USS_EVERY_S
+        self.uss_gate = now + cost / self.USS_MAX_CPU_SHARE
         return found
 
     @staticmethod
