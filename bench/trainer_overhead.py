@@ -151,11 +151,10 @@ def trial(framework: str, watched: bool, db: str) -> float:
 def end_watched_runs() -> None:
     """The runs a training watched end with it, as the Trainer's and Lightning's do: the
     trials share one process, and a run left open keeps its recorder thread sampling every
-    later trial, plain or watched. (A script's runs end at its exit.)"""
-    from dataloader_tuner.watcher.loader import _watched
+    later trial, plain or watched. (A script's runs end at its exit: the same call.)"""
+    from dataloader_tuner.watcher.loader import _end_all
 
-    for watched in list(_watched):
-        watched.close()
+    _end_all()
 
 
 def run_rounds(framework: str, rounds: int, db: str) -> dict[str, list[float]]:

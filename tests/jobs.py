@@ -29,7 +29,7 @@ def run_job(command: list[str], timeout: float = JOB_TIMEOUT_S,
         try:
             out, err = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            tree = [psutil.Process(job.pid), *_descendants(job.pid)]
+            tree = _tree(job.pid)
             deadline = time.monotonic() + DUMPS_S
             stacks = "\n".join(stack_of(process, deadline) for process in tree)
             _kill_tree(job, tree)
@@ -40,7 +40,7 @@ def run_job(command: list[str], timeout: float = JOB_TIMEOUT_S,
             pytest.fail(f"{' '.join(command)} still running after {timeout:.0f} s. Stacks:\n"
                         f"{stacks}\nIts stderr (tail):\n{err[-3000:]}", pytrace=False)
         except BaseException:
-            _kill_tree(job, [psutil.Process(job.pid), *_descendants(job.pid)])
+            _kill_tree(job, _tree(job.pid))
             raise
     return subprocess.CompletedProcess(command, job.returncode, out, err)
 
@@ -55,9 +55,11 @@ def _kill_tree(job: subprocess.Popen, tree: list[psutil.Process]) -> None:
     psutil.wait_procs(tree, timeout=10)
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
+def _tree(pid: int) -> list[psutil.Process]:
+    """The job's process and all it started (none once it has gone)."""
     try:
-        return psutil.Process(pid).children(recursive=True)
+        job = psutil.Process(pid)
+        return [job, *job.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
