@@ -90,6 +90,8 @@ def test_with_the_token_the_session_is_in_and_stays_in(locked_env, monkeypatch):
     at.run()
     assert "opens only with its token" not in texts(at)
     assert at.query_params["token"] == TOKEN
+    history = b"".join(p.read_bytes() for p in db.parent.iterdir())
+    assert TOKEN.encode() not in history  # not written to the history
 
 
 def test_a_server_started_without_a_token_makes_one_and_prints_its_address(locked_env,
@@ -113,6 +115,12 @@ def test_no_token_opens_it_as_before(locked_env, monkeypatch):
     monkeypatch.setenv("DLTUNER_AUTOSTART", "0")
     at = open_app()
     assert "opens only with its token" not in texts(at) and len(at.text_input) > 0
+
+
+def test_the_user_s_module_runs_without_the_token_in_its_environment():
+    """The engine child runs the user's code, which may log its environment where others read."""
+    env = runner.child_environment({"DLTUNER_TOKEN": TOKEN, "PATH": "/usr/bin"}, 7)
+    assert "DLTUNER_TOKEN" not in env and env["PATH"] == "/usr/bin" and TOKEN not in str(env)
 
 
 def test_tokens_are_compared_whole():

@@ -4,6 +4,7 @@ a slow sample is not a hang, and the run goes on."""
 
 import os
 import shutil
+import stat
 import tempfile
 import time
 
@@ -147,6 +148,23 @@ def test_a_worker_stuck_before_its_first_fetch_still_offers_its_stack(tmp_path, 
         assert stack is not None and "_sleep_forever" in stack
     finally:
         iterator._shutdown_workers()
+
+
+def test_a_workers_stack_file_is_its_owners_only(tmp_path, monkeypatch):
+    """The stack names the user's code and what it read: 0600 in a 0700 folder."""
+    monkeypatch.delenv("DATALOADER_TUNER_STACKS", raising=False)  # restored after the test
+    folder = stalls.new_stacks_folder()  # (names itself in the environment the workers inherit)
+    try:
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        from dataloader_tuner.instrument import probes
+
+        loader = DataLoader(torch.arange(4.0), batch_size=2, num_workers=1,
+                            worker_init_fn=probes.OfferingStack(None))
+        assert len(list(loader)) == 2
+        stacks = [os.path.join(folder, name) for name in os.listdir(folder)]
+        assert stacks and all(stat.S_IMODE(os.stat(s).st_mode) == 0o600 for s in stacks)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _sleep_forever(worker_id: int) -> None:

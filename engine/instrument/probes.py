@@ -30,6 +30,7 @@ from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from dataloader_tuner.access import PRIVATE_FILE
 from dataloader_tuner.instrument import threads
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
@@ -156,7 +157,9 @@ def offer_stack() -> None:
     if path is None:
         return
     try:
-        _stack_file = open(path + ".new", "w")
+        # (the stack names the user's code and data: its owner's only, as the folder is)
+        _stack_file = os.fdopen(os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                        PRIVATE_FILE), "w")
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
         os.rename(path + ".new", path)
     except (OSError, ValueError, RuntimeError, AttributeError):  # no signals on this platform

@@ -19,12 +19,14 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import psutil
 
 from dataloader_tuner import protocol
+from dataloader_tuner.access import TOKEN_ENV
 from dataloader_tuner.errors import EngineError, RunError, TargetError
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
@@ -61,6 +63,16 @@ def _become_subreaper() -> None:
         pass
 
 
+def child_environment(parent: Mapping[str, str], event_fd: int) -> dict[str, str]:
+    """The engine child's environment: the dashboard's, less its token (the child runs the
+    user's module, which may log its environment somewhere others read)."""
+    env = dict(parent)
+    env.pop("PYTHONUNBUFFERED", None)  # the child line-buffers instead (child.main)
+    env.pop(TOKEN_ENV, None)
+    env[protocol.EVENT_FD_ENV] = str(event_fd)
+    return env
+
+
 class EngineChild:
     """The engine's child process (``python -m dataloader_tuner.child``), as RunHandle drives it.
 
@@ -79,9 +91,7 @@ class EngineChild:
         """Start the child with ``request``; (the child, the read end of its event pipe)."""
         _become_subreaper()
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
-        env.pop("PYTHONUNBUFFERED", None)  # the child line-buffers instead (child.main)
-        env[protocol.EVENT_FD_ENV] = str(write_fd)
+        env = child_environment(os.environ, write_fd)
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "dataloader_tuner.child"],
