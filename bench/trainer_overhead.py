@@ -19,8 +19,8 @@ interval of that median, the median seconds of each, and the median difference i
 it paid once per training: the watcher's start and its runs' end; a longer training divides
 it).
 
-    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 20] [--epochs 3]
-        [--only NAME]
+    ../shared/tools/capped 6 -- python bench/trainer_overhead.py [--rounds 60] [--epochs 3]
+        [--only NAME] [--raw FILE]
 """
 
 from __future__ import annotations
@@ -184,10 +184,13 @@ def rounds_here(framework: str, rounds: int, db: str) -> dict[str, list[float]]:
 def main() -> None:
     global EPOCHS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=60,
+                        help="pairs per framework (20 left intervals 2-4%% wide here)")
     parser.add_argument("--epochs", type=int, default=EPOCHS,
                         help="epochs per training (what is paid once weighs less in more)")
     parser.add_argument("--only", choices=FRAMEWORKS)
+    parser.add_argument("--raw", metavar="FILE",
+                        help="also write each training's seconds there (JSON)")
     parser.add_argument("--rounds-of", nargs=3, metavar=("FRAMEWORK", "ROUNDS", "DB"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -200,9 +203,14 @@ def main() -> None:
           f"{STEP_S * 1000:.0f} ms step; {args.rounds} rounds in one process, alternating")
     print(f"{'framework':<22} {'watched/plain':>13} {'90% interval':>15} {'plain s':>8} "
           f"{'watched s':>9} {'diff ms':>8}")
+    raw: dict[str, dict[str, list[float]]] = {}
     for framework in [args.only] if args.only else FRAMEWORKS:
         with tempfile.TemporaryDirectory() as folder:
             times = run_rounds(framework, args.rounds, os.path.join(folder, "runs.sqlite"))
+        raw[framework] = times
+        if args.raw:
+            with open(args.raw, "w") as f:
+                json.dump(raw, f)
         pairs = list(zip(times["watched"], times["plain"]))
         ratios = [watched / plain for watched, plain in pairs]
         low, high = median_interval(ratios)
