@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from dataloader_tuner import ProfileResult, RunStore, watch
+from dataloader_tuner.run.live import LiveRun
 
 from .conftest import EXAMPLES, ROOT
 
@@ -92,6 +93,46 @@ def test_each_epochs_start_up_is_waited_for_as_the_loop_lives_it(db_path):
     assert len(batches) == 12 and all(b.wait_s >= 0.3 for b in firsts)
     for own, row in zip(own_waits, batches):  # the loop's clock and the tool's agree
         assert row.wait_s == pytest.approx(own, abs=0.02)
+
+
+def test_each_worker_is_probed_once_and_every_epochs_workers_offer_their_stacks(db_path):
+    """A loader's workers have their thread pools and generators read in the first epoch
+    only (the next epochs' workers run the same code, forked from the same process: reading
+    them again held up each epoch's first batch); each epoch's workers still offer their
+    stacks to a hang report."""
+    dataset = Indices(32)
+    watched = watch(DataLoader(dataset, batch_size=8, num_workers=2), db=db_path)
+    stacks_before = set(os.listdir(watched.stacks_dir)) if watched.stacks_dir else set()
+    for _ in range(3):
+        for _batch in watched:
+            pass
+    stacks = set(os.listdir(watched.stacks_dir)) - stacks_before if watched.stacks_dir else set()
+    watched.close()
+    assert vars(dataset) == {"n": 32}  # the user's dataset untouched
+    store = RunStore(db_path)
+    probes = LiveRun.stored(store, watched.run_id).probes
+    store.close()
+    assert sorted(p["worker_id"] for p in probes) == [0, 1]
+    assert all("pools" in p["probe"] and "rng_used" in p["probe"] for p in probes)
+    assert len([name for name in stacks if name.endswith(".stack")]) == 6
+
+
+def test_a_loader_that_could_not_be_probed_keeps_its_persistent_workers(db_path, monkeypatch):
+    """Timed from the loop's side only (a copy with probes could not be made), a loader with
+    persistent workers keeps them from epoch to epoch, as unwatched (they were shut down at the
+    first epoch's end, and the second failed on a closed queue)."""
+    import dataloader_tuner.watcher.loader as watcher
+
+    monkeypatch.setattr(watcher, "instrumented", lambda loader, any_class=False:
+                        (None, "no copy for this test"))
+    loader = DataLoader(Indices(32), batch_size=8, num_workers=2, persistent_workers=True)
+    watched = watch(loader, db=db_path)
+    try:
+        assert epochs_of(watched, 3) == [list(range(32))] * 3
+        assert all(worker.is_alive() for worker in loader._iterator._workers)
+    finally:
+        watched.close()
+        loader._iterator._shutdown_workers()  # the job's own, as its exit would
 
 
 class SlowSamples(Indices):

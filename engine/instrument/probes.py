@@ -262,6 +262,7 @@ class TimedMapDataset(Dataset):
     def __init__(self, inner: Dataset) -> None:
         self.inner = inner
         self._inner_getitems = getattr(inner, "__getitems__", None)
+        self.probe_first = True  # False: a worker's first fetch offers its stack only (see watcher)
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]  # a map-style dataset: len() is its
@@ -275,6 +276,8 @@ class TimedMapDataset(Dataset):
         timer = _timer
         if not timer.probed:  # the attribute, not the method, on every batch after the first
             timer.first_fetch_here()
+            if not self.probe_first:
+                return self.__getitems__(indices)
             before = rng_state(self.inner)
             items = self.__getitems__(indices)
             timer.probe = first_fetch_probe(before, rng_state(self.inner))
@@ -317,7 +320,7 @@ class TimedMapDataset(Dataset):
     def __setattr__(self, name: str, value: Any) -> None:
         # ...and set them: worker_init_fn gets this wrapper as get_worker_info().dataset and
         # must reach the user's dataset (e.g. giving each worker its own random generator).
-        if name in ("inner", "_inner_getitems"):
+        if name in ("inner", "_inner_getitems", "probe_first"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
@@ -341,9 +344,10 @@ class TimedIterableDataset(IterableDataset):
 
     def __init__(self, inner: IterableDataset) -> None:
         self.inner = inner
+        self.probe_first = True  # as TimedMapDataset's
 
     def __iter__(self):
-        probing = _timer.first_fetch_here()
+        probing = _timer.first_fetch_here() and self.probe_first
         before = rng_state(self.inner) if probing else None
         iterator = iter(self.inner)
         timer = _timer
@@ -377,7 +381,7 @@ class TimedIterableDataset(IterableDataset):
         return getattr(self.inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "inner":
+        if name in ("inner", "probe_first"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)

@@ -52,6 +52,7 @@ class Recorder:
         # The measuring thread's per-batch bookkeeping: its rows, epochs and workers come here.
         self.ledger = BatchLedger(t0, self.epoch_began, self.worker_seen, gaps, self.gaps)
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
+        self.probed_workers: list[int] = []  # the worker id of each probe, in arrival order
         # Rows written, the newest last (only where read: the engine's fast path keeps none).
         self.recent: deque[tuple[Any, ...]] | None = (deque(maxlen=RECENT_ROWS) if keep_recent
                                                        else None)
@@ -83,6 +84,7 @@ class Recorder:
         self.worker_ids[pid] = worker_id
         if probe is not None:
             self.events.append(protocol.Probe(pid, worker_id, probe))
+            self.probed_workers.append(worker_id)
 
     # -- the background thread ----------------------------------------------------------------
 

@@ -139,6 +139,10 @@ class WatchedLoader:
         self.probed, self.unprobed_reason = instrumented(loader, any_class=in_place)
         self._init_fn_copied = loader.worker_init_fn  # the one the probed copy runs
         self._own: Any = None  # in place and not probed: the loader's own persistent iterator
+        # The probed copy whose workers are being probed, and where its probes start in the
+        # recorder's (_probe_once)
+        self._probes_of: Any = None
+        self._probes_from = 0
         self.search: Search | None = None
         self.tune_off_because: str | None = None
         self.max_workers = max_workers
@@ -250,6 +254,8 @@ class WatchedLoader:
         # The epoch starts before iter(): starting the workers is the job's wait too.
         mark = self.ledger.new_epoch()
         probed = self.probed is not None
+        if probed:
+            self._probe_once(self.probed)
         self._iterator = iter(self.probed) if probed else self._own_iterator()
         mark.given = time.monotonic()
         return self._batches(mark, self._iterator, probed=probed)
@@ -261,6 +267,19 @@ class WatchedLoader:
             _shutdown(getattr(self.probed, "_iterator", None))
         self.probed, self.unprobed_reason = instrumented(self.loader, any_class=self.in_place)
         self._init_fn_copied = self.loader.worker_init_fn
+
+    def _probe_once(self, copy: DataLoader) -> None:
+        """A copy's workers have their thread pools and random generators read (the probe) in
+        the epochs until each worker id has been read once: the next epochs' workers, forked
+        from this process to run the same code, have the same, and reading them made each
+        epoch's first batch ~2 ms later. A new copy (another loader, another setting) is read
+        afresh."""
+        if self._probes_of is not copy:
+            self._probes_of, self._probes_from = copy, len(self.recorder.probed_workers)
+            return
+        read = set(self.recorder.probed_workers[self._probes_from:])
+        if read >= set(range(copy.num_workers)):
+            copy.dataset.probe_first = False  # (the wrapper: instrumented's wrap_dataset)
 
     def follow(self, loader: DataLoader) -> None:
         """The job built this loader anew for the same role (a trainer's evaluation loader,
@@ -371,9 +390,11 @@ class WatchedLoader:
                 ledger.closed(clock() - t_close)
 
     def _kept(self, iterator: Any) -> bool:
-        """Whether ``iterator`` is one a loader keeps for its next epoch (persistent workers)."""
-        return iterator is self._own or (
-            self.probed is not None and getattr(self.probed, "_iterator", None) is iterator)
+        """Whether ``iterator`` is one a loader keeps for its next epoch (persistent workers):
+        the probed copy's, or the job's own loader's where it could not be probed."""
+        return iterator is self._own or any(
+            held is not None and getattr(held, "_iterator", None) is iterator
+            for held in (self.probed, self.loader))
 
     def _epoch(self, mark: EpochMark, iterator, probed: bool, ledger, rows, clock):
         handover = Handover(rows, self.ahead)
