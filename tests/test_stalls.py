@@ -153,6 +153,7 @@ def test_a_worker_stuck_before_its_first_fetch_still_offers_its_stack(tmp_path, 
 def test_a_workers_stack_file_is_its_owners_only(tmp_path, monkeypatch):
     """The stack names the user's code and what it read: 0600 in a 0700 folder."""
     monkeypatch.delenv("DATALOADER_TUNER_STACKS", raising=False)  # restored after the test
+    umask = os.umask(0o022)  # the usual one: a file made without a mode of its own is 0644
     folder = stalls.new_stacks_folder()  # (names itself in the environment the workers inherit)
     try:
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
@@ -164,6 +165,7 @@ def test_a_workers_stack_file_is_its_owners_only(tmp_path, monkeypatch):
         stacks = [os.path.join(folder, name) for name in os.listdir(folder)]
         assert stacks and all(stat.S_IMODE(os.stat(s).st_mode) == 0o600 for s in stacks)
     finally:
+        os.umask(umask)
         shutil.rmtree(folder, ignore_errors=True)
 
 

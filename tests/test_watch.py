@@ -3,6 +3,7 @@ run history while it trains, without changing what the loop receives."""
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -96,25 +97,40 @@ def test_each_epochs_start_up_is_waited_for_as_the_loop_lives_it(db_path):
 
 
 def test_each_worker_is_probed_once_and_every_epochs_workers_offer_their_stacks(db_path):
-    """A loader's workers have their thread pools and generators read in the first epoch
-    only (the next epochs' workers run the same code, forked from the same process: reading
-    them again held up each epoch's first batch); each epoch's workers still offer their
-    stacks to a hang report."""
+    """A loader's workers have their thread pools and generators read until each worker has
+    been read once with nothing new to inherit (the next epochs' workers run the same code,
+    forked from the same process: reading them again held up each epoch's first batch); each
+    epoch's workers still offer their stacks to a hang report; a change in what workers
+    inherit (here a generator on the dataset) has the next ones read again."""
     dataset = Indices(32)
     watched = watch(DataLoader(dataset, batch_size=8, num_workers=2), db=db_path)
-    stacks_before = set(os.listdir(watched.stacks_dir)) if watched.stacks_dir else set()
-    for _ in range(3):
-        for _batch in watched:
-            pass
-    stacks = set(os.listdir(watched.stacks_dir)) - stacks_before if watched.stacks_dir else set()
-    watched.close()
-    assert vars(dataset) == {"n": 32}  # the user's dataset untouched
-    store = RunStore(db_path)
-    probes = LiveRun.stored(store, watched.run_id).probes
-    store.close()
-    assert sorted(p["worker_id"] for p in probes) == [0, 1]
-    assert all("pools" in p["probe"] and "rng_used" in p["probe"] for p in probes)
-    assert len([name for name in stacks if name.endswith(".stack")]) == 6
+
+    def probes_after(epochs: int) -> list[dict]:
+        for _ in range(epochs):
+            for _batch in watched:
+                pass
+        watched.recorder.flush()
+        store = RunStore(db_path)
+        try:
+            return LiveRun.stored(store, watched.run_id).probes
+        finally:
+            store.close()
+
+    try:
+        # (the first epoch's own lazy imports may have the second read again)
+        settled = probes_after(2)
+        assert {p["worker_id"] for p in settled} == {0, 1}
+        assert all("pools" in p["probe"] and "rng_used" in p["probe"] for p in settled)
+        stacks_before = set(os.listdir(watched.stacks_dir))
+        assert len(probes_after(3)) == len(settled)  # three more epochs, nothing read again
+        stacks = set(os.listdir(watched.stacks_dir)) - stacks_before
+        assert len([name for name in stacks if name.endswith(".stack")]) == 6
+        assert vars(dataset) == {"n": 32}  # the user's dataset untouched
+        dataset.rng = random.Random(0)
+        again = probes_after(1)[len(settled):]
+        assert sorted(p["worker_id"] for p in again) == [0, 1]
+    finally:
+        watched.close()
 
 
 def test_a_loader_that_could_not_be_probed_keeps_its_persistent_workers(db_path, monkeypatch):

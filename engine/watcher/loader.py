@@ -38,7 +38,7 @@ from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.report import tightest_shm
 from dataloader_tuner.analyse.stalls import overdue_now
-from dataloader_tuner.instrument import probes, stalls
+from dataloader_tuner.instrument import probes, stalls, threads
 from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
                                                TimedCollate, counting_rules, samples_in,
                                                wrap_dataset)
@@ -143,6 +143,7 @@ class WatchedLoader:
         # recorder's (_probe_once)
         self._probes_of: Any = None
         self._probes_from = 0
+        self._probes_inherited: tuple = ()
         self.search: Search | None = None
         self.tune_off_because: str | None = None
         self.max_workers = max_workers
@@ -257,6 +258,8 @@ class WatchedLoader:
         if probed:
             self._probe_once(self.probed)
         self._iterator = iter(self.probed) if probed else self._own_iterator()
+        if probed:  # what this epoch's workers were forked with
+            self._probes_inherited = _inherited(self.probed)
         mark.given = time.monotonic()
         return self._batches(mark, self._iterator, probed=probed)
 
@@ -272,14 +275,17 @@ class WatchedLoader:
         """A copy's workers have their thread pools and random generators read (the probe) in
         the epochs until each worker id has been read once: the next epochs' workers, forked
         from this process to run the same code, have the same, and reading them made each
-        epoch's first batch ~2 ms later. A new copy (another loader, another setting) is read
-        afresh."""
-        if self._probes_of is not copy:
+        epoch's first batch ~2 ms later. Read afresh for a new copy (another loader, another
+        setting), and where what a fork passes on changed since the last epoch's workers were
+        forked (_inherited)."""
+        wrapper: Any = copy.dataset  # instrumented's wrap_dataset
+        if self._probes_of is not copy or _inherited(copy) != self._probes_inherited:
             self._probes_of, self._probes_from = copy, len(self.recorder.probed_workers)
+            wrapper.probe_first = True
             return
         read = set(self.recorder.probed_workers[self._probes_from:])
         if read >= set(range(copy.num_workers)):
-            copy.dataset.probe_first = False  # (the wrapper: instrumented's wrap_dataset)
+            wrapper.probe_first = False
 
     def follow(self, loader: DataLoader) -> None:
         """The job built this loader anew for the same role (a trainer's evaluation loader,
@@ -737,6 +743,15 @@ def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | Non
 
 def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
+
+
+def _inherited(copy: DataLoader) -> tuple:
+    """What workers forked now would inherit that their probe reads, in a few microseconds:
+    the modules loaded (a new extension module can bring a thread pool), the thread variables
+    and the dataset's random generators (which it holds, not their states)."""
+    dataset = getattr(copy.dataset, "inner", copy.dataset)
+    return (len(sys.modules), tuple(sorted(threads.pool_env().items())),
+            tuple(sorted(probes.rng_state(dataset))))
 
 
 def _shutdown(iterator) -> None:
