@@ -30,7 +30,7 @@ from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from dataloader_tuner.access import PRIVATE_FILE
+from dataloader_tuner.access import open_private
 from dataloader_tuner.instrument import threads
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
@@ -157,9 +157,7 @@ def offer_stack() -> None:
     if path is None:
         return
     try:
-        # (the stack names the user's code and data: its owner's only, as the folder is)
-        _stack_file = os.fdopen(os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                        PRIVATE_FILE), "w")
+        _stack_file = open_private(path + ".new")  # it names the user's code and data
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
         os.rename(path + ".new", path)
     except (OSError, ValueError, RuntimeError, AttributeError):  # no signals on this platform
