@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAMEWORKS = ["plain loop", "accelerate", "Hugging Face Trainer", "Lightning"]
@@ -43,24 +44,12 @@ EPOCHS, BATCHES, BATCH_SIZE, SAMPLE_S, STEP_S = 3, 96, 16, 0.0005, 0.010
 def trial(framework: str, watched: bool, db: str) -> float:
     """One training in this process: seconds of its training call."""
     import torch
-    from torch.utils.data import DataLoader, Dataset
 
     import dataloader_tuner
     import dataloader_tuner.watcher.loader  # noqa: F401 - imported by both variants
 
     torch.set_num_threads(1)
-
-    class Samples(Dataset):
-        def __len__(self) -> int:
-            return BATCHES * BATCH_SIZE
-
-        def __getitem__(self, index: int):
-            time.sleep(SAMPLE_S)  # reading and decoding it
-            return torch.randn(32), index % 4
-
-    def loader() -> DataLoader:
-        return DataLoader(Samples(), batch_size=BATCH_SIZE, shuffle=True, num_workers=2)
-
+    loader = samples_loader
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
     def step(x, y):
@@ -115,7 +104,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
                 output_dir=out, num_train_epochs=EPOCHS, per_device_train_batch_size=BATCH_SIZE,
                 dataloader_num_workers=2, save_strategy="no", report_to=[], use_cpu=True,
                 logging_strategy="no", disable_tqdm=True)
-            trainer = Trainer(model=Classifier(), args=args, train_dataset=Samples(),
+            trainer = Trainer(model=Classifier(), args=args, train_dataset=samples_loader().dataset,
                               data_collator=collate)
             started = time.monotonic()
             if watched:
@@ -146,6 +135,22 @@ def trial(framework: str, watched: bool, db: str) -> float:
         trainer.fit(Module(), train_dataloaders=loader())
         return time.monotonic() - started
     raise SystemExit(f"unknown framework {framework!r}: one of {FRAMEWORKS}")
+
+
+def samples_loader(batches: int = BATCHES) -> Any:
+    """A new DataLoader of ``batches`` batches: 2 workers, each sample 0.5 ms to make."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Samples(Dataset):
+        def __len__(self) -> int:
+            return batches * BATCH_SIZE
+
+        def __getitem__(self, index: int):
+            time.sleep(SAMPLE_S)  # reading and decoding it
+            return torch.randn(32), index % 4
+
+    return DataLoader(Samples(), batch_size=BATCH_SIZE, shuffle=True, num_workers=2)
 
 
 def end_watched_runs() -> None:
