@@ -49,7 +49,6 @@ def trial(framework: str, watched: bool, db: str) -> float:
     import dataloader_tuner.watcher.loader  # noqa: F401 - imported by both variants
 
     torch.set_num_threads(1)
-    loader = samples_loader
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
     def step(x, y):
@@ -60,7 +59,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
     if framework == "plain loop":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         started = time.monotonic()
-        batches = dataloader_tuner.watch(loader(), db=db) if watched else loader()
+        batches = dataloader_tuner.watch(samples_loader(), db=db) if watched else samples_loader()
         for _ in range(EPOCHS):
             for x, y in batches:
                 step(x, y).backward()
@@ -73,7 +72,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
 
         accelerator = Accelerator(cpu=True)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        model, optimizer, prepared = accelerator.prepare(model, optimizer, loader())
+        model, optimizer, prepared = accelerator.prepare(model, optimizer, samples_loader())
         started = time.monotonic()
         if watched:
             prepared = dataloader_tuner.watch(prepared, db=db)
@@ -104,7 +103,7 @@ def trial(framework: str, watched: bool, db: str) -> float:
                 output_dir=out, num_train_epochs=EPOCHS, per_device_train_batch_size=BATCH_SIZE,
                 dataloader_num_workers=2, save_strategy="no", report_to=[], use_cpu=True,
                 logging_strategy="no", disable_tqdm=True)
-            trainer = Trainer(model=Classifier(), args=args, train_dataset=samples_loader().dataset,
+            trainer = Trainer(model=Classifier(), args=args, train_dataset=samples(),
                               data_collator=collate)
             started = time.monotonic()
             if watched:
@@ -132,15 +131,15 @@ def trial(framework: str, watched: bool, db: str) -> float:
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False,
                             callbacks=[WatchLoaders(db=db)] if watched else [])
-        trainer.fit(Module(), train_dataloaders=loader())
+        trainer.fit(Module(), train_dataloaders=samples_loader())
         return time.monotonic() - started
     raise SystemExit(f"unknown framework {framework!r}: one of {FRAMEWORKS}")
 
 
-def samples_loader(batches: int = BATCHES) -> Any:
-    """A new DataLoader of ``batches`` batches: 2 workers, each sample 0.5 ms to make."""
+def samples(batches: int = BATCHES) -> Any:
+    """A dataset of ``batches`` batches' samples, each 0.5 ms to make."""
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import Dataset
 
     class Samples(Dataset):
         def __len__(self) -> int:
@@ -150,7 +149,14 @@ def samples_loader(batches: int = BATCHES) -> Any:
             time.sleep(SAMPLE_S)  # reading and decoding it
             return torch.randn(32), index % 4
 
-    return DataLoader(Samples(), batch_size=BATCH_SIZE, shuffle=True, num_workers=2)
+    return Samples()
+
+
+def samples_loader(batches: int = BATCHES) -> Any:
+    """A new DataLoader over samples(batches), shuffled, with 2 workers."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(samples(batches), batch_size=BATCH_SIZE, shuffle=True, num_workers=2)
 
 
 def end_watched_runs() -> None:
