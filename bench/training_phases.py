@@ -26,7 +26,7 @@ EPOCHS, BATCHES = 3, 96
 
 
 def training(watched: bool, db: str) -> dict[str, float]:
-    """One training; seconds of each phase (keys like ``wait 1``: the second epoch's waits)."""
+    """One training; seconds of each phase (keys like ``other waits 1``: the second epoch's)."""
     import torch
 
     import dataloader_tuner
