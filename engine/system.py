@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import psutil
 
@@ -80,16 +81,25 @@ def cpu_quota() -> float | None:
     return int(quota) / int(period)
 
 
-def other_processes_cpu(interval_s: float = 0.2) -> float:
+# How long the machine's other load is watched for a snapshot (a module value: tests lengthen it).
+LOAD_INTERVAL_S = 0.2
+
+
+def other_processes_cpu(interval_s: float = LOAD_INTERVAL_S,
+                        wait: Callable[[float], object] = time.sleep) -> float:
     """CPU cores' worth of load from processes other than this one and its children, over
-    ``interval_s``: the machine's CPU time minus ours in the same interval."""
+    ``interval_s``: the machine's CPU time minus ours in the same interval. ``wait(seconds)``
+    may return early (a watched run that ends meanwhile): the load is then over the time
+    waited."""
     me = psutil.Process()
     own = [me] + me.children(recursive=True)
     before = _cpu_seconds(own)
     psutil.cpu_percent(interval=None)  # primes the machine-wide counter
-    time.sleep(interval_s)
+    started = time.monotonic()
+    wait(interval_s)
+    waited_s = max(time.monotonic() - started, 1e-3)
     total_percent = psutil.cpu_percent(interval=None) * psutil.cpu_count()
-    mine = sum(_cpu_seconds(own).get(p, 0.0) - s for p, s in before.items()) / interval_s
+    mine = sum(_cpu_seconds(own).get(p, 0.0) - s for p, s in before.items()) / waited_s
     return max(total_percent / 100.0 - mine, 0.0)
 
 
@@ -126,8 +136,10 @@ def shm_usage() -> dict | None:
     return {"total_mb": total, "used_mb": used, "free_mb": total - used, "rehearsed": rehearsed}
 
 
-def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:
-    """Everything the tuner and the user need to judge what the machine can give the loader."""
+def snapshot(load_interval_s: float | None = None,
+             wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
+    """Everything the tuner and the user need to judge what the machine can give the loader
+    (``wait`` as other_processes_cpu's)."""
     from dataloader_tuner.instrument import gpu  # torch: in the child only
 
     memory = psutil.virtual_memory()
@@ -135,7 +147,8 @@ def snapshot(load_interval_s: float = 0.2) -> SystemSnapshot:
         cpus_logical=psutil.cpu_count(logical=True),
         cpus_usable=usable_cpus(),
         cpu_quota=cpu_quota(),
-        other_load_cpus=round(other_processes_cpu(load_interval_s), 2),
+        other_load_cpus=round(other_processes_cpu(
+            LOAD_INTERVAL_S if load_interval_s is None else load_interval_s, wait), 2),
         ram_total_mb=memory.total / MB,
         ram_available_mb=memory.available / MB,
         shm=shm_usage(),

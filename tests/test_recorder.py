@@ -87,6 +87,30 @@ def test_a_tick_that_says_stop_ends_the_thread(monkeypatch):
     assert not recorder._thread.is_alive()
 
 
+def test_stop_cuts_the_first_records_wait_short_and_still_writes_it_first():
+    def first():
+        recorder.sleep_unless_stopped(60.0)  # as a snapshot's load interval does
+        return protocol.Finished("first", 0.0)
+
+    recorder = Recorder(ListSink(), time.monotonic())
+    recorder.start(first=first)
+    recorder.rows.extend(_rows(0, 2))
+    time.sleep(0.1)
+    started = time.monotonic()
+    recorder.stop(sample=False)
+    assert time.monotonic() - started < 4.0  # its join gives up at 5 s
+    kinds = [type(e).kind for e in recorder.sink.written]
+    assert kinds == ["finished", "batches"] and not recorder._thread.is_alive()
+
+
+def test_the_machines_load_is_read_over_the_time_actually_waited():
+    from dataloader_tuner import system
+
+    asked = []
+    load = system.other_processes_cpu(30.0, wait=asked.append)  # returns at once
+    assert asked == [30.0] and load >= 0.0
+
+
 @pytest.mark.parametrize("first", [0, 40])
 def test_a_live_run_puts_late_timings_on_their_batches(first):
     live = LiveRun("t")

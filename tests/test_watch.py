@@ -423,6 +423,24 @@ def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, ca
     assert seqs == list(range(12))  # every batch, written later, once
 
 
+def test_a_run_that_ends_while_its_start_reads_the_machine_does_not_wait_for_that(
+        db_path, monkeypatch):
+    """The run's first record (the machine's load, watched over 0.2 s on the recorder's
+    thread) is cut short when the run ends first: a short evaluation or a test's run ended
+    up to 0.2 s late. Lengthened to a minute here: close() must not wait it out."""
+    from dataloader_tuner import system
+
+    monkeypatch.setattr(system, "LOAD_INTERVAL_S", 60.0)
+    watched = watch(DataLoader(Indices(16), batch_size=8), db=db_path)
+    assert len([batch for batch in watched]) == 2
+    started = time.monotonic()
+    result = watched.close()
+    assert time.monotonic() - started < 4.0  # the recorder's join gives up at 5 s
+    assert result is not None and result.batches == 2
+    stored = LiveRun.stored(RunStore(db_path), watched.run_id)
+    assert stored.dataset is not None and stored.dataset.class_name.endswith("Indices")
+
+
 def test_the_card_of_a_watched_loader_says_whether_the_job_chose_its_sampler():
     from torch.utils.data import BatchSampler, SequentialSampler, WeightedRandomSampler
 

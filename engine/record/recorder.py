@@ -157,6 +157,11 @@ class Recorder:
                              f"{self.sink.where}; measuring goes on unrecorded:\n"
                              + traceback.format_exc())
 
+    def sleep_unless_stopped(self, seconds: float) -> None:
+        """On the thread: sleep ``seconds``, cut short by stop() (a run that ends while its
+        Ready still watches the machine's load does not wait for that)."""
+        self._stop.wait(seconds)
+
     def stop(self, sample: bool = True) -> None:
         """End the thread and write what is left (idempotent)."""
         if self._stop.is_set():

@@ -650,7 +650,7 @@ class WatchedLoader:
         if self.unprobed_reason:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
                         + ")", "bytes": "not read"}
-        machine = system.snapshot()
+        machine = system.snapshot(wait=self.recorder.sleep_unless_stopped)
         self._shm_at_start = machine.shm
         return protocol.Ready(
             mode="watch",
