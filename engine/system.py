@@ -83,6 +83,7 @@ def cpu_quota() -> float | None:
 
 # How long the machine's other load is watched for a snapshot (a module value: tests lengthen it).
 LOAD_INTERVAL_S = 0.2
+MIN_LOAD_INTERVAL_S = 0.05  # shorter, and the CPU counters' 10 ms ticks are the reading
 
 
 def other_processes_cpu(interval_s: float = LOAD_INTERVAL_S,
@@ -90,14 +91,16 @@ def other_processes_cpu(interval_s: float = LOAD_INTERVAL_S,
     """CPU cores' worth of load from processes other than this one and its children, over
     ``interval_s``: the machine's CPU time minus ours in the same interval. ``wait(seconds)``
     may return early (a watched run that ends meanwhile): the load is then over the time
-    waited."""
+    waited, or 0.0 (not measured) where that was too short to read."""
     me = psutil.Process()
     own = [me] + me.children(recursive=True)
     before = _cpu_seconds(own)
     psutil.cpu_percent(interval=None)  # primes the machine-wide counter
     started = time.monotonic()
     wait(interval_s)
-    waited_s = max(time.monotonic() - started, 1e-3)
+    waited_s = time.monotonic() - started
+    if waited_s < MIN_LOAD_INTERVAL_S:  # the kernel counts CPU time in 10 ms ticks
+        return 0.0  # not measured, as a snapshot without it reads
     total_percent = psutil.cpu_percent(interval=None) * psutil.cpu_count()
     mine = sum(_cpu_seconds(own).get(p, 0.0) - s for p, s in before.items()) / waited_s
     return max(total_percent / 100.0 - mine, 0.0)
