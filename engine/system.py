@@ -139,8 +139,7 @@ def shm_usage() -> dict | None:
     return {"total_mb": total, "used_mb": used, "free_mb": total - used, "rehearsed": rehearsed}
 
 
-def snapshot(load_interval_s: float | None = None,
-             wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
+def snapshot(wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
     """Everything the tuner and the user need to judge what the machine can give the loader
     (``wait`` as other_processes_cpu's)."""
     from dataloader_tuner.instrument import gpu  # torch: in the child only
@@ -150,8 +149,7 @@ def snapshot(load_interval_s: float | None = None,
         cpus_logical=psutil.cpu_count(logical=True),
         cpus_usable=usable_cpus(),
         cpu_quota=cpu_quota(),
-        other_load_cpus=round(other_processes_cpu(
-            LOAD_INTERVAL_S if load_interval_s is None else load_interval_s, wait), 2),
+        other_load_cpus=round(other_processes_cpu(LOAD_INTERVAL_S, wait), 2),
         ram_total_mb=memory.total / MB,
         ram_available_mb=memory.available / MB,
         shm=shm_usage(),
