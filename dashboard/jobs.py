@@ -201,7 +201,8 @@ def request_from_controls(target: str, controls: dict, kind: str = "profile") ->
 def tune_request(target: str, controls: dict) -> RunRequest:
     """Tune from the controls; the controls' own settings are the baseline it reports against."""
     request = request_from_controls(target, controls, kind="tune")
-    return dataclasses.replace(request, budget_s=float(controls["budget_s"]),
+    budget = controls.get("budget_s")  # None: no limit, the tune runs its plan
+    return dataclasses.replace(request, budget_s=float(budget) if budget is not None else None,
                                max_workers=int(controls["max_workers"]),
                                local_world_size=int(controls.get("local_world_size", 1)),
                                keep_order=bool(controls.get("keep_order", False)))

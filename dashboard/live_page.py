@@ -180,7 +180,11 @@ def _sidebar(consumer_options: list[str]) -> None:
     bar.number_input("Fail if no batch for (s)", min_value=1.0, max_value=3600.0,
                      key="ctl_timeout_s")
     bar.header("Tuning")
-    bar.number_input("Tuning budget (s)", min_value=5.0, max_value=900.0, key="ctl_budget_s")
+    bar.number_input("Tuning time limit (s)", min_value=5.0, max_value=86400.0,
+                     key="ctl_budget_s", placeholder="none: the plan's time",
+                     help="Empty: the tune runs its plan, whose time it says as it starts "
+                          "(minutes where a batch takes a second). A limit is hard: the pick "
+                          "then says what it did not reach.")
     bar.number_input("Most workers to try", min_value=1, max_value=512, key="ctl_max_workers")
     bar.number_input("Ranks on this machine", min_value=1, max_value=64,
                      key="ctl_local_world_size",
@@ -295,14 +299,20 @@ def _recommendation_block(jobs: Jobs) -> None:
 
 
 def _tune_progress(tune: RunHandle) -> None:
-    budget = tune.request.budget_s
+    plan = tune.live.plan
     elapsed = time.monotonic() - (tune.started_at or time.monotonic())
     trials = [t.to_dict() for t in tune.live.trials]
     last = tune.live.trials[-1] if trials else None
-    text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s of about {budget:.0f} s"
+    # the plan's estimate, or the user's limit where that ends it first
+    expected = (min(plan.estimated_s, plan.budget_s or plan.estimated_s) if plan is not None
+                else tune.request.budget_s)
+    of = f" of about {expected:.0f} s" if expected else ""
+    text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s{of}"
             + (f"; last: num_workers={last.num_workers} gave "
                f"{views.fmt(last.samples_per_s)} samples/s" if last else "; loading the dataset"))
-    st.progress(min(elapsed / max(budget, 1.0), 0.99), text=text)
+    if plan is not None:
+        st.caption(f"The plan: {plan.text()}.")
+    st.progress(min(elapsed / max(expected or elapsed * 2, 1.0), 0.99), text=text)
     if trials:
         st.plotly_chart(charts.tune_figure(trials), key="tune-live")
 

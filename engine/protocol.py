@@ -17,6 +17,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Overdue  a batch late, who holds it (stalls.py)
+    <------------------------------------------ Plan     what a tune will take (tune runs)
     <------------------------------------------ Trial    one measured setting (tune runs)
     <------------------------------------------ Tuned    the recommendation (tune runs)
     <------------------------------------------ Labels   class counts, at the end
@@ -38,14 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence, Union
 
 from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.record.trials import TrialRecord, trial_from_dict
+from dataloader_tuner.record.trials import TrialRecord, TunePlan, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
 
 # Defaults a run starts from, named once: the CLI's flags and the dashboard read them here.
 DEFAULT_SECONDS = 15.0
 DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_BUDGET_S = 45.0
+DEFAULT_BUDGET_S: float | None = None  # a tune runs its plan (NOTE [ A budget in batches ])
 DEFAULT_MAX_WORKERS = 32
 MAX_OVERDUE = 8  # Overdue reports a run sends at most (NOTE [ When a batch is overdue ])
 EVENT_FD_ENV = "DLTUNER_EVENT_FD"  # the inherited pipe the child writes its events to
@@ -65,7 +66,7 @@ class RunRequest:
     timeout_s: float = DEFAULT_TIMEOUT_S
     kind: str = "profile"  # one of RUN_KINDS; "verify" runs as a profile
     label: str | None = None
-    budget_s: float = DEFAULT_BUDGET_S  # tune only
+    budget_s: float | None = DEFAULT_BUDGET_S  # tune only: a hard limit in seconds, or none
     max_workers: int = DEFAULT_MAX_WORKERS  # tune only
     local_world_size: int = 1  # tune only
     # tune only: the job needs batches in the sampler's order, so in_order=False is not tried
@@ -221,6 +222,19 @@ class Overdue:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """What a tune will measure and how long it takes (tune/plan.py), as soon as the first batch
+    tells, and again once the probes have taught the cost model."""
+
+    kind: ClassVar[str] = "plan"
+    plan: TunePlan
+
+    @classmethod
+    def from_wire(cls, doc: dict[str, Any]) -> "Plan":
+        return cls(TunePlan.from_dict(doc["plan"]))
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measured setting: an offline tune's trial, or a watched job's in-place decision."""
 
@@ -262,10 +276,10 @@ def _label(key: str) -> int | str:
 
 
 Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
-              Overdue, Trial, Tuned, Error, Finished]
+              Overdue, Plan, Trial, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Overdue, Trial,
-    Tuned, Error, Finished)}
+    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Overdue, Plan,
+    Trial, Tuned, Error, Finished)}
 
 
 def to_wire(event: Event) -> dict[str, Any]:

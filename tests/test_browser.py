@@ -133,7 +133,7 @@ def test_the_six_steps_in_a_real_browser(server, browser):
         steps.no_exception()
 
         # 3. Tune: a progress bar and a growing chart, then the recommendation card.
-        steps.set_number("Tuning budget (s)", 12)
+        steps.set_number("Tuning time limit (s)", 12)
         steps.set_number("Seconds per verification run", 2)
         page.get_by_role("button", name="Tune").click()
         page.get_by_text("Tuning:", exact=False).first.wait_for(timeout=60_000)

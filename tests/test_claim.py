@@ -95,7 +95,7 @@ def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
     from .conftest import dataset_path
 
     handle = run_to_completion(RunRequest(target=dataset_path("warming_store.py"), kind="tune",
-                                          budget_s=20, max_workers=4))
+                                          max_workers=4))
     try:
         doc = handle.live.summary(handle.state.value).to_dict()
     finally:

@@ -112,7 +112,7 @@ def test_a_job_that_keeps_its_order_gets_it_back_even_from_its_own_settings():
     rec = Recommendation({"num_workers": 4, "prefetch_factor": 4}, 500.0, 5.0, ("picked 4",))
     outcome = TuneOutcome([trial(4, 500.0, cv=3.0)], None, rec, limits())
     own = PICK.replace(in_order=False)  # the job's own setting, measured by nothing here
-    final, kept = _delivery_order(None, own, None, outcome, lambda t: None, True, None)
+    final, kept = _delivery_order(None, own, outcome, True)
     assert final.in_order and kept.recommendation.kwargs["in_order"] is True
     assert kept.recommendation.reasons[-1] == ("in_order=True: you asked to keep the batches in "
                                                "order.")

@@ -12,7 +12,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.record.trials import InPlaceTrial, TrialResult
+from dataloader_tuner.record.trials import InPlaceTrial, TrialResult, TunePlan
 from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
@@ -40,6 +40,7 @@ EXAMPLES = [
                      [{"worker_id": 0, "indices": [40, 41], "stack": "File \"d.py\", line 1"}]),
     protocol.Trial(InPlaceTrial(2, 10.0, 0.03, "kept: 12% faster than 1 worker")),
     protocol.Trial(TRIAL),
+    protocol.Plan(TunePlan(0.95, 12, 190.0, 2.0, predicted_workers=2, budget_s=None)),
     protocol.Tuned({"recommended": {"num_workers": 2}}),
     protocol.Error(RunError("boom", type="getitem_error").to_dict()),
     protocol.Finished(reason="deadline", t=3.0),

@@ -9,6 +9,7 @@ from dataloader_tuner.tune import costmodel
 from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, recommend
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.tuner import Tuner, grow, memory_max_workers, shrink
 
 SYSTEM_DOC = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
@@ -47,9 +48,9 @@ class Simulated:
                      main_cpu_ms=self.main_cpu_ms, step_ms=self.step_ms, phase=spec.phase)
 
 
-def run(sim, has_consumer=False, max_workers=32, budget=60.0):
+def run(sim, has_consumer=False, max_workers=32, budget=None):
     tuner = Tuner(sim, limits(max_workers), SYSTEM, has_consumer=has_consumer,
-                  step_on_cpu=False, budget_s=budget, batch_size=16)
+                  step_on_cpu=False, time_limit=TimeLimit(budget), batch_size=16)
     return tuner.run()
 
 
@@ -97,14 +98,49 @@ def test_consumer_picks_fewest_workers_that_keep_it_fed():
     assert any("keep" in r or "waits" in r for r in outcome.recommendation.reasons)
 
 
-def test_budget_stops_the_search_with_a_warning():
+def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
     clock = iter(range(0, 1000, 10))
     sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
-    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False, budget_s=15,
-                  batch_size=16, clock=lambda: next(clock))
+    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=TimeLimit(35, clock=lambda: next(clock)), batch_size=16)
     outcome = tuner.run()
     assert outcome.stopped_by_budget
-    assert any(w.code == "budget_reached" for w in outcome.recommendation.warnings)
+    assert sim.calls == [0, 1]  # the predicted count's trial did not fit the time left
+    first = outcome.recommendation.reasons[0]
+    assert first.startswith("Not the predicted best: your 35 s time limit ran out before 32 "
+                            "workers"), first
+
+
+def test_without_a_limit_the_search_reaches_the_predicted_count_on_slow_batches():
+    # CPU-bound on 2 cores, 1 worker no faster than 0 (at ~1 s a batch the probes alone took
+    # 50 s of the old 45 s budget): the search measures the count the model names (2) and its
+    # neighbours.
+    curve = lambda n: 259.0 if n == 0 else min(n, 2) * 255.0 * (0.98 ** max(n - 2, 0))
+    sim = Simulated(curve, worker_ms=61.0, cpu_ms=59.0, main_cpu_ms=1.0)
+    outcome = run(sim)
+    assert {1, 2, 3} <= set(sim.calls)
+    assert outcome.recommendation.kwargs["num_workers"] == 2
+    assert not outcome.stopped_by_budget
+
+
+def test_the_plan_names_the_predicted_count_and_what_is_left_to_measure():
+    curve = lambda n: 259.0 if n == 0 else min(n, 2) * 255.0
+    sim = Simulated(curve, worker_ms=61.0, cpu_ms=59.0, main_cpu_ms=1.0)
+    plans = []
+    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=TimeLimit(None), batch_size=16,
+                  on_plan=lambda profile, predicted, counts: plans.append((predicted, counts)))
+    tuner.run()
+    assert plans == [(3, [2, 3, 4])]  # 2 workers reach 0.96 of the CPU limit: 3 for 0.97
+
+
+def test_with_a_cpu_step_the_fed_count_stops_at_what_the_cores_allow():
+    # loading 600 ms of CPU a batch, a 200 ms CPU step, 2 cores: the CPUs make ~2.5 batches/s,
+    # so the consumer's 5 batches/s of demand is out of reach; the model points at 2 workers.
+    profile = costmodel.CostProfile(
+        serial_ms=800.0, cycle_ms=610.0, worker_ms=600.0, worker_cpu_ms=590.0, main_cpu_ms=210.0,
+        step_ms=200.0, step_on_cpu=True, cpu_budget=2.0, batch_bytes=1e6, startup_s=0.7)
+    assert profile.fed_workers(32) == 2
 
 
 def test_grow_and_shrink_steps():
@@ -132,7 +168,8 @@ def test_a_cap_of_no_workers_measures_no_more_workers_and_picks_the_main_process
     sim = Simulated(lambda n: 1000.0 + 30 * n, worker_ms=10.0, cpu_ms=9.0)
     system = SystemSnapshot.from_dict({**SYSTEM_DOC, "shm": {"free_mb": 0.0}})
     tuner = Tuner(lambda spec: replace(sim(spec), batch_bytes=2**20), limits(), system,
-                  has_consumer=False, step_on_cpu=False, budget_s=60.0, batch_size=16)
+                  has_consumer=False, step_on_cpu=False, time_limit=TimeLimit(None),
+                  batch_size=16)
     outcome = tuner.run()
     assert sim.calls == [0, 1]  # the probes only: nothing above the cap is measured again
     assert outcome.recommendation.kwargs["num_workers"] == 0

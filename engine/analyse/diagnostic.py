@@ -35,7 +35,6 @@ CODES = {
     "printed_output": "lines the user's code printed",
     # the tuner's caveats on its pick
     "baseline_faster": "the baseline measured faster than the pick",
-    "budget_reached": "the search stopped at its time budget",
     "noisy_machine": "repeated measurements of the pick varied widely",
     "drifted_while_tuning": "a setting measured early and late in the tune disagreed",
 }

@@ -139,6 +139,8 @@ class TuneResult(_Result):
     limits: dict[str, Any] | None = None
     tuning_seconds: float | None = None
     trial_seconds: float | None = None
+    # the last plan (tune/plan.py's TunePlan fields), "announced_s" the first one's estimate
+    plan: dict[str, Any] | None = None
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,7 +173,7 @@ TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
     "trials", "reasons", "warnings", "profile", "limits", "tuning_seconds", "trial_seconds",
-    "error", "run_id", "settings_file")
+    "plan", "error", "run_id", "settings_file")
 
 
 def _ordered(doc: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

@@ -260,7 +260,12 @@ class ChildRun:
             self.last_progress = time.monotonic()
             self.events.send(protocol.Trial(trial))
 
-        document = run_tune(resolved, config, consumer, system, self.request, on_trial)
+        def on_batch(row) -> None:  # a trial of slow batches is progress, not a hang
+            self.last_progress = time.monotonic()
+
+        document = run_tune(resolved, config, consumer, system, self.request, on_trial,
+                            on_plan=lambda plan: self.events.send(protocol.Plan(plan)),
+                            on_batch=on_batch)
         self.events.send(protocol.Tuned(document))
 
     def _hang_error(self) -> RunError:

@@ -105,3 +105,54 @@ def trial_from_dict(doc: dict[str, Any]) -> TrialRecord:
     if doc.get("phase") == "in_place":
         return InPlaceTrial.from_dict(doc)
     return TrialResult.from_dict(doc)
+
+
+@dataclass(frozen=True)
+class TunePlan:
+    """What a tune will measure and how long that takes, said before it is spent (the Plan
+    event; tune/plan.py estimates it, NOTE [ A budget in batches ])."""
+
+    seconds_per_batch: float  # one batch made in the main process, as first measured
+    trials: int  # trials planned in all, those already measured included
+    estimated_s: float  # the whole tune, time already spent included
+    spent_s: float  # when the plan was made
+    predicted_workers: int | None = None  # the count the cost model points to, once known
+    budget_s: float | None = None  # the user's hard limit; None: the plan runs to its end
+
+    @property
+    def cut_short(self) -> bool:
+        """The user's limit ends the tune before its plan does."""
+        return self.budget_s is not None and self.estimated_s > self.budget_s
+
+    def text(self) -> str:
+        """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
+        ~3 min (12 trials)"."""
+        line = (f"each batch takes ~{_duration(self.seconds_per_batch, fine=True)} in the main "
+                f"process; this tune needs ~{_duration(self.estimated_s)} ({self.trials} trials"
+                + (f", reaching {self.predicted_workers} workers, the count the cost model "
+                   "predicts" if self.predicted_workers else
+                   ": the cost model predicts loading in the main process"
+                   if self.predicted_workers == 0 else "") + ")")
+        if self.cut_short:
+            line += (f"; your limit of {_duration(self.budget_s or 0.0)} will cut it short "
+                     "(the pick then says what it did not reach)")
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "TunePlan":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def _duration(seconds: float, fine: bool = False) -> str:
+    """``0.95 s``, ``40 s``, ``3 min``, ``1.5 h``: as a person says a wait."""
+    if fine and seconds < 10:
+        return f"{seconds:.2g} s" if seconds >= 0.01 else f"{seconds * 1000:.2g} ms"
+    if seconds < 90:
+        return f"{max(round(seconds), 1)} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

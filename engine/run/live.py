@@ -14,7 +14,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.record.trials import TrialRecord
+from dataloader_tuner.record.trials import TrialRecord, TunePlan
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse.report import summarize, summarize_tune
@@ -50,6 +50,7 @@ class LiveRun:
         self.mode = mode
         self.trials: list[TrialRecord] = []  # each measured setting (tunes, in-place searches)
         self.tune_result: dict | None = None
+        self.plan: TunePlan | None = None  # a tune's latest plan (tune/plan.py)
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.overdue: list[protocol.Overdue] = []  # batches reported late (instrument/stalls.py)
         self.label_counts: dict = {}
@@ -78,6 +79,8 @@ class LiveRun:
             self.counting = event.counting
             self.mode = event.mode
             self.ranks_on_node = event.ranks_on_node
+        elif isinstance(event, protocol.Plan):
+            self.plan = event.plan
         elif isinstance(event, protocol.Trial):
             self.trials.append(event.trial)
         elif isinstance(event, protocol.Tuned):

@@ -365,8 +365,11 @@ def run_to_completion(request: RunRequest, store: RunStore | None = None,
         handle.listeners.append(on_event)
     handle.start()
     try:
-        limit = request.budget_s + 60 if request.kind == "tune" else request.seconds
-        handle.wait(limit + request.timeout_s + 30)
+        if request.kind == "tune":  # a tune runs its plan; the child's watchdog ends a hang
+            handle.wait(None if request.budget_s is None
+                        else request.budget_s + 60 + request.timeout_s + 30)
+        else:
+            handle.wait(request.seconds + request.timeout_s + 30)
         if not handle.state.done:
             handle.stop()
     except KeyboardInterrupt:

@@ -30,7 +30,9 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.recommend import uncertainty_pct
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 
-CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune
+CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune...
+MAX_CLAIM_PAIRS = 4  # ...and more pairs, up to this, while the claim is wider than...
+CLAIM_WITHIN_PCT = 10.0  # ...this: a wider one is not claimed, the figures shown side by side
 # Trials made after the search (or before it): not the search's early figures of a setting.
 OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order", "threads_default",
                   "threads_one")
@@ -39,13 +41,14 @@ DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or b
 
 def alternate(measure_base: Callable[[int], TrialResult | None],
               measure_pick: Callable[[int], TrialResult | None],
-              pairs: int = CLAIM_PAIRS) -> tuple[list[TrialResult | None],
-                                                 list[TrialResult | None]]:
+              pairs: int = CLAIM_PAIRS, first: int = 0
+              ) -> tuple[list[TrialResult | None], list[TrialResult | None]]:
     """Each side measured ``pairs`` times, in turn: base then pick, then pick then base, ...
-    ``measure_*(repeat)`` runs one trial."""
+    ``measure_*(repeat)`` runs one trial; ``first``: the pairs already measured (their order
+    goes on)."""
     base: list[TrialResult | None] = []
     pick: list[TrialResult | None] = []
-    for repeat in range(pairs):
+    for repeat in range(first, first + pairs):
         order = ((base, measure_base), (pick, measure_pick))
         for results, measure in (order if repeat % 2 == 0 else order[::-1]):
             results.append(measure(repeat))
@@ -133,22 +136,29 @@ def side(trials: list[TrialResult], epoch_items: int | None) -> Side:
 
 @dataclass(frozen=True)
 class Claim:
-    speedup: float | None
+    speedup: float | None  # claimed: None where too short, too uncertain or not measured
     speedup_pct: float | None
     note: str | None  # why no speedup is claimed
     base: Side | None
     pick: Side | None
+    ratio: float | None = None  # the pick's rate over the baseline's as measured, claimed or not
+
+    @property
+    def too_wide(self) -> bool:
+        """Measured, but known too loosely to claim (more pairs may narrow it)."""
+        return (self.ratio is not None and self.speedup_pct is not None
+                and self.speedup_pct > CLAIM_WITHIN_PCT)
 
     @property
     def slower(self) -> bool:
-        """The pick measured slower than the baseline, beyond the claim's noise."""
-        return self.speedup is not None and self.speedup * (1 + (self.speedup_pct or 0) / 100) < 1
+        """The pick measured slower than the baseline, beyond the measurement's noise."""
+        return self.ratio is not None and self.ratio * (1 + (self.speedup_pct or 0) / 100) < 1
 
     def kept(self) -> "Claim":
         """The claim once the baseline is kept as the recommendation: no speedup."""
         return Claim(1.0, self.speedup_pct, "the recommendation is the settings you already "
                      "have: they measured faster than the search's pick at the end of the tune",
-                     self.base, self.pick)
+                     self.base, self.pick, self.ratio)
 
     def to_dict(self) -> dict[str, float | str | None]:
         return {"speedup": self.speedup, "speedup_pct": self.speedup_pct,
@@ -161,8 +171,12 @@ class Claim:
 def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
               epoch_items: int | None) -> Claim:
     """The speedup of the pick over the baseline from the end's alternating trials, with its
-    95% uncertainty, or why none is claimed (a trial without a steady state, or too short)."""
-    if any(t is None for t in base + pick) or not base or not pick:
+    95% uncertainty, or why none is claimed (not measured, a trial without a steady state, too
+    short, or known more loosely than CLAIM_WITHIN_PCT)."""
+    if not base or not pick:
+        return Claim(None, None, "no speedup is claimed: your time limit left no room to "
+                     "measure the pick and your settings in turn", None, None)
+    if any(t is None for t in base + pick):
         return Claim(None, None, "no speedup is claimed: a trial at the end of the tune reached "
                      "no steady state", None, None)
     base_side = side([t for t in base if t is not None], epoch_items)
@@ -174,8 +188,15 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
                      f"were too short to believe (fewer than {MIN_STEADY_BATCHES} steady "
                      "batches); give the tuner a longer budget", base_side, pick_side)
     pcts = [p for p in (pick_side.uncertainty_pct, base_side.uncertainty_pct) if p is not None]
-    return Claim(pick_side.rate / base_side.rate,
-                 sum(p ** 2 for p in pcts) ** 0.5 if pcts else None, None, base_side, pick_side)
+    pct = sum(p ** 2 for p in pcts) ** 0.5 if pcts else None
+    ratio = pick_side.rate / base_side.rate
+    if pct is not None and pct > CLAIM_WITHIN_PCT:
+        return Claim(None, pct, f"no speedup is claimed: the pick measured {pick_side.rate:.0f} "
+                     f"samples/s against {base_side.rate:.0f} ({ratio:.2f}x) over "
+                     f"{len(pick_side.trials)} trials each in turn, but that ratio is known only "
+                     f"to ±{pct:.0f}%, too loosely to act on (the machine's load or the data's "
+                     "speed varied); verify it with Apply", base_side, pick_side, ratio)
+    return Claim(ratio, pct, None, base_side, pick_side, ratio)
 
 
 def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
@@ -256,9 +277,9 @@ def end_reason(result: Claim, source: str) -> str:
 
 def keep_reason(result: Claim, source: str) -> str:
     """Why the user's settings are kept over the search's pick."""
-    assert result.pick is not None and result.base is not None and result.speedup is not None
+    assert result.pick is not None and result.base is not None and result.ratio is not None
     return (f"Keep {source}: at the end of the tune they measured {result.base.rate:.0f} "
             f"samples/s against {result.pick.rate:.0f} for the search's pick "
-            f"({1 - result.speedup:.0%} slower, ±{result.speedup_pct or 0:.0f}%), measured in "
+            f"({1 - result.ratio:.0%} slower, ±{result.speedup_pct or 0:.0f}%), measured in "
             "turn. The search's own figures below were taken earlier, as the data source or "
             "the machine may have been slower.")

@@ -80,8 +80,10 @@ class CostProfile:
         return max(1, min(n, max_workers))
 
     def fed_workers(self, max_workers: int, margin: float = 1.15) -> int:
-        """The fewest workers predicted to produce batches faster than the consumer takes them."""
-        demand = 1000.0 / self.main_serial_ms
+        """The fewest workers predicted to produce batches faster than the consumer takes them,
+        or as fast as the CPUs allow where they bind first (a CPU step and CPU-bound loading
+        share the cores: more workers than that only steal the step's)."""
+        demand = min(1000.0 / self.main_serial_ms, self.limits(1)["cpu"])
         n = math.ceil(margin * demand * self.cycle_ms / 1000.0)
         return max(1, min(n, max_workers))
 

@@ -14,184 +14,101 @@ NOTE [ Persistent workers while searching ]
 
 from __future__ import annotations
 
+import math
 import statistics
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
-import psutil
 import torch
 
-from dataloader_tuner.analyse import metrics
-from dataloader_tuner.instrument import threads
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.tune import claim, order
+from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.tune.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
-from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.child.measure import Consumer
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.recommend import Limits
 from dataloader_tuner.settings import recommended_config, snippet_names
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI, summarize_trial
+from dataloader_tuner.record.trials import TrialResult, TunePlan
+from dataloader_tuner.tune.trial_run import HARD_CAP_S, TrialRunner
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
-from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
-
-TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
-              "worker_threads")
-MIN_WINDOW_S = 0.6
-PREWARM_S = 0.4
-MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
-HARD_CAP_S = 30.0  # ...which grows with the batch time up to this
-CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # ...to leave room for this many batches after warm-up
+from dataloader_tuner.tune.tuner import (FLOOR_MIN_WORKERS, NoSteadyState, Tuner, TrialSpec,
+                                         TuneOutcome)
 
 
-def workers_private_mb() -> float | None:
-    """Mean memory per worker not shared with the parent (RSS minus shared pages)."""
-    sizes = []
-    for child in psutil.Process().children():
-        try:
-            info = child.memory_info()
-            sizes.append((info.rss - getattr(info, "shared", 0)) / 2**20)
-        except psutil.Error:
-            pass
-    return sum(sizes) / len(sizes) if sizes else None
+class Planner:
+    """The tune's plan, said before it is spent (NOTE [ A budget in batches ], plan.py): a
+    first one from the prewarm's batch, a second once the probes have taught the model."""
+
+    def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
+                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None]) -> None:
+        self.limits, self.has_consumer = limits, has_consumer
+        self.time_limit, self.on_plan = time_limit, on_plan
+        self.base = plan.Baseline(config.num_workers, config.persistent_workers,
+                                  epoch_batches(config, limits.dataset_length))
+        self.plans: list[TunePlan] = []
+
+    def first(self, serial_batch_s: float) -> None:
+        cores = self.limits.cpu_budget
+        predicted, counts = plan.first_counts(cores, self.limits.max_workers)
+        if self.has_consumer:
+            counts.append(min(self.limits.max_workers, max(FLOOR_MIN_WORKERS, 2 * counts[-1])))
+        self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
+                       predicted, 0, known=False)
+
+    def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
+                     measured: int) -> None:
+        self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
+                       predicted, measured, known=True)
+
+    def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
+                  counts: list[int], predicted: int, measured: int, known: bool) -> None:
+        made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
+                              self.base, self.time_limit.spent(), measured,
+                              self.time_limit.budget_s, known)
+        self.plans.append(made)
+        self.on_plan(made)
+
+    def to_dict(self) -> dict[str, Any] | None:
+        """The plans as the document keeps them: the first announced, the last made."""
+        if not self.plans:
+            return None
+        return {**self.plans[-1].to_dict(), "announced_s": self.plans[0].estimated_s,
+                "text": self.plans[-1].text()}
 
 
-def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The trial's workers' thread pools (their probes) and how their threads shared their CPU,
-    as TrialResult's fields (NOTE [ Threads per worker ])."""
-    pools: dict[str, int] = {}
-    for probe in seen.values():
-        for name, size in (probe.get("pools") or {}).items():
-            pools[name] = max(pools.get(name, 0), size)
-    uses = []
-    for pid in seen:
-        try:
-            use = threads.thread_use(psutil.Process(pid))
-        except psutil.Error:
-            use = None
-        if use is not None:
-            uses.append(use)
-    return {"worker_pools": pools or None,
-            "helper_cpu_share": (round(statistics.median(u.helper_share for u in uses), 3)
-                                 if uses else None),
-            "busy_threads": int(statistics.median(u.busy_threads for u in uses)) if uses
-            else None}
-
-
-class TrialClock:
-    """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over
-    MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
-    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S."""
-
-    def __init__(self, records: list[BatchRecord], warmup: int, block: int,
-                 max_trial_s: float) -> None:
-        self.records, self.warmup, self.block = records, warmup, block
-        self.max_trial_s = max_trial_s
-        self.started = time.monotonic()
-        self.checked_at = 0
-
-    def enough(self) -> bool:
-        records, warmup = self.records, self.warmup
-        elapsed = time.monotonic() - self.started
-        if elapsed > self.cap(elapsed):
-            return True
-        steady = len(records) - warmup
-        if steady < MIN_STEADY_BATCHES or records[-1].t_ready - records[warmup - 1].t_ready \
-                < MIN_WINDOW_S:
-            return False
-        if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
-            return False
-        self.checked_at = steady
-        ci = metrics.rate_interval(records, warmup, self.block)
-        return ci is not None and ci <= TARGET_CI
-
-    def cap(self, elapsed: float) -> float:
-        if self.max_trial_s <= PREWARM_S or not self.records:
-            return self.max_trial_s
-        per_batch = elapsed / len(self.records)
-        # Room for the interval's three blocks of a worker round each, too (metrics.py).
-        room = self.warmup + max(CAP_BATCHES, 3 * self.block)
-        return min(max(self.max_trial_s, per_batch * room), HARD_CAP_S)
-
-
-def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                  phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
-                  attempts: list[str] | None = None,
-                  companions: Companions | None = None) -> TrialResult | None:
-    """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
-    collects a line per trial that reached no steady state, for the error that explains it.
-    ``companions``: the node's other ranks, running the same settings all the while."""
-    warmup = config.warmup_batches
-    records: list[BatchRecord] = []
-    others = measurement = None
-    running: Companions | None = None  # the companions, once they run this trial's settings
-    try:
-        if companions is not None:
-            companions.start({key: getattr(config, key) for key in TUNED_KEYS})
-            running = companions
-        clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s)
-        cpu_before = time.process_time()
-        seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
-
-        def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
-            if worker_id >= 0:  # not the main process
-                seen[pid] = probe or {}
-
-        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, records.append,
-                                  clock.enough, on_worker=worker_seen)
-        measurement.run()
-        main_cpu = time.process_time() - cpu_before
-        private = workers_private_mb() if config.num_workers else None
-        workers_threads = worker_threads_read(seen)  # while the workers still run
-    finally:
-        try:
-            if running is not None:  # the companions stopped before this loader's workers are
-                steady = metrics.steady_state(records, warmup)
-                t0 = measurement.t0 if measurement is not None else time.monotonic()
-                window = ((t0 + steady.start, t0 + steady.end) if steady
-                          else (t0, time.monotonic()))
-                others = running.stop(*window)
-        finally:
-            if measurement is not None:
-                measurement.close()
-    seconds = time.monotonic() - clock.started
-    trial = summarize_trial(
-        records, warmup,
-        num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
-        persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
-        batch_size=config.batch_size, seconds=seconds,
-        has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
-        phase=phase, repeat=repeat, in_order=config.in_order,
-    )
-    if trial is not None:
-        trial = replace(trial, worker_threads=config.worker_threads, **workers_threads)
-    if trial is not None and companions is not None and others is not None:
-        trial = replace(trial, ranks_measured=1 + companions.count,
-                        node_samples_per_s=others.node_total(trial.samples_per_s))
-    if trial is None and attempts is not None and phase != "prewarm":
-        each = f", {seconds / len(records):.2f} s per batch" if records else ""
-        attempts.append(f"num_workers={config.num_workers}: {len(records)} batch(es) in "
-                        f"{seconds:.1f} s{each}, {warmup} of them warm-up")
-    return trial
+def epoch_batches(config: LoaderConfig, items: int | None) -> int | None:
+    """Batches in an epoch of ``items`` (whole batches with batch_size=None)."""
+    if not items or config.batch_sampler is not None:
+        return None
+    if config.batch_size is None:
+        return items
+    return (items // config.batch_size if config.drop_last
+            else math.ceil(items / config.batch_size)) or None
 
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-             system: SystemSnapshot,
-             request: RunRequest, on_trial: Callable[[TrialResult], None]) -> dict[str, Any]:
-    """Search, then measure the module's own settings as the baseline; returns the document."""
+             system: SystemSnapshot, request: RunRequest,
+             on_trial: Callable[[TrialResult], None],
+             on_plan: Callable[[TunePlan], None] = lambda plan: None,
+             on_batch: Callable[[BatchRecord], None] | None = None) -> dict[str, Any]:
+    """Search, then measure the module's own settings as the baseline; returns the document.
+    ``on_plan``: the plan, as soon as it is known and again after the probes."""
     limits = Limits.from_system(system, request.local_world_size, request.max_workers,
                                 dataset_length(resolved.dataset))
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
-
-    attempts: list[str] = []
+    time_limit = plan.TimeLimit(request.budget_s)
+    runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batch)
+    has_consumer = consumer.kind != "none"
+    planner = Planner(config, limits, has_consumer, time_limit, on_plan)
 
     # threads against the cores this rank has (a quota counted), not less the load now
     threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
@@ -203,35 +120,34 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             num_workers=spec.num_workers, persistent_workers=spec.num_workers > 0,
             worker_threads=threads_of.get(spec.num_workers, threads_decision.worker_threads)
             if spec.num_workers else None)
-        trial = measure_trial(resolved, trial_config, consumer, spec.phase, spec.repeat,
-                              attempts=attempts, companions=companions)
+        trial = runner.measure(trial_config, spec.phase, spec.repeat, report=False, search=True)
         if trial is None:
             return None
         # NOTE [ Deciding threads during the search ] (tune/thread_pools.py)
         trial = threads_decision.check(
-            trial, lambda threads, repeat: measure_trial(
-                resolved, trial_config.replace(worker_threads=threads), consumer, spec.phase,
-                repeat, companions=companions), on_trial)
+            trial, lambda threads, repeat: runner.measure(
+                trial_config.replace(worker_threads=threads), spec.phase, repeat, report=False),
+            on_trial)
         threads_of.setdefault(spec.num_workers, trial.worker_threads)
         return trial
 
-    started = time.monotonic()
-    # The first batches in a fresh process pay for page faults, allocator growth and lazy
-    # imports; an untimed pass keeps that out of the first probe.
-    measure_trial(resolved, search_config, consumer, "prewarm", 0, max_trial_s=PREWARM_S)
+    first_batch_s = runner.first_batch_s(search_config)
+    if first_batch_s is not None:
+        planner.first(first_batch_s)
     # A node of N ranks: every trial runs N loaders at once (companions.py).
-    companions = (Companions(request.target, request.settings, request.step_ms,
-                             request.local_world_size - 1)
-                  if request.local_world_size > 1 else None)
+    companions = runner.companions = (
+        Companions(request.target, request.settings, request.step_ms,
+                   request.local_world_size - 1) if request.local_world_size > 1 else None)
     try:
-        tuner = Tuner(measure, limits, system, has_consumer=consumer.kind != "none",
-                      step_on_cpu=consumer.kind == "train_step",
-                      budget_s=float(request.budget_s),
-                      batch_size=config.batch_size, on_trial=on_trial)
+        tuner = Tuner(measure, limits, system, has_consumer=has_consumer,
+                      step_on_cpu=consumer.kind == "train_step", time_limit=time_limit,
+                      batch_size=config.batch_size, on_trial=on_trial,
+                      on_plan=lambda profile, predicted, counts: planner.after_probes(
+                          profile, predicted, counts, len(tuner.trials)))
         try:
             outcome = tuner.run()
         except NoSteadyState as exc:
-            raise no_steady_state_error(attempts, config) from exc
+            raise no_steady_state_error(runner.attempts, config) from exc
         pick = [t for t in outcome.trials if t.num_workers == outcome.recommendation.kwargs[
             "num_workers"] and t.phase not in claim.OUTSIDE_SEARCH]
         outcome = replace(outcome, trials=[*outcome.trials, *threads_decision.others],
@@ -239,26 +155,32 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                                                                     pick))
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
-        final, outcome = _delivery_order(resolved, final, consumer, outcome, on_trial,
-                                         request.keep_order, companions)
+        final, outcome = _delivery_order(runner, final, outcome, request.keep_order)
         if claim.same_settings(final, config):
-            outcome = _measure_final(resolved, config, consumer, outcome, on_trial, companions)
-            baseline = _baseline(resolved, config, consumer, outcome, on_trial, source,
-                                 companions)
+            outcome = _measure_final(runner, config, outcome)
+            baseline = _baseline(runner, config, outcome, source)
         else:
-            outcome, baseline = _claim_at_end(resolved, config, final, consumer, outcome,
-                                              on_trial, source, limits.dataset_length,
-                                              companions)
+            outcome, baseline = _claim_at_end(runner, config, final, outcome, source,
+                                              limits.dataset_length)
     finally:
         if companions is not None:
             companions.close()
-    return tune_document(outcome, baseline, config, time.monotonic() - started,
-                         snippet_names(resolved, config))
+    document = tune_document(outcome, baseline, config, time_limit.spent(),
+                             snippet_names(resolved, config))
+    return {**document, "plan": planner.to_dict()}
 
 
-def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                   outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
-                   companions: Companions | None = None) -> TuneOutcome:
+def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:
+    """One trial of ``config`` as the plan estimates it (0 when nothing tells)."""
+    profile = outcome.profile
+    if profile is None:
+        return 0.0
+    return plan.trial_seconds(plan.modelled_batch_s(profile)(config.num_workers),
+                              config.num_workers)
+
+
+def _measure_final(runner: TrialRunner, config: LoaderConfig, outcome: TuneOutcome
+                   ) -> TuneOutcome:
     """Measure the recommendation with all its settings when the search did not (a deeper
     prefetch, workers restarted each epoch): the outcome, expecting what that measured."""
     rec = outcome.recommendation
@@ -266,10 +188,11 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     if not final.num_workers or any(t.key == final.tuned_key and t.phase != "baseline"
                                     for t in outcome.trials):
         return outcome  # the search measured exactly these settings
-    trial = measure_trial(resolved, final, consumer, "final", 0, companions=companions)
+    if not runner.time_limit.fits(_estimated_s(outcome, final)):
+        return outcome
+    trial = runner.measure(final, "final")
     if trial is None:
         return outcome
-    on_trial(trial)
     remeasured = replace(
         rec, expected_samples_per_s=trial.samples_per_s,
         uncertainty_pct=100.0 * trial.rate_ci if trial.rate_ci is not None else None,
@@ -280,25 +203,8 @@ def _measure_final(resolved: ResolvedTarget, config: LoaderConfig, consumer: Con
     return replace(outcome, trials=[*outcome.trials, trial], recommendation=remeasured)
 
 
-def _measuring(resolved: ResolvedTarget, consumer: Consumer,
-               on_trial: Callable[[TrialResult], None], companions: Companions | None
-               ) -> Callable[[LoaderConfig, str], Callable[[int], TrialResult | None]]:
-    """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it."""
-    def measuring(trial_config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
-        def measure(repeat: int) -> TrialResult | None:
-            trial = measure_trial(resolved, trial_config, consumer, phase, repeat,
-                                  companions=companions)
-            if trial is not None:
-                on_trial(trial)
-            return trial
-        return measure
-    return measuring
-
-
-def _delivery_order(resolved: ResolvedTarget, final: LoaderConfig, consumer: Consumer,
-                    outcome: TuneOutcome, on_trial: Callable[[TrialResult], None],
-                    keep_order: bool, companions: Companions | None
-                    ) -> tuple[LoaderConfig, TuneOutcome]:
+def _delivery_order(runner: TrialRunner, final: LoaderConfig, outcome: TuneOutcome,
+                    keep_order: bool) -> tuple[LoaderConfig, TuneOutcome]:
     """The pick measured in order and out of order in turn where its batches' tail says that
     could pay (NOTE [ Out-of-order delivery ], order.py); in_order=False kept when faster."""
     rec = outcome.recommendation
@@ -311,15 +217,18 @@ def _delivery_order(resolved: ResolvedTarget, final: LoaderConfig, consumer: Con
     at_pick = [t for t in outcome.trials if t.num_workers == final.num_workers
                and t.phase not in claim.OUTSIDE_SEARCH]
     try_it, why_not = order.worth_trying(at_pick, final, keep_order, torch.__version__)
+    if try_it and not runner.time_limit.fits(
+            2 * claim.CLAIM_PAIRS * _estimated_s(outcome, final)):
+        try_it, why_not = False, ("in_order=False was not tried: your time limit left no "
+                                  "room to measure it.")
     if not try_it:
         if why_not:
             outcome = replace(outcome, recommendation=replace(rec, reasons=(*rec.reasons,
                                                                              why_not)))
         return final, outcome
-    measuring = _measuring(resolved, consumer, on_trial, companions)
     unordered_config = final.replace(in_order=False)
-    ordered, unordered = claim.alternate(measuring(final, "in_order"),
-                                         measuring(unordered_config, "out_of_order"))
+    ordered, unordered = claim.alternate(runner.measuring(final, "in_order"),
+                                         runner.measuring(unordered_config, "out_of_order"))
     chosen, reason = order.decide(ordered, unordered)
     kwargs = {**rec.kwargs, "in_order": False} if chosen else rec.kwargs
     rec = replace(rec, kwargs=kwargs, reasons=(*rec.reasons, reason))
@@ -328,18 +237,45 @@ def _delivery_order(resolved: ResolvedTarget, final: LoaderConfig, consumer: Con
                                                             recommendation=rec)
 
 
-def _claim_at_end(resolved: ResolvedTarget, config: LoaderConfig, final: LoaderConfig,
-                  consumer: Consumer, outcome: TuneOutcome,
-                  on_trial: Callable[[TrialResult], None], source: str,
-                  epoch_items: int | None, companions: Companions | None = None
+def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
+                  outcome: TuneOutcome, epoch_items: int | None
+                  ) -> tuple[list[TrialResult | None], list[TrialResult | None], claim.Claim]:
+    """The user's settings and the pick in turn, CLAIM_PAIRS pairs, and more (up to
+    MAX_CLAIM_PAIRS) while the claim is wider than CLAIM_WITHIN_PCT: each pair only where the
+    user's time limit leaves room for it."""
+    profile = outcome.profile
+    pair_s = 0.0
+    if profile is not None:
+        base = plan.Baseline(config.num_workers, config.persistent_workers,
+                             epoch_batches(config, epoch_items))
+        pair_s = plan.claim_seconds(plan.modelled_batch_s(profile), final.num_workers, base,
+                                    profile.serial_ms / 1000.0,
+                                    outcome.limits.cpu_budget) / claim.CLAIM_PAIRS
+    base_trials: list[TrialResult | None] = []
+    pick_trials: list[TrialResult | None] = []
+    result = claim.end_claim(base_trials, pick_trials, epoch_items)
+    while len(pick_trials) < claim.MAX_CLAIM_PAIRS:
+        if len(pick_trials) >= claim.CLAIM_PAIRS and not result.too_wide:
+            break
+        if not runner.time_limit.fits(pair_s):
+            break
+        more_base, more_pick = claim.alternate(runner.measuring(config, "baseline"),
+                                               runner.measuring(final, "final"), pairs=1,
+                                               first=len(pick_trials))
+        base_trials += more_base
+        pick_trials += more_pick
+        result = claim.end_claim(base_trials, pick_trials, epoch_items)
+    return base_trials, pick_trials, result
+
+
+def _claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
+                  outcome: TuneOutcome, source: str, epoch_items: int | None
                   ) -> tuple[TuneOutcome, dict[str, Any]]:
     """The user's settings and the pick measured in turn at the end of the tune; the claim and
     the pick's expected rate come from those trials only (NOTE [ Claims from the end of the
     tune ])."""
-    measuring = _measuring(resolved, consumer, on_trial, companions)
-    base_trials, pick_trials = claim.alternate(measuring(config, "baseline"),
-                                               measuring(final, "final"))
-    result = claim.end_claim(base_trials, pick_trials, epoch_items)
+    base_trials, pick_trials, result = _pairs_at_end(runner, config, final, outcome,
+                                                     epoch_items)
     rec, early = outcome.recommendation, outcome.trials
     warnings = list(rec.warnings)
     reasons = list(rec.reasons)
@@ -414,17 +350,16 @@ def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
     return "DataLoader's defaults (num_workers=0; the module declares no dataloader_kwargs)"
 
 
-def _baseline(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-              outcome: TuneOutcome, on_trial: Callable[[TrialResult], None], source: str,
-              companions: Companions | None = None) -> dict[str, Any]:
+def _baseline(runner: TrialRunner, config: LoaderConfig, outcome: TuneOutcome, source: str
+              ) -> dict[str, Any]:
     """The baseline when the pick is the settings the run started from: measured (unless a
     search trial already measured exactly those settings), and no speedup claimed."""
     same = [t for t in outcome.trials if t.key == config.tuned_key and t.phase != "prewarm"]
-    trial = same[0] if same else measure_trial(resolved, config, consumer, "baseline", 0,
-                                               companions=companions)
+    trial = same[0] if same else (
+        runner.measure(config, "baseline")
+        if runner.time_limit.fits(_estimated_s(outcome, config)) else None)
     if trial is not None and not same:
         outcome.trials.append(trial)
-        on_trial(trial)
     return {
         "source": source,
         "config": config.to_json_dict(),

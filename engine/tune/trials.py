@@ -10,6 +10,7 @@ from dataloader_tuner.record.trials import TrialResult
 
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
 TARGET_CI = 0.04  # a trial runs until its samples/s is known to +-4% (95% confidence)
+MIN_WINDOW_S = 0.6  # ...over a steady window of at least this long
 
 
 def summarize_trial(

@@ -1,8 +1,9 @@
 """The search: few, short, steady-state trials guided by the cost model, then a noise check.
 
 1. Probe: measure ``num_workers=0`` and ``1``; learn the cost profile (costmodel.py).
-2. Predict: the fewest workers that reach the peak (or, with a consumer, that keep it fed).
-3. Climb: measure the prediction, then step up while more workers still pay (>= 3% more
+2. Predict: the fewest workers that reach the peak (or, with a consumer, that keep it fed),
+   and announce the plan: the trials left and their time (NOTE [ A budget in batches ]).
+3. Climb: measure the prediction first, then step up while more workers still pay (>= 3% more
    samples/s, or 2 points less consumer idle) and down while fewer lose nothing (within the
    4% a trial's rate is known to).
    Like tf.data's AUTOTUNE hill-climb, but starting where the model says the peak is, so a
@@ -20,17 +21,16 @@ it with simulated workloads and no processes.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from dataloader_tuner.tune import costmodel
+from dataloader_tuner.tune import costmodel, plan
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Recommendation,
                                              by_workers, median_idle, median_rate, pick_fed,
                                              recommend)
 from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.record.trials import TrialResult
 
 MORE_WORKERS_GAIN = 0.03
@@ -50,6 +50,7 @@ class TrialSpec:
     num_workers: int
     phase: str = "search"
     repeat: int = 0
+    max_s: float | None = None  # what the user's time limit leaves it (None: no limit)
 
 
 @dataclass
@@ -93,19 +94,25 @@ class Tuner:
         system: SystemSnapshot,
         has_consumer: bool,
         step_on_cpu: bool,
-        budget_s: float,
+        time_limit: TimeLimit,
         batch_size: int | None,
         on_trial: Callable[[TrialResult], None] = lambda trial: None,
-        clock: Callable[[], float] = time.monotonic,
+        on_plan: Callable[[CostProfile, int, list[int]], None] = lambda *plan: None,
     ) -> None:
+        """``on_plan(profile, predicted, counts)``: once the probes have measured, the count
+        the model predicts and the search's counts still to measure (plan.py)."""
         self.measure_fn, self.limits, self.system = measure, limits, system
         self.has_consumer, self.step_on_cpu = has_consumer, step_on_cpu
-        self.budget_s, self.batch_size = budget_s, batch_size
-        self.on_trial, self.clock = on_trial, clock
+        self.time_limit, self.batch_size = time_limit, batch_size
+        self.on_trial, self.on_plan = on_trial, on_plan
         self.trials: list[TrialResult] = []
-        self.started = 0.0
-        self.out_of_budget = False
+        self.profile: CostProfile | None = None
+        self.predicted: int | None = None  # the count the model points to, once probed
         self.max_n = limits.max_workers
+
+    @property
+    def out_of_budget(self) -> bool:
+        return self.time_limit.reached
 
     # -- measuring ------------------------------------------------------------------------
 
@@ -114,14 +121,24 @@ class Tuner:
         done = [t for t in self.trials if t.num_workers == n]
         if done and phase != "confirm":
             return done
-        if self.clock() - self.started > self.budget_s:
-            self.out_of_budget = True
+        # The first trial always starts (cut at the limit): without it there is nothing.
+        if self.trials and not self.time_limit.fits(self._trial_seconds(n)):
             return done
-        trial = self.measure_fn(TrialSpec(n, phase, repeat))
+        trial = self.measure_fn(TrialSpec(n, phase, repeat, self.time_limit.left()))
         if trial is not None:
             self.trials.append(trial)
             self.on_trial(trial)
         return [t for t in self.trials if t.num_workers == n]
+
+    def _trial_seconds(self, n: int) -> float:
+        """A trial of ``n`` workers as the plan estimates it (plan.py)."""
+        if self.profile is not None:
+            return plan.trial_seconds(plan.modelled_batch_s(self.profile)(n), n)
+        serial = [t for t in self.trials if t.num_workers == 0]
+        if not serial:
+            return 0.0
+        guess = plan.guessed_batch_s(serial[0].ms_per_batch / 1000.0, self.limits.cpu_budget)
+        return plan.trial_seconds(guess(n), n)
 
     def _score(self, n: int) -> float | None:
         trials = [t for t in self.trials if t.num_workers == n]
@@ -145,15 +162,20 @@ class Tuner:
     # -- the search -----------------------------------------------------------------------
 
     def run(self) -> TuneOutcome:
-        self.started = self.clock()
-        profile = self._probe()
+        profile = self.profile = self._probe()
         if profile is not None and self.max_n >= 1:
-            start = (profile.fed_workers(self.max_n) if self.has_consumer
-                     else profile.peak_workers(self.max_n))
-            if self.has_consumer or profile.predict(start) > profile.predict(0):
-                self._climb(start)
+            start = self.predicted = (profile.fed_workers(self.max_n) if self.has_consumer
+                                      else profile.peak_workers(self.max_n))
+            climbs = self.has_consumer or profile.predict(start) > profile.predict(0)
             # else: the main process alone beats what any worker count can hand it (the
             # measured 0- and 1-worker trials already show it); climbing would waste trials.
+            counts = plan.neighbourhood(start, self.max_n) if climbs else []
+            if self.has_consumer:
+                counts.append(self._floor_count(max(counts, default=1)))
+            self.on_plan(profile, start if climbs else 0,
+                         [n for n in counts if n not in self._measured()])
+            if climbs:
+                self._climb(start)
         if self.has_consumer:
             self._measure_floor()
         self._confirm()
@@ -163,12 +185,24 @@ class Tuner:
         recommendation = recommend(self.trials, profile, self.limits, self.has_consumer,
                                    self.batch_size)
         if self.out_of_budget:
-            recommendation = replace(recommendation, warnings=recommendation.warnings + (
-                Diagnostic("budget_reached", "warning",
-                           f"The {self.budget_s:g} s budget ran out before the search "
-                           "finished; the pick is the best measured so far. Raise --budget-s "
-                           "to search on.", {"budget_s": self.budget_s}),))
+            recommendation = replace(recommendation, reasons=(
+                self._limit_reason(recommendation), *recommendation.reasons))
         return TuneOutcome(self.trials, profile, recommendation, self.limits, self.out_of_budget)
+
+    def _limit_reason(self, recommendation: Recommendation) -> str:
+        """The first line of a pick the user's time limit cut short: whether it reached the
+        count the model predicts, and what was measured."""
+        limit = self.time_limit.budget_s or 0.0
+        measured = ", ".join(str(n) for n in self._measured())
+        pick = recommendation.kwargs["num_workers"]
+        if self.predicted is not None and self.predicted not in self._measured():
+            return (f"Not the predicted best: your {limit:g} s time limit ran out before "
+                    f"{self.predicted} workers, the count the cost model predicts, could be "
+                    f"measured. {pick} workers is the best of the counts measured ({measured}). "
+                    "Tune again without --budget-s (the plan above says how long that takes).")
+        return (f"Your {limit:g} s time limit ended the search early: {pick} workers is the best "
+                f"of the counts measured ({measured}), the predicted count among them; "
+                "neighbours or repeats were left out, so it is less sure.")
 
     def _probe(self) -> CostProfile | None:
         serial = self._measure(0, "probe")
@@ -218,9 +252,12 @@ class Tuner:
         setting reaches, and the climb stops as soon as a step gains under 2 points, which can
         leave a slow decline (seen: 11 % idle at 4 workers, 9 % at 24) unmeasured."""
         top = max(self._measured())
-        ceiling = min(self.max_n, max(FLOOR_MIN_WORKERS, 2 * top))
+        ceiling = self._floor_count(top)
         if ceiling > top and not self.out_of_budget:
             self._measure(ceiling, "floor")
+
+    def _floor_count(self, top: int) -> int:
+        return min(self.max_n, max(FLOOR_MIN_WORKERS, 2 * top))
 
     def _confirm(self) -> None:
         """Re-measure, interleaved, the candidates whose order noise could flip."""

@@ -13,8 +13,8 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.analyse.report import speedup_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
-                                       add_loader_target, positive_int, print_json,
-                                       settings_from_args)
+                                       add_loader_target, positive_float, positive_int,
+                                       print_json, settings_from_args)
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from dataloader_tuner.store import RunStore
@@ -26,8 +26,9 @@ HELP = "find the best num_workers / pin_memory / prefetch settings"
 
 def prepare_parser(parser: argparse.ArgumentParser) -> None:
     add_loader_target(parser)
-    parser.add_argument("--budget-s", type=float, default=protocol.DEFAULT_BUDGET_S,
-                        help="stop searching after this many seconds (default %(default)g)")
+    parser.add_argument("--budget-s", type=positive_float, default=protocol.DEFAULT_BUDGET_S,
+                        help="a hard limit on the tune's seconds, its end's claim included "
+                             "(default: none; the tune says up front how long its plan takes)")
     parser.add_argument("--max-workers", type=positive_int, default=protocol.DEFAULT_MAX_WORKERS,
                         help="never try more workers than this (default %(default)d)")
     parser.add_argument("--local-world-size", type=positive_int, default=1,
@@ -57,7 +58,9 @@ def render_tune_text(result: TuneResult) -> str:
                      + speedup_text(base))
     if base.get("claimed_from"):
         lines.append(f"claimed from: {base['claimed_from']}")
-    lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials")
+    planned = (result.plan or {}).get("announced_s")
+    lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials"
+                 + (f" (announced: ~{planned:.0f} s)" if planned else ""))
     lines.append("")
     lines += [f"- {reason}" for reason in result.reasons]
     for warning in result.warnings:
@@ -71,6 +74,8 @@ class _TrialProgress:
     def on_event(self, event: protocol.Event) -> None:
         if isinstance(event, protocol.Ready):
             sys.stderr.write("tuning: dataset loaded, measuring...\n")
+        elif isinstance(event, protocol.Plan):
+            sys.stderr.write(f"tuning: {event.plan.text()}\n")
         elif isinstance(event, protocol.Trial) and isinstance(event.trial, TrialResult):
             t = event.trial
             idle = t.consumer_idle_frac

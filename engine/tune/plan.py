@@ -1,0 +1,140 @@
+"""What a tune will cost, counted in batches and said in seconds before it is spent, and the
+user's time limit over it.
+
+NOTE [ A budget in batches ]
+
+    A trial is believed after its warm-up and MIN_STEADY_BATCHES steady batches (trials.py), so
+    a tune's cost is a count of batches, and its seconds follow from how long a batch takes:
+    ~15 s for a loader of millisecond batches, minutes where a batch of 256 JPEGs takes a
+    second. A budget in seconds fixed in advance (45 s, before) ran out on such a loader after
+    measuring 0 and 1 workers, short of the count its own model named, and the end's claim
+    then ran over it anyway (159 s). Now:
+
+    - The plan is the trials the search needs to reach the count the cost model predicts and
+      confirm it: the probes (0 and 1 worker), that count and its neighbours, the idle floor
+      with a consumer, two confirming repeats, and the end's claim (the user's settings and
+      the pick in turn, claim.CLAIM_PAIRS times). Its seconds are estimated from the first
+      batch's time, then again from the model once the probes have measured (each count at
+      its predicted rate), and announced (the Plan event: the CLI's line, the page's progress).
+    - Without a limit the search runs to its end: the plan is what it will take.
+    - A limit the user sets (--budget-s) is a hard ceiling over everything, the end's claim
+      included: a trial starts only where its estimate fits the time left, and is cut at the
+      limit. A pick made before the predicted count was measured says so in its first line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from dataloader_tuner.analyse.metrics import warmup_batches
+from dataloader_tuner.record.trials import TunePlan
+from dataloader_tuner.tune.claim import CLAIM_PAIRS
+from dataloader_tuner.tune.costmodel import CostProfile
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, MIN_WINDOW_S
+
+CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
+FORK_S = 0.1  # a worker process started before it makes its first batch
+
+
+def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
+                  ) -> float:
+    """A trial of ``workers`` at ``batch_s`` a batch: its warm-up and steady batches (at least
+    its shortest window), its workers' start, and ``restarts`` epoch starts of ``restart_s``."""
+    batches = warmup_batches(workers, 2 if workers else 0) + MIN_STEADY_BATCHES
+    start = FORK_S if workers else 0.0
+    return max(batches * batch_s, MIN_WINDOW_S) + start + restarts * restart_s
+
+
+def guessed_batch_s(serial_batch_s: float, cores: float) -> Callable[[int], float]:
+    """Before the model: each count's time per batch as if the work were CPU-bound (the
+    slowest case likely: waiting work gets faster with more workers, CPU work only up to the
+    cores)."""
+    return lambda n: serial_batch_s / max(min(n, cores), 1.0)
+
+
+def modelled_batch_s(profile: CostProfile) -> Callable[[int], float]:
+    """After the probes: each count at the rate the cost model predicts."""
+    return lambda n: 1.0 / profile.predict(n)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The user's settings as the end's claim will measure them."""
+
+    num_workers: int
+    persistent_workers: bool
+    epoch_batches: int | None  # batches in an epoch (None: unknown or endless)
+
+
+def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
+                  serial_batch_s: float, cores: float) -> float:
+    """The end's claim: the pick and the user's settings, CLAIM_PAIRS trials each. Workers
+    restarted each epoch pay their start again at every epoch the trial crosses."""
+    n = base.num_workers
+    restarts, restart_s = 0, 0.0
+    if n and not base.persistent_workers and base.epoch_batches:
+        trial_batches = warmup_batches(n, 2) + MIN_STEADY_BATCHES
+        restarts = math.ceil(trial_batches / base.epoch_batches)
+        # every worker makes its first batch at once on the cores there are
+        restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
+    return CLAIM_PAIRS * (trial_seconds(batch_s(pick), pick)
+                          + trial_seconds(batch_s(n), n, restarts, restart_s))
+
+
+def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: float,
+              to_measure: Iterable[int], predicted: int, base: Baseline, spent_s: float,
+              measured: int, budget_s: float | None, known: bool) -> TunePlan:
+    """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
+    the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
+    ``spent_s``. ``known``: ``predicted`` comes from the cost model (not yet a guess)."""
+    search = [trial_seconds(batch_s(n), n) for n in to_measure]
+    confirm = CONFIRM_TRIALS * trial_seconds(batch_s(predicted), predicted)
+    # the user's own count picked: no claim to measure at the end
+    claims = predicted != base.num_workers
+    end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores) if claims else 0.0
+    return TunePlan(
+        seconds_per_batch=serial_batch_s,
+        trials=measured + len(search) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims,
+        estimated_s=spent_s + sum(search) + confirm + end,
+        spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s)
+
+
+def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:
+    """Before the model: the count a CPU-bound loader would need (the cores) and the search's
+    counts around it, the probes included."""
+    predicted = max(1, min(math.ceil(cores), max_workers))
+    return predicted, neighbourhood(predicted, max_workers, [0, 1])
+
+
+def neighbourhood(predicted: int, max_workers: int, also: Iterable[int] = ()) -> list[int]:
+    """The predicted count and its neighbours within 1..max_workers, with ``also``."""
+    near = {n for n in (predicted - 1, predicted, predicted + 1) if 1 <= n <= max_workers}
+    return sorted(near | set(also))
+
+
+class TimeLimit:
+    """The user's hard limit on a tune's seconds (None: no limit), on an injectable clock."""
+
+    def __init__(self, budget_s: float | None, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.budget_s, self.clock = budget_s, clock
+        self.started = clock()
+        self.reached = False  # a trial was left out (or cut) for want of time
+
+    def spent(self) -> float:
+        return self.clock() - self.started
+
+    def left(self) -> float | None:
+        """Seconds left, or None without a limit."""
+        return None if self.budget_s is None else max(self.budget_s - self.spent(), 0.0)
+
+    def fits(self, estimated_s: float) -> bool:
+        """Whether a trial estimated at ``estimated_s`` may start; notes when it may not."""
+        left = self.left()
+        if left is None or (estimated_s <= left and left > 0):
+            return True
+        self.reached = True
+        return False

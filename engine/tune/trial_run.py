@@ -1,0 +1,218 @@
+"""One trial of the offline tune: a DataLoader of one setting measured in this process (the
+engine's child) until its samples/s is known, and the runner that measures the tune's trials in
+turn: each reported as it ends, beside the node's companions, cut at the user's time limit,
+with a beat per batch for the child's watchdog."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import psutil
+
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.child.target import ResolvedTarget
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.instrument import threads
+from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.trials import (MIN_STEADY_BATCHES, MIN_WINDOW_S, TARGET_CI,
+                                         summarize_trial)
+
+TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
+              "worker_threads")
+PREWARM_S = 0.4
+MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
+# ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
+# NOTE [ A budget in batches ], plan.py)...
+HARD_CAP_S = 120.0
+CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # ...to leave room for this many batches after warm-up
+
+
+def workers_private_mb() -> float | None:
+    """Mean memory per worker not shared with the parent (RSS minus shared pages)."""
+    sizes = []
+    for child in psutil.Process().children():
+        try:
+            info = child.memory_info()
+            sizes.append((info.rss - getattr(info, "shared", 0)) / 2**20)
+        except psutil.Error:
+            pass
+    return sum(sizes) / len(sizes) if sizes else None
+
+
+def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The trial's workers' thread pools (their probes) and how their threads shared their CPU,
+    as TrialResult's fields (NOTE [ Threads per worker ])."""
+    pools: dict[str, int] = {}
+    for probe in seen.values():
+        for name, size in (probe.get("pools") or {}).items():
+            pools[name] = max(pools.get(name, 0), size)
+    uses = []
+    for pid in seen:
+        try:
+            use = threads.thread_use(psutil.Process(pid))
+        except psutil.Error:
+            use = None
+        if use is not None:
+            uses.append(use)
+    return {"worker_pools": pools or None,
+            "helper_cpu_share": (round(statistics.median(u.helper_share for u in uses), 3)
+                                 if uses else None),
+            "busy_threads": int(statistics.median(u.busy_threads for u in uses)) if uses
+            else None}
+
+
+class TrialClock:
+    """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over
+    MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
+    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S."""
+
+    def __init__(self, records: list[BatchRecord], warmup: int, block: int,
+                 max_trial_s: float, limit_s: float | None = None) -> None:
+        """``limit_s``: what the user's time limit leaves this trial (a hard cut)."""
+        self.records, self.warmup, self.block = records, warmup, block
+        self.max_trial_s, self.limit_s = max_trial_s, limit_s
+        self.started = time.monotonic()
+        self.checked_at = 0
+
+    def enough(self) -> bool:
+        records, warmup = self.records, self.warmup
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.cap(elapsed) or (self.limit_s is not None and elapsed >= self.limit_s):
+            return True
+        steady = len(records) - warmup
+        if steady < MIN_STEADY_BATCHES or records[-1].t_ready - records[warmup - 1].t_ready \
+                < MIN_WINDOW_S:
+            return False
+        if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
+            return False
+        self.checked_at = steady
+        ci = metrics.rate_interval(records, warmup, self.block)
+        return ci is not None and ci <= TARGET_CI
+
+    def cap(self, elapsed: float) -> float:
+        if self.max_trial_s <= PREWARM_S or not self.records:
+            return self.max_trial_s
+        per_batch = elapsed / len(self.records)
+        # Room for the interval's three blocks of a worker round each, too (metrics.py).
+        room = self.warmup + max(CAP_BATCHES, 3 * self.block)
+        return min(max(self.max_trial_s, per_batch * room), HARD_CAP_S)
+
+
+def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
+                  phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
+                  attempts: list[str] | None = None,
+                  companions: Companions | None = None, limit_s: float | None = None,
+                  on_batch: Callable[[BatchRecord], None] | None = None) -> TrialResult | None:
+    """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
+    collects a line per trial that reached no steady state, for the error that explains it.
+    ``companions``: the node's other ranks, running the same settings all the while.
+    ``limit_s``: cut it there (the user's time limit); ``on_batch``: called at each batch (the
+    child's watchdog: a trial of slow batches is progress, not a hang)."""
+    warmup = config.warmup_batches
+    records: list[BatchRecord] = []
+    record: Callable[[BatchRecord], None] = records.append
+    if on_batch is not None:
+        beat = on_batch
+
+        def record(row: BatchRecord) -> None:
+            records.append(row)
+            beat(row)
+    others = measurement = None
+    running: Companions | None = None  # the companions, once they run this trial's settings
+    try:
+        if companions is not None:
+            companions.start({key: getattr(config, key) for key in TUNED_KEYS})
+            running = companions
+        clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s, limit_s)
+        cpu_before = time.process_time()
+        seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
+
+        def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
+            if worker_id >= 0:  # not the main process
+                seen[pid] = probe or {}
+
+        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, record,
+                                  clock.enough, on_worker=worker_seen)
+        measurement.run()
+        main_cpu = time.process_time() - cpu_before
+        private = workers_private_mb() if config.num_workers else None
+        workers_threads = worker_threads_read(seen)  # while the workers still run
+    finally:
+        try:
+            if running is not None:  # the companions stopped before this loader's workers are
+                steady = metrics.steady_state(records, warmup)
+                t0 = measurement.t0 if measurement is not None else time.monotonic()
+                window = ((t0 + steady.start, t0 + steady.end) if steady
+                          else (t0, time.monotonic()))
+                others = running.stop(*window)
+        finally:
+            if measurement is not None:
+                measurement.close()
+    seconds = time.monotonic() - clock.started
+    trial = summarize_trial(
+        records, warmup,
+        num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
+        persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
+        batch_size=config.batch_size, seconds=seconds,
+        has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
+        phase=phase, repeat=repeat, in_order=config.in_order,
+    )
+    if trial is not None:
+        trial = replace(trial, worker_threads=config.worker_threads, **workers_threads)
+    if trial is not None and companions is not None and others is not None:
+        trial = replace(trial, ranks_measured=1 + companions.count,
+                        node_samples_per_s=others.node_total(trial.samples_per_s))
+    if trial is None and attempts is not None and phase != "prewarm":
+        each = f", {seconds / len(records):.2f} s per batch" if records else ""
+        attempts.append(f"num_workers={config.num_workers}: {len(records)} batch(es) in "
+                        f"{seconds:.1f} s{each}, {warmup} of them warm-up")
+    return trial
+
+
+class TrialRunner:
+    """Measures the tune's trials one after another: each reported as it ends (``on_trial``),
+    run beside the node's ``companions``, cut at what ``time_limit`` leaves it, and every batch
+    passed to ``on_batch`` (the child's watchdog counts a trial of slow batches as progress)."""
+
+    def __init__(self, resolved: ResolvedTarget, consumer: Consumer,
+                 on_trial: Callable[[TrialResult], None], time_limit: TimeLimit,
+                 on_batch: Callable[[BatchRecord], None] | None = None,
+                 companions: Companions | None = None) -> None:
+        self.resolved, self.consumer, self.on_trial = resolved, consumer, on_trial
+        self.time_limit, self.on_batch, self.companions = time_limit, on_batch, companions
+        self.attempts: list[str] = []  # the search's trials that reached no steady state
+
+    def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
+                search: bool = False, max_trial_s: float = MAX_TRIAL_S) -> TrialResult | None:
+        trial = measure_trial(self.resolved, config, self.consumer, phase, repeat, max_trial_s,
+                              attempts=self.attempts if search else None,
+                              companions=self.companions, limit_s=self.time_limit.left(),
+                              on_batch=self.on_batch)
+        if trial is not None and report:
+            self.on_trial(trial)
+        return trial
+
+    def measuring(self, config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
+        """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it."""
+        return lambda repeat: self.measure(config, phase, repeat)
+
+    def first_batch_s(self, config: LoaderConfig) -> float | None:
+        """An untimed pass of ``config`` (the first batches in a fresh process pay for page
+        faults, allocator growth and lazy imports: kept out of the first probe); returns its
+        last batch's time, the plan's first estimate of a batch (plan.py)."""
+        times: list[float] = []
+
+        def seen(row: BatchRecord) -> None:
+            times.append(row.wait_s + row.step_s)
+            if self.on_batch is not None:
+                self.on_batch(row)
+        measure_trial(self.resolved, config, self.consumer, "prewarm", 0,
+                      max_trial_s=PREWARM_S, limit_s=self.time_limit.left(), on_batch=seen)
+        return times[-1] if times else None
