@@ -148,7 +148,7 @@ MANIFEST = [
     ("small_map-profile", "tests/datasets/small_map.py", "profile",
      {"seconds": 2.0, "step_ms": 2.0, "settings": {"num_workers": 2}}),
     ("small_map-tune", "tests/datasets/small_map.py", "tune",
-     {"budget_s": 5.0, "max_workers": 2, "step_ms": 0.0}),
+     {"max_workers": 2, "step_ms": 0.0}),
     ("syntax_error-inspect", "tests/datasets/syntax_error.py", "inspect", {}),
     ("missing_import-inspect", "tests/datasets/missing_import.py", "inspect", {}),
     ("two_classes-inspect", "tests/datasets/two_classes.py", "inspect", {}),

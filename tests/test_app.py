@@ -146,12 +146,13 @@ def test_a_failing_run_shows_the_worker_error(app_env):
 @pytest.mark.parametrize("app_env", ["replay", pytest.param("real", marks=pytest.mark.slow)],
                          indirect=True)
 def test_tune_recommends_and_apply_verifies(app_env):
-    at = press("Tune", dataset_path("small_map.py"), consumer="none", budget_s=5.0,
-               max_workers=2, verify_seconds=1.0)
+    at = press("Tune", dataset_path("small_map.py"), consumer="none", max_workers=2,
+               verify_seconds=1.0)
     assert not at.exception
     assert any(s.value == "Recommendation" for s in at.subheader)
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
     assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
+    assert any("announced as it started" in c.value for c in at.caption)
     recommended = get_jobs().tune_summary(get_jobs().tune).recommended
     button(at, "Apply recommended settings").click()
     at = at.run()

@@ -135,3 +135,64 @@ def test_settings_dataloader_runs_alike_need_no_claim():
     assert not claim.same_settings(LoaderConfig(batch_size=16, num_workers=3), explicit)
     assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=0),
                                LoaderConfig(batch_size=16, num_workers=0, pin_memory=False))
+
+
+def test_a_claim_wider_than_ten_percent_is_not_made_but_its_figures_are_kept():
+    base = [trial(0, 100.0, rate_ci=0.03), trial(0, 130.0, rate_ci=0.03)]
+    pick = [trial(2, 200.0, rate_ci=0.02), trial(2, 210.0, rate_ci=0.02)]
+    result = claim.end_claim(base, pick, epoch_items=None)
+    assert result.speedup is None and result.too_wide
+    assert result.ratio == pytest.approx(205.0 / 115.0)
+    assert result.speedup_pct > claim.CLAIM_WITHIN_PCT
+    assert "205 samples/s against 115" in result.note and "too loosely" in result.note
+    assert not result.slower
+
+
+class FakeRunner:
+    """TrialRunner's face for the end's pairs: rates from a list per phase, a time limit."""
+
+    def __init__(self, rates, budget_s=None):
+        from dataloader_tuner.tune.plan import TimeLimit
+
+        self.rates = {phase: list(values) for phase, values in rates.items()}
+        self.time_limit = TimeLimit(budget_s, clock=lambda: 0.0)
+        self.phases = []
+
+    def measuring(self, config, phase):
+        def measure(repeat):
+            self.phases.append(phase)
+            return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=0.02)
+        return measure
+
+
+def _pairs(runner):
+    from dataloader_tuner.tune.offline import _pairs_at_end
+    from dataloader_tuner.tune.recommend import Recommendation
+    from dataloader_tuner.tune.tuner import TuneOutcome
+
+    from .test_tuner import limits
+
+    outcome = TuneOutcome([], None, Recommendation({"num_workers": 2}, 1.0, None, ()), limits())
+    return _pairs_at_end(runner, LoaderConfig(batch_size=16), LoaderConfig(batch_size=16,
+                                                                           num_workers=2),
+                         outcome, None)
+
+
+def test_the_end_measures_more_pairs_while_the_claim_is_too_wide_to_make():
+    # the baseline's first two trials disagree by 30%: two more pairs narrow it to a claim
+    runner = FakeRunner({"baseline": [100.0, 130.0, 112.0, 118.0, 115.0],
+                         "final": [200.0, 205.0, 203.0, 202.0, 204.0]})
+    base, pick, result = _pairs(runner)
+    assert len(base) == len(pick) == 4 and result.too_wide  # still wider: no claim
+    assert result.speedup is None
+    steady = FakeRunner({"baseline": [100.0, 102.0, 101.0], "final": [200.0, 203.0, 201.0]})
+    base, pick, result = _pairs(steady)
+    assert len(pick) == claim.CLAIM_PAIRS and result.speedup == pytest.approx(201.5 / 101.0)
+    assert steady.phases == ["baseline", "final", "final", "baseline"]
+
+
+def test_a_time_limit_spent_leaves_no_claim_and_says_why():
+    runner = FakeRunner({"baseline": [100.0], "final": [200.0]}, budget_s=0.0)
+    base, pick, result = _pairs(runner)
+    assert base == pick == [] and result.speedup is None
+    assert "time limit left no room" in result.note and runner.time_limit.reached

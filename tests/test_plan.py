@@ -1,0 +1,64 @@
+"""What a tune will take, said before it is spent: trials counted in batches, seconds from the
+first batch and then from the cost model; the user's limit is hard."""
+
+import pytest
+
+from dataloader_tuner.record.trials import TunePlan
+from dataloader_tuner.tune import plan
+from dataloader_tuner.tune.costmodel import CostProfile
+
+
+def test_a_trial_is_its_warm_up_and_twenty_steady_batches():
+    assert plan.trial_seconds(1.0, 0) == pytest.approx(21.0)  # 1 warm-up batch + 20
+    assert plan.trial_seconds(0.5, 2) == pytest.approx(24 * 0.5 + plan.FORK_S)  # 2 x 2 warm-up
+    assert plan.trial_seconds(0.0001, 0) == pytest.approx(0.6)  # never under the window
+    # workers restarted at each of 3 epochs the trial crosses
+    assert plan.trial_seconds(0.5, 2, restarts=3, restart_s=1.0) == pytest.approx(
+        12.0 + plan.FORK_S + 3.0)
+
+
+def test_the_imagenet_style_tune_is_announced_in_minutes():
+    # ~0.95 s a batch of 256 in the main process, 2 cores; the module's 4 workers restart
+    # every 4-batch epoch
+    base = plan.Baseline(num_workers=4, persistent_workers=False, epoch_batches=4)
+    predicted, counts = plan.first_counts(2.0, 32)
+    assert (predicted, counts) == (2, [0, 1, 2, 3])
+    made = plan.plan_tune(plan.guessed_batch_s(0.95, 2.0), 0.95, 2.0, counts, predicted, base,
+                          spent_s=1.0, measured=0, budget_s=None, known=False)
+    assert 120 < made.estimated_s < 300, made.estimated_s
+    assert made.trials == 4 + plan.CONFIRM_TRIALS + 4
+    assert "each batch takes ~0.95 s" in made.text() and "min" in made.text()
+    assert not made.cut_short
+    limited = TunePlan(**{**made.to_dict(), "budget_s": 45.0})
+    assert limited.cut_short and "your limit of 45 s will cut it short" in limited.text()
+
+
+def test_after_the_probes_each_count_is_estimated_at_its_predicted_rate():
+    profile = CostProfile(serial_ms=100.0, cycle_ms=100.0, worker_ms=100.0, worker_cpu_ms=5.0,
+                          main_cpu_ms=0.5, step_ms=0.0, step_on_cpu=False, cpu_budget=2.0,
+                          batch_bytes=1e4, startup_s=0.1)
+    batch_s = plan.modelled_batch_s(profile)
+    assert batch_s(4) == pytest.approx(0.025)  # waiting work: 4 workers, 4 batches at once
+    base = plan.Baseline(0, False, None)
+    made = plan.plan_tune(batch_s, 0.1, 2.0, [7, 8, 9], 8, base, spent_s=5.0, measured=2,
+                          budget_s=None, known=True)
+    assert made.predicted_workers == 8 and made.trials == 2 + 3 + plan.CONFIRM_TRIALS + 4
+    assert "reaching 8 workers" in made.text()
+    same = plan.plan_tune(batch_s, 0.1, 2.0, [], 0, base, 5.0, 2, None, known=True)
+    assert same.trials == 2 + plan.CONFIRM_TRIALS  # the user's own count: no claim to measure
+    assert "predicts loading in the main process" in same.text()
+
+
+def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
+    now = [0.0]
+    limit = plan.TimeLimit(60.0, clock=lambda: now[0])
+    now[0] = 40.0
+    assert limit.left() == 20.0 and limit.fits(15.0) and not limit.reached
+    assert not limit.fits(25.0) and limit.reached
+    unlimited = plan.TimeLimit(None, clock=lambda: now[0])
+    assert unlimited.left() is None and unlimited.fits(1e9)
+
+
+def test_the_plan_survives_the_wire():
+    made = TunePlan(0.95, 12, 190.0, 2.0, predicted_workers=2, budget_s=45.0)
+    assert TunePlan.from_dict(made.to_dict()) == made
