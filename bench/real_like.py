@@ -3,7 +3,9 @@
 The corpus is tests/real/: dataset modules shaped like real users' (detection boxes, detectron2
 list batches, a JPEG folder, webdataset-style whole batches with batch_size=None, serialized
 records, a memmap store, long-tailed and many-class labels, a duck-typed table with UserDict
-batches, audio with a train_step, workers that print). Each module's settings (batch_size,
+batches, audio with a train_step, workers that print) and slow pipelines (SLOW: an ImageNet
+train transform at batch 256 with 4-batch epochs, a WAV -> log-Mel pipeline with a CPU CNN
+step, CPU-bound features with a CPU MLP step). Each module's settings (batch_size,
 collate_fn, sampler, dataloader_kwargs, train_step) and EXPECTED are the truth, and
 tests/real/plain_loop.py's plain_rate measures a plain DataLoader with them, independently of the
 tool. For each module, one row:
@@ -18,9 +20,11 @@ tool. For each module, one row:
      module's settings vs the same with the recommended kwargs on top (num_workers, pin_memory,
      prefetch_factor, persistent_workers, batch_size), paired; the median ratio. When the tool
      claims nothing, its note is printed instead.
-  4. pick/best: a plain num_workers grid (the module's other settings kept), passes in
-     alternating order (A..Z, Z..A, ...), the median per point; the pick's point over the best.
-     The grid's best is the maximum of noisy points, so it is biased high (bench/tune_quality.py).
+  4. pick/best: a plain grid of num_workers x persistent_workers (False, and True where
+     num_workers > 0; the module's other settings kept), passes in alternating order (A..Z,
+     Z..A, ...), the median per point; the pick's point (its num_workers, persistent_workers and
+     prefetch_factor) over the best. The grid's best is the maximum of noisy points, so it is
+     biased high (bench/tune_quality.py).
   5. 3. is repeated (--repeats) with a fresh tune each time, to show whether the pick is stable;
      the grid is measured once, after the tunes, with every pick on it.
 
@@ -33,19 +37,27 @@ the odd pair a noisy neighbour spoils. Pairs cannot rescue a run made while anot
 shares the cores: loading in the main process with torch ops (webdataset_style at num_workers=0)
 then swings from ~280k to ~6k samples/s between runs seconds apart, so run it on a quiet machine.
 
-With a train_step (audio_like), the rates here are load-only (the profile runs with step_ms=0,
-as plain_rate loads only), but the tuner, as users run it, feeds the step: its claim includes
-the step and it picks the fewest workers that keep the step fed, so its pick may fall below the
-load-only grid's best by design. The row is kept and marked.
+Plain loops, as a job runs them: each times at least --min-batches batches (besides --seconds),
+so a pipeline of ~1 s batches is timed over tens of batches; when an epoch is short (no more
+batches than the warm-up or --min-batches), the first epoch is the warm-up and whole epochs are
+timed, so non-persistent workers restart (and pay their start-up) every epoch as in a job.
+
+With a train_step (audio_like, audio_mel, cpu_mlp; marked * in the table), the plain loops of 3.
+and 4. are TRAINING loops: each batch fetched is passed to the module's train_step, the rate is
+samples/s of the whole loop; the tuner, as users run it, feeds the step too, so its claim and its
+pick are judged on what a job gets. 1. and 2. stay load-only (the profile runs with step_ms=0).
 
 Workers and fixtures are memory-heavy; run it under the memory cap, which covers the whole
 process tree (engine children, plain loops, their workers):
 
-    ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--seconds 3]
-        [--pairs 3] [--repeats 3] [--passes 3] [--budget-s 45] [--quick] [--json PATH]
+    ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--slow] [--seconds 3]
+        [--min-batches 20] [--pairs 3] [--repeats 3] [--passes 3] [--budget-s S] [--quick]
+        [--json PATH]
 
---quick: 1 pair, 1 repeat, one grid pass over 0, 2, 4 workers and the pick (unless given): a
-smoke run. The tables print "!" beside a figure that misses its target.
+--only NAME: the modules whose name contains NAME; --slow: only the SLOW pipelines.
+--quick: 1 pair, 1 repeat, one grid pass over 0, 2, 4 workers (each also persistent) and the
+pick, at least 8 batches per loop (unless given): a smoke run. The tables print "!" beside a
+figure that misses its target; a pick shown as "4p" has persistent_workers=True.
 """
 
 from __future__ import annotations
@@ -67,18 +79,22 @@ import psutil  # noqa: E402
 from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
 from tests.real.plain_loop import load_module  # noqa: E402
 
+# Slow pipelines (~0.1-1 s a batch; two with a CPU train_step): minutes per module.
+SLOW = ["imagenet_like", "audio_mel", "cpu_mlp"]
 MODULES = ["detection", "detectron2_style", "jpeg_folder", "webdataset_style",
            "copy_on_read_fixed", "memmap_store", "long_tail", "many_classes", "duck_typed",
-           "audio_like", "noisy_worker"]
+           "audio_like", "noisy_worker"] + SLOW
 LATENCY_LIKE = {"copy_on_read_fixed", "memmap_store"}  # per-sample waits: more workers pay
 GRID = [0, 1, 2, 3, 4, 6, 8]
 GRID_LATENCY = GRID + [12, 16]
 GRID_QUICK = [0, 2, 4]
 CLAIM_TOLERANCE = 0.15
-# The plain loop in a fresh interpreter: its result is the last line of stdout.
+MIN_BATCHES, MIN_BATCHES_QUICK = 20, 8
+# The plain loop in a fresh interpreter: its result is the last line of stdout. argv: target,
+# seconds, DataLoader overrides (JSON), plain_rate's options (JSON: with_step, min_batches, ...).
 PLAIN_CHILD = ("import json, sys; from tests.real.plain_loop import plain_rate; "
                "print(json.dumps(plain_rate(sys.argv[1], float(sys.argv[2]), "
-               "**json.loads(sys.argv[3]))))")
+               "**json.loads(sys.argv[4]), **json.loads(sys.argv[3]))))")
 LEGEND = ("targets: reported/plain 0.95-1.05; claimed/verified within 0.85-1.15; "
           "pick/best >= 0.95; the same pick every repeat (! marks a miss)")
 
@@ -89,16 +105,20 @@ class BenchError(Exception):
 
 # -- one measurement each -----------------------------------------------------------------------
 
-def plain(target: str, seconds: float, overrides: dict | None = None) -> dict:
-    """plain_rate in a fresh process: {samples_per_s, batches_per_s, ...}. Waited for; on a
-    timeout its whole process group (the loop's workers too) is killed and reaped."""
-    cmd = [sys.executable, "-c", PLAIN_CHILD, target, str(seconds), json.dumps(overrides or {})]
+def plain(target: str, seconds: float, overrides: dict | None = None,
+          options: dict | None = None) -> dict:
+    """plain_rate in a fresh process: {samples_per_s, batches_per_s, ...}; ``options`` are
+    plain_rate's own (with_step, min_batches, whole_epochs). Waited for; on a timeout its
+    whole process group (the loop's workers too) is killed and reaped."""
+    options = options or {}
+    cmd = [sys.executable, "-c", PLAIN_CHILD, target, str(seconds), json.dumps(overrides or {}),
+           json.dumps(options)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=seconds + 300)
+        out, err = proc.communicate(timeout=seconds + 300 + 10 * options.get("min_batches", 0))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -189,10 +209,33 @@ def recommended_overrides(own: dict, rec: dict) -> dict:
             "persistent_workers": bool(rec.get("persistent_workers")) if n else False}
 
 
-def workers_overrides(n: int) -> dict:
-    """A grid point: only num_workers changes (and what DataLoader refuses without workers)."""
-    return {"num_workers": n} if n else {"num_workers": 0, "prefetch_factor": None,
-                                         "persistent_workers": False}
+def point_key(settings: dict) -> tuple:
+    """A grid point as (num_workers, persistent_workers, prefetch_factor), as DataLoader applies
+    them (prefetch_factor None means its default, 2)."""
+    _, n, _, prefetch, persistent = effective(settings)
+    return (n, persistent, prefetch)
+
+
+def point_overrides(key: tuple) -> dict:
+    """A grid point's overrides: the worker settings only (the module's others kept), and
+    what DataLoader refuses without workers."""
+    n, persistent, prefetch = key
+    if not n:
+        return {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
+    return {"num_workers": n, "persistent_workers": persistent, "prefetch_factor": prefetch}
+
+
+def point_label(key: tuple, base_prefetch: int = 2) -> str:
+    """"4" / "4p" (persistent), with "/pf3" when its prefetch_factor is not the grid's."""
+    n, persistent, prefetch = key
+    return (f"{n}{'p' if persistent else ''}"
+            + (f"/pf{prefetch}" if n and prefetch != base_prefetch else ""))
+
+
+def loop_options(args, with_step: bool) -> dict:
+    """plain_rate's options for the loops judging the tuner: training loops when the module has
+    a train_step, at least --min-batches batches, whole epochs when epochs are short."""
+    return {"with_step": with_step, "min_batches": args.min_batches, "whole_epochs": True}
 
 
 def describe(settings: dict) -> str:
@@ -206,8 +249,17 @@ def describe(settings: dict) -> str:
 def reported_vs_plain(target: str, expected_per_batch: int | None, args) -> dict:
     """1. and 2.: the tool's reported rate over plain_rate's, and the cost per batch; with the
     samples per batch each counted, against the module's EXPECTED (short last batches aside)."""
-    runs = interleaved(lambda: profiled(target, args.seconds),
-                       lambda: plain(target, args.seconds), args.pairs)
+    profile_s = [args.seconds]
+
+    def measure_plain() -> dict:
+        result = plain(target, args.seconds, options={"min_batches": args.min_batches})
+        if result["seconds"] > 1.2 * args.seconds:  # slow batches: --min-batches ruled
+            profile_s[0] = result["seconds"]  # the profile runs as long as that loop timed
+        return result
+
+    # plain first in the first pair: the profile's length follows the plain loop's
+    runs = [(tool, base) for base, tool in interleaved(
+        measure_plain, lambda: profiled(target, profile_s[0]), args.pairs)]
     ratios = [tool["samples_per_s"] / base["samples_per_s"] for tool, base in runs]
     costs = [1e6 * (1 / tool["batches_per_s"] - 1 / base["batches_per_s"]) for tool, base in runs]
     for i, ((tool, base), ratio, cost) in enumerate(zip(runs, ratios, costs), 1):
@@ -224,22 +276,27 @@ def reported_vs_plain(target: str, expected_per_batch: int | None, args) -> dict
             "ratios": ratios, "costs_us": costs, "samples_per_batch": per_batch}
 
 
-def tune_and_verify(target: str, own: dict, args) -> dict:
-    """3.: one tune; its claimed speedup against the verified one, plain and paired."""
+def tune_and_verify(target: str, own: dict, args, with_step: bool = False) -> dict:
+    """3.: one tune; its claimed speedup against the verified one, plain (training loops when
+    the module has a train_step) and paired."""
     started = time.monotonic()
     doc = engine_run(RunRequest(target=target, kind="tune", budget_s=args.budget_s))
     tune_s = time.monotonic() - started
     baseline = doc.get("baseline") or {}
+    plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else {}
     overrides = recommended_overrides(own, doc["recommended"])
-    result = {"pick": overrides, "tune_s": tune_s, "claimed": baseline.get("speedup"),
+    options = loop_options(args, with_step)
+    result = {"pick": overrides, "pick_key": point_key(overrides), "tune_s": tune_s,
+              "tuning_seconds": doc.get("tuning_seconds"), "announced_s": plan.get("announced_s"),
+              "claimed": baseline.get("speedup"),
               "claimed_pct": baseline.get("speedup_pct"), "note": baseline.get("speedup_note"),
               "expected_samples_per_s": doc.get("expected_samples_per_s"),
               "baseline_samples_per_s": baseline.get("samples_per_s")}
     if effective(overrides) == effective(own):
         result.update(verified=1.0, verified_ratios=[], same=True)  # identical: nothing to run
     else:
-        runs = interleaved(lambda: plain(target, args.seconds),
-                           lambda: plain(target, args.seconds, overrides), args.pairs)
+        runs = interleaved(lambda: plain(target, args.seconds, options=options),
+                           lambda: plain(target, args.seconds, overrides, options), args.pairs)
         ratios = [rec["samples_per_s"] / base["samples_per_s"] for base, rec in runs]
         result.update(verified=statistics.median(ratios), verified_ratios=ratios, same=False,
                       plain_baseline=[base["samples_per_s"] for base, _ in runs],
@@ -249,35 +306,59 @@ def tune_and_verify(target: str, own: dict, args) -> dict:
     return result
 
 
-def print_tune(number: int, tune: dict) -> None:
-    claim = (f"claimed {tune['claimed']:.2f}x ±{tune['claimed_pct'] or 0:.0f}%"
-             if tune["claimed"] is not None else f"no claim ({tune['note']})")
+def claim_interval(tune: dict) -> tuple[float, float] | None:
+    """The claim's interval: speedup x (1 -/+ speedup_pct %)."""
+    if tune["claimed"] is None:
+        return None
+    pct = (tune["claimed_pct"] or 0) / 100
+    return tune["claimed"] * (1 - pct), tune["claimed"] * (1 + pct)
+
+
+def seconds_text(value) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+def print_tune(number: int, tune: dict, with_step: bool = False) -> None:
+    interval = claim_interval(tune)
+    claim = (f"claimed {tune['claimed']:.2f}x ±{tune['claimed_pct'] or 0:.0f}% "
+             f"[{interval[0]:.2f}-{interval[1]:.2f}]"
+             if interval is not None else f"no claim ({tune['note']})")
     verified = ("verified 1.00x (same settings as the module's)" if tune["same"] else
                 f"verified {tune['verified']:.2f}x [" + " ".join(
                     f"{p:.0f}/{b:.0f}" for p, b in zip(tune["plain_pick"], tune["plain_baseline"]))
                 + " samples/s]")
     ratio = (f"; claimed/verified {tune['claim_ratio']:.2f}"
              if tune["claim_ratio"] is not None else "")
-    print(f"  tune {number} ({tune['tune_s']:.0f} s): pick {describe(tune['pick'])}\n"
+    print(f"  tune {number} ({tune['tune_s']:.0f} s; tuning_seconds "
+          f"{seconds_text(tune['tuning_seconds'])}, announced "
+          f"{seconds_text(tune['announced_s'])}): pick {describe(tune['pick'])}\n"
           f"    tool: baseline {tune['baseline_samples_per_s'] or 0:.0f}/s, pick expected "
           f"{tune['expected_samples_per_s'] or 0:.0f}/s, {claim}\n"
-          f"    plain: {verified}{ratio}", flush=True)
+          f"    plain{' training loops' if with_step else ''}: {verified}{ratio}", flush=True)
 
 
-def grid_points(name: str, quick: bool, picks: list[int]) -> list[int]:
+def grid_points(name: str, quick: bool, own: dict, picks: list[tuple]) -> list[tuple]:
+    """num_workers in the grid x persistent_workers (True only with workers), at the module's
+    prefetch_factor, and every pick's own point."""
     base = GRID_QUICK if quick else (GRID_LATENCY if name in LATENCY_LIKE else GRID)
-    return sorted(set(base) | set(picks))
+    prefetch = own["prefetch_factor"] or 2
+    points = {(0, False, None)}
+    points |= {(n, persistent, prefetch) for n in base if n for persistent in (False, True)}
+    return sorted(points | set(picks), key=lambda k: (k[0], k[1], k[2] or 0))
 
 
-def grid(target: str, points: list[int], args) -> dict[int, float]:
-    """4.: plain samples/s by num_workers, passes in alternating order, the median per point."""
-    rates: dict[int, list[float]] = {n: [] for n in points}
+def grid(target: str, points: list[tuple], args, options: dict,
+         base_prefetch: int = 2) -> dict[tuple, float]:
+    """4.: plain samples/s by point (training loops when options say so), passes in
+    alternating order, the median per point."""
+    rates: dict[tuple, list[float]] = {key: [] for key in points}
     for pass_no in range(args.passes):
-        for n in (points if pass_no % 2 == 0 else points[::-1]):
-            rates[n].append(plain(target, args.seconds, workers_overrides(n))["samples_per_s"])
+        for key in (points if pass_no % 2 == 0 else points[::-1]):
+            rates[key].append(plain(target, args.seconds, point_overrides(key),
+                                    options)["samples_per_s"])
         print(f"  grid pass {pass_no + 1}: " + ", ".join(
-            f"{n}:{rates[n][-1]:.0f}" for n in points), flush=True)
-    return {n: statistics.median(v) for n, v in rates.items()}
+            f"{point_label(k, base_prefetch)}:{rates[k][-1]:.0f}" for k in points), flush=True)
+    return {key: statistics.median(v) for key, v in rates.items()}
 
 
 # -- one module, the table ------------------------------------------------------------------
@@ -286,24 +367,32 @@ def bench_module(name: str, args) -> dict:
     target = os.path.join(ROOT, "tests", "real", f"{name}.py")
     module, _ = load_module(target)
     own = own_settings(module)
-    row = {"module": name, "own": own, "train_step": callable(getattr(module, "train_step", None)),
+    with_step = callable(getattr(module, "train_step", None))
+    row = {"module": name, "own": own, "train_step": with_step,
            "samples_per_batch": module.EXPECTED.get("samples_per_batch")}
+    base_prefetch = own["prefetch_factor"] or 2
     print(f"\n== {name} ({describe(own)}{', train_step' if row['train_step'] else ''})",
           flush=True)
     try:
         row["profile"] = reported_vs_plain(target, row["samples_per_batch"], args)
         row["tunes"] = []
         for number in range(1, args.repeats + 1):
-            row["tunes"].append(tune_and_verify(target, own, args))
-            print_tune(number, row["tunes"][-1])
-        picks = [t["pick"]["num_workers"] for t in row["tunes"]]
-        rates = grid(target, grid_points(name, args.quick, picks), args)
+            row["tunes"].append(tune_and_verify(target, own, args, with_step))
+            print_tune(number, row["tunes"][-1], with_step)
+        picks = [t["pick_key"] for t in row["tunes"]]
+        rates = grid(target, grid_points(name, args.quick, own, picks), args,
+                     loop_options(args, with_step), base_prefetch)
         best = max(rates, key=rates.get)
-        row["grid"], row["grid_best"] = rates, best
         for tune in row["tunes"]:
-            tune["pick_score"] = rates[tune["pick"]["num_workers"]] / rates[best]
-        print("  grid median: " + ", ".join(f"{n}:{r:.0f}" for n, r in rates.items())
-              + f"; best {best}; picks {picks} score "
+            tune["pick_score"] = rates[tune["pick_key"]] / rates[best]
+            tune["pick_label"] = point_label(tune["pick_key"], base_prefetch)
+        # labels as keys: the JSON rows need string keys
+        row["grid"] = {point_label(k, base_prefetch): r for k, r in rates.items()}
+        row["grid_best"] = point_label(best, base_prefetch)
+        print(f"  grid median{' (training loops)' if with_step else ''}: "
+              + ", ".join(f"{point_label(k, base_prefetch)}:{r:.0f}" for k, r in rates.items())
+              + f"; best {row['grid_best']}; picks "
+              + "[" + ", ".join(t["pick_label"] for t in row["tunes"]) + "] score "
               + " ".join(f"{t['pick_score']:.2f}" for t in row["tunes"]), flush=True)
     except BenchError as exc:
         row["error"] = str(exc)
@@ -333,7 +422,7 @@ def tune_cells(number: int, tune: dict, stable: bool) -> str:
     ratio, score = tune["claim_ratio"], tune.get("pick_score")
     ratio_text = "-" if ratio is None else mark(f"{ratio:9.2f}", abs(ratio - 1) <= CLAIM_TOLERANCE)
     score_text = "-" if score is None else mark(f"{score:9.2f}", score >= 0.95)
-    pick = mark(f"{tune['pick']['num_workers']:4d}", stable)
+    pick = mark(f"{tune.get('pick_label') or point_label(tune['pick_key']):>4s}", stable)
     return (f"  {number:3d} {pick} {claimed:>12s} {tune['verified']:8.2f}x "
             f"{ratio_text:>10s} {score_text:>10s}")
 
@@ -345,7 +434,7 @@ def table_lines(row: dict) -> list[str]:
         return [head + f"FAILED: {row.get('error')}"]
     head += profile_cells(row)
     tunes = row.get("tunes", [])
-    stable = len({t["pick"]["num_workers"] for t in tunes}) <= 1
+    stable = len({t["pick_key"] for t in tunes}) <= 1
     lines = [(head if number == 1 else " " * len(head)) + tune_cells(number, tune, stable)
              for number, tune in enumerate(tunes, 1)] or [head]
     if "error" in row:
@@ -358,9 +447,9 @@ def notes(rows: list[dict]) -> list[str]:
     out = []
     for row in rows:
         if row["train_step"]:
-            out.append(f"{row['module']}*: has a train_step; rates are load-only (plain_rate), the "
-                       "tuner's claim includes the step and its pick keeps the step fed, so "
-                       "claim/ver and pick/best are on load rates, not the step's idle")
+            out.append(f"{row['module']}*: has a train_step; claim/ver and pick/best are on plain "
+                       "TRAINING loops (each batch through train_step), as the tuner feeds the "
+                       "step; reported/plain and cost/batch are load-only")
         for number, tune in enumerate(row.get("tunes", []), 1):
             if tune["claimed"] is None:
                 out.append(f"{row['module']} tune {number}: {tune['note']}")
@@ -377,30 +466,41 @@ def left_behind() -> list[str]:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="only the modules whose name contains this")
+    parser.add_argument("--slow", action="store_true",
+                        help=f"only the slow pipelines ({', '.join(SLOW)})")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--min-batches", type=int,
+                        help=f"batches each plain loop times at least ({MIN_BATCHES}; "
+                             f"{MIN_BATCHES_QUICK} with --quick)")
     parser.add_argument("--pairs", type=int, help="interleaved pairs per comparison (3)")
     parser.add_argument("--repeats", type=int, help="tunes per module (3)")
     parser.add_argument("--passes", type=int, help="grid passes (3)")
-    parser.add_argument("--budget-s", type=float, default=45.0, help="the tuner's budget")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="the tuner's hard time limit (default: none, as users run it)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 1 pair, 1 repeat, 1 grid pass over 0, 2, 4 and the "
-                             "pick, unless given")
+                        help="smoke run: 1 pair, 1 repeat, 1 grid pass over 0, 2, 4 (each also "
+                             f"persistent) and the pick, {MIN_BATCHES_QUICK} batches per loop, "
+                             "unless given")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
     default = 1 if args.quick else 3
     for name in ("pairs", "repeats", "passes"):
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.min_batches is None:
+        args.min_batches = MIN_BATCHES_QUICK if args.quick else MIN_BATCHES
     return args
 
 
 def main() -> None:
     args = parse_args()
-    names = [n for n in MODULES if not args.only or args.only in n]
+    names = [n for n in (SLOW if args.slow else MODULES) if not args.only or args.only in n]
     if not names:
         raise SystemExit(f"no module matches {args.only!r}; modules: {', '.join(MODULES)}")
-    print(f"{len(names)} module(s); {args.seconds:g} s per measurement, {args.pairs} pair(s), "
-          f"{args.repeats} tune(s) of {args.budget_s:g} s, {args.passes} grid pass(es)")
+    print(f"{len(names)} module(s); {args.seconds:g} s and at least {args.min_batches} batches "
+          f"per measurement, {args.pairs} pair(s), {args.repeats} tune(s) "
+          + (f"of at most {args.budget_s:g} s" if args.budget_s else "(no time limit)")
+          + f", {args.passes} grid pass(es)")
     started = time.monotonic()
     rows = [bench_module(name, args) for name in names]
     print(f"\n{LEGEND}\n{HEADER}")

@@ -7,6 +7,16 @@ exactly the module's settings (``batch_size`` including ``None``, ``collate_fn``
 ``dataloader_kwargs``, ``worker_init_fn``), the overrides on top, and iterates it for
 ``seconds`` after a warm-up of ``max(1, num_workers * prefetch_factor)`` batches.
 
+Options (keyword-only, never passed to the DataLoader):
+- ``with_step=True``: a training loop: each batch, once fetched, is passed to the module's
+  ``train_step`` (warm-up batches too, as in a job); the rate is samples/s of the whole loop.
+- ``min_batches``: also time at least this many batches (slow batches: ``seconds`` alone
+  would time a handful).
+- ``whole_epochs=True``: when an epoch has no more batches than the warm-up or
+  ``min_batches`` (a short epoch), the first epoch is the warm-up and whole epochs are timed,
+  from one epoch's start (``iter(loader)``: non-persistent workers restarting) to an epoch's
+  end, so the restarts are paid as a job of many epochs pays them.
+
 Samples are counted without looking at what the tool would:
 - map-style with auto-batching: the indices the batch sampler hands out, by wrapping it;
 - iterable with auto-batching: the items handed to the collate function (the batch
@@ -154,20 +164,34 @@ def _shutdown(iterator) -> None:
         shutdown()
 
 
-def plain_rate(module_path_or_target: str | ModuleType, seconds: float, **overrides) -> dict:
-    """Samples per second of a plain DataLoader with the module's settings.
+def plain_rate(module_path_or_target: str | ModuleType, seconds: float, *,
+               with_step: bool = False, min_batches: int = 0, whole_epochs: bool = False,
+               **overrides) -> dict:
+    """Samples per second of a plain DataLoader with the module's settings (a training loop
+    through the module's ``train_step`` with ``with_step=True``).
 
-    Returns ``{"samples_per_s", "batches", "samples", "seconds"}`` counted after the warm-up.
+    Returns ``{"samples_per_s", "batches", "samples", "seconds", "epochs_timed"}`` counted
+    after the warm-up (``epochs_timed``: whole epochs timed, None unless whole epochs are).
     An epoch that ends early is followed by a new one, as in training.
     """
     module, attr = load_module(module_path_or_target)
+    step = None
+    if with_step:
+        step = getattr(module, "train_step", None)
+        if not callable(step):
+            raise LookupError(f"{module.__name__} has no train_step")
     dataset = build_dataset(module, attr)
     settings = loader_settings(module, dataset, **overrides)
     loader, unpack = counting_loader(dataset, settings)
     workers = loader.num_workers
     warmup = max(1, workers * (loader.prefetch_factor or 2))
-    seen = batches = samples = 0
-    start = None
+    try:
+        epoch_length = len(loader)
+    except TypeError:  # an iterable dataset without __len__
+        epoch_length = None
+    by_epoch = bool(whole_epochs and epoch_length and epoch_length <= max(warmup, min_batches))
+    seen = batches = samples = epochs = 0
+    start = stop = None
     iterator = iter(loader)
     try:
         while True:
@@ -176,29 +200,45 @@ def plain_rate(module_path_or_target: str | ModuleType, seconds: float, **overri
             except StopIteration:
                 if seen == 0:
                     break  # an empty epoch: nothing more will come
+                if by_epoch:
+                    if start is None:
+                        start = time.monotonic()  # the warm-up was the first epoch
+                    else:
+                        epochs += 1
+                        if (time.monotonic() - start >= seconds
+                                and batches >= min_batches):
+                            stop = time.monotonic()  # before the last shutdown
+                            break
                 if not loader.persistent_workers:
                     _shutdown(iterator)
                 iterator, seen = iter(loader), 0  # the next epoch, as in training
                 continue
             seen += 1
-            count, _ = unpack(item)
+            count, batch = unpack(item)
             del item
+            if step is not None:
+                step(batch)
+            del batch
             if start is None:
-                warmup -= 1
-                if warmup <= 0:
-                    start = time.monotonic()
+                if not by_epoch:
+                    warmup -= 1
+                    if warmup <= 0:
+                        start = time.monotonic()
                 continue
             batches += 1
             samples += count
-            if time.monotonic() - start >= seconds:
+            if (not by_epoch and time.monotonic() - start >= seconds
+                    and batches >= min_batches):
+                stop = time.monotonic()  # before the workers' shutdown
                 break
     finally:
         _shutdown(iterator)
         del iterator
         loader._iterator = None  # a persistent_workers loader keeps its iterator here
-    elapsed = time.monotonic() - start if start is not None else 0.0
+    elapsed = ((stop if stop is not None else time.monotonic()) - start
+               if start is not None else 0.0)
     return {"samples_per_s": samples / elapsed if elapsed > 0 else 0.0, "batches": batches,
-            "samples": samples, "seconds": elapsed}
+            "samples": samples, "seconds": elapsed, "epochs_timed": epochs if by_epoch else None}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The corpus fixtures themselves are right: each module builds, and one batch from a plain
 DataLoader (``num_workers=0``) holds exactly ``EXPECTED["samples_per_batch"]`` samples,
 counted twice: from the indices the batch sampler handed out and from the batch's contents.
+The slow pipelines' fixtures (imagenet_like: ~20 s to generate once, ~1 s a batch) are marked
+slow; their train_steps take one real batch.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import types
 from collections.abc import Mapping
 
 import pytest
@@ -15,10 +18,12 @@ import torch
 
 from tests.real import _data, plain_loop
 
+SLOW_FIXTURE = pytest.mark.slow  # a fixture that takes many seconds to build or to batch
 MODULES = [
     "detection", "detectron2_style", "jpeg_folder", "webdataset_style", "copy_on_read_leak",
     "copy_on_read_fixed", "memmap_store", "long_tail", "many_classes", "duck_typed",
-    "noisy_worker", "audio_like",
+    "noisy_worker", "audio_like", pytest.param("imagenet_like", marks=SLOW_FIXTURE),
+    "audio_mel", "cpu_mlp",
 ]
 CODES = {"worker_memory_growth", "skewed_labels"}
 WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")
@@ -50,6 +55,7 @@ def samples_in(batch) -> int:
 
 
 @pytest.mark.filterwarnings("ignore:fixture warning")
+@pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true")
 @pytest.mark.parametrize("name", MODULES)
 def test_one_batch_has_the_expected_samples(name):
     module = load(name)
@@ -78,6 +84,90 @@ def test_long_tail_counts_match_expected():
     assert counts == module.EXPECTED["label_counts"]
     assert max(counts.values()) / min(counts.values()) == module.EXPECTED["label_ratio"] == 22.0
     assert targets == sorted(targets)  # stored class-sorted, like ImageFolder
+
+
+@pytest.mark.parametrize("name", [pytest.param("imagenet_like", marks=SLOW_FIXTURE),
+                                  "audio_mel", "cpu_mlp"])
+def test_slow_pipelines_label_counts_match_expected(name):
+    module = load(name)
+    dataset = module.make_dataset()
+    targets = getattr(dataset, "targets", None)
+    if targets is None:  # cpu_mlp: label i % 10; items cost ~2 ms each, so check a few
+        assert [dataset[i][1] for i in range(20)] == [i % module.NUM_CLASSES for i in range(20)]
+        targets = [index % module.NUM_CLASSES for index in range(len(dataset))]
+    counts = {label: targets.count(label) for label in set(targets)}
+    assert counts == module.EXPECTED["label_counts"]
+
+
+@pytest.mark.slow
+def test_imagenet_like_is_imagefolder_shaped_with_train_transforms():
+    module = load("imagenet_like")
+    dataset = module.make_dataset()
+    assert len(dataset) == 1024 and dataset.classes == sorted(dataset.classes)
+    assert dataset.samples[0][0].endswith(".JPEG") and dataset.targets == sorted(dataset.targets)
+    image, label = dataset[0]
+    assert image.shape == (3, 224, 224) and image.dtype == torch.float32 and label == 0
+    assert -3.0 < float(image.min()) and float(image.max()) < 3.0  # normalised, not [0, 255]
+    assert module.dataloader_kwargs["num_workers"] == 4 and module.batch_size == 256
+
+
+@pytest.mark.parametrize("size", [(500, 375), (375, 500), (640, 480), (224, 224), (1000, 100)])
+def test_random_resized_crop_params_stay_inside_the_image(size):
+    module = load("imagenet_like")
+    width, height = size
+    for _ in range(200):
+        top, left, h, w = module.random_resized_crop_params(width, height)
+        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width and h and w
+
+
+@pytest.mark.parametrize("name", ["audio_mel", "cpu_mlp"])
+def test_slow_pipelines_train_step_takes_a_real_batch(name):
+    module = load(name)
+    dataset = module.make_dataset()
+    settings = plain_loop.loader_settings(module, dataset, num_workers=0, shuffle=False)
+    batch = next(iter(torch.utils.data.DataLoader(dataset, **settings)))
+    loss = module.train_step(batch)
+    assert isinstance(loss, float) and loss > 0
+
+
+def test_audio_mel_features_are_a_normalised_log_mel():
+    module = load("audio_mel")
+    features, label = module.make_dataset()[3]
+    assert features.shape == (1, module.N_MELS, 1 + module.RATE // module.HOP) and label == 3
+    assert abs(float(features.mean())) < 1e-3 and abs(float(features.std()) - 1) < 1e-2
+    tone = torch.sin(torch.arange(module.FILE_RATE) * 2 * torch.pi * 440 / module.FILE_RATE)
+    resampled = module.resample(tone, module.FILE_RATE, module.RATE)
+    assert resampled.shape == (module.RATE,)
+    assert float(resampled[1000:-1000].abs().max()) == pytest.approx(1.0, abs=0.01)
+
+
+def _counting_module(samples: int, batch_size: int) -> tuple[types.ModuleType, list]:
+    """A target module built in memory: a list dataset and a train_step that records batches."""
+    steps: list[int] = []
+    module = types.ModuleType("counting_target")
+    module.dataset = [torch.tensor([float(i)]) for i in range(samples)]
+    module.batch_size = batch_size
+    module.train_step = lambda batch: steps.append(len(batch))
+    return module, steps
+
+
+def test_plain_rate_with_step_runs_the_step_on_every_batch():
+    module, steps = _counting_module(64, 4)
+    result = plain_loop.plain_rate(module, 0.05, with_step=True, min_batches=5)
+    assert result["batches"] >= 5 and result["epochs_timed"] is None
+    assert len(steps) == 1 + result["batches"]  # the warm-up batch is stepped too
+    with pytest.raises(LookupError):
+        plain_loop.plain_rate(load("jpeg_folder"), 0.05, with_step=True)
+
+
+def test_plain_rate_times_whole_epochs_when_they_are_short():
+    # 10 samples in batches of 4: 4, 4, 2 an epoch; the first epoch is the warm-up, then whole
+    # epochs until at least 5 batches are timed: two epochs, 6 batches, 20 samples
+    module, steps = _counting_module(10, 4)
+    result = plain_loop.plain_rate(module, 0.0, with_step=True, min_batches=5, whole_epochs=True)
+    assert (result["batches"], result["samples"], result["epochs_timed"]) == (6, 20, 2)
+    assert steps == [4, 4, 2] * 3
+    assert result["samples_per_s"] == pytest.approx(result["samples"] / result["seconds"])
 
 
 def test_duck_typed_is_not_a_torch_dataset():

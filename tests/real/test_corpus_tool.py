@@ -20,7 +20,8 @@ from tests.real import plain_loop
 
 pytestmark = pytest.mark.slow
 CODES = ("worker_memory_growth", "skewed_labels")
-SECONDS = {"copy_on_read_leak": 20.0, "copy_on_read_fixed": 12.0, "memmap_store": 12.0}
+SECONDS = {"copy_on_read_leak": 20.0, "copy_on_read_fixed": 12.0, "memmap_store": 12.0,
+           "imagenet_like": 12.0, "audio_mel": 10.0, "cpu_mlp": 6.0}
 
 
 def target(name: str) -> str:
@@ -44,7 +45,7 @@ def profile(name: str) -> dict:
 @pytest.mark.parametrize("name", [
     "detection", "detectron2_style", "jpeg_folder", "webdataset_style", "duck_typed",
     "audio_like", "memmap_store", "long_tail", "many_classes", "noisy_worker",
-    "copy_on_read_leak", "copy_on_read_fixed",
+    "copy_on_read_leak", "copy_on_read_fixed", "imagenet_like", "audio_mel", "cpu_mlp",
 ])
 def test_counts_and_diagnostics_are_right(name):
     expected = importlib.import_module(f"tests.real.{name}").EXPECTED
