@@ -62,3 +62,30 @@ def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
 def test_the_plan_survives_the_wire():
     made = TunePlan(0.95, 12, 190.0, 2.0, predicted_workers=2, budget_s=45.0)
     assert TunePlan.from_dict(made.to_dict()) == made
+
+
+def _short_epochs(epochs: int, per_epoch: int, workers: int, refill_s: float, batch_s: float):
+    """Batches of ``workers`` persistent workers over epochs of ``per_epoch`` batches: each
+    epoch's first batch waits ``refill_s`` (the pipeline refilled), the others ``batch_s``."""
+    from tests.records import make_batches
+
+    rows, t = [], 0.0
+    for i, row in enumerate(make_batches(epochs * per_epoch, workers=workers)):
+        wait = refill_s if i % per_epoch == 0 else batch_s
+        rows.append(row._replace(epoch=i // per_epoch, t_request=t, wait_s=wait, step_s=0.0))
+        t += wait
+    return rows
+
+
+def test_a_trial_over_short_epochs_is_known_by_whole_epochs():
+    from dataloader_tuner.analyse import metrics
+    from dataloader_tuner.tune.trials import interval_block
+
+    rows = _short_epochs(epochs=8, per_epoch=4, workers=2, refill_s=1.0, batch_s=0.1)
+    warmup = 4
+    assert interval_block(rows, warmup, 2) == 4
+    by_round = metrics.rate_interval(rows, warmup, 2)
+    by_epoch = metrics.rate_interval(rows, warmup, 4)
+    assert by_epoch < 0.01 < 0.1 < by_round  # every block one epoch start: the same rate
+    # long epochs (fewer than three in the window): a round of workers, as before
+    assert interval_block(_short_epochs(2, 20, 2, 1.0, 0.1), 4, 2) == 2

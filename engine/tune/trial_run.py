@@ -22,7 +22,7 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.trials import (MIN_STEADY_BATCHES, MIN_WINDOW_S, TARGET_CI,
-                                         summarize_trial)
+                                         interval_block, summarize_trial)
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
               "worker_threads")
@@ -93,7 +93,7 @@ class TrialClock:
         if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
             return False
         self.checked_at = steady
-        ci = metrics.rate_interval(records, warmup, self.block)
+        ci = metrics.rate_interval(records, warmup, interval_block(records, warmup, self.block))
         return ci is not None and ci <= TARGET_CI
 
     def cap(self, elapsed: float) -> float:

@@ -3,6 +3,9 @@ record/trials.py TrialResult), and when a trial is conclusive."""
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
+
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import TrialResult
@@ -11,6 +14,22 @@ from dataloader_tuner.record.trials import TrialResult
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
 TARGET_CI = 0.04  # a trial runs until its samples/s is known to +-4% (95% confidence)
 MIN_WINDOW_S = 0.6  # ...over a steady window of at least this long
+
+
+def interval_block(records: list[BatchRecord], warmup: int, num_workers: int) -> int:
+    """Batches per block of a trial's rate interval (metrics.rate_interval): a round of workers,
+    or a whole epoch where epochs are short enough for three of them. Each epoch's start (the
+    pipeline's refill, restarted workers) then falls in every block alike; in blocks of a round
+    it fell in some only, and 2 persistent workers over 4-batch epochs measured +-22% where
+    their rate over whole epochs held within 3%."""
+    block = max(num_workers, 1)
+    per_epoch = Counter(r.epoch for r in records[warmup:])
+    whole = [per_epoch[e] for e in sorted(per_epoch)[1:-1]]  # the first and last are cut
+    if whole:
+        length = int(statistics.median(whole))
+        if block < length <= (len(records) - warmup) // 3:
+            block = length
+    return block
 
 
 def summarize_trial(
@@ -42,7 +61,7 @@ def summarize_trial(
     copies = [b.h2d_ms for b in measured if b.h2d_ms is not None]
     others = [b.h2d_other_ms for b in measured if b.h2d_other_ms is not None]
     idle = metrics.consumer_idle_fraction(records, steady) if has_consumer else None
-    ci = metrics.rate_interval(records, warmup, max(num_workers, 1))
+    ci = metrics.rate_interval(records, warmup, interval_block(records, warmup, num_workers))
     return TrialResult(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
