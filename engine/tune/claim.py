@@ -27,7 +27,7 @@ from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.instrument.threads import limits_threads
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.recommend import uncertainty_pct
+from dataloader_tuner.tune.recommend import spread_of, uncertainty_pct, within_pct
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 
 CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune...
@@ -187,8 +187,7 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
         return Claim(None, None, f"no speedup is claimed: the trials of {' and '.join(short)} "
                      f"were too short to believe (fewer than {MIN_STEADY_BATCHES} steady "
                      "batches); give the tuner a longer budget", base_side, pick_side)
-    pcts = [p for p in (pick_side.uncertainty_pct, base_side.uncertainty_pct) if p is not None]
-    pct = sum(p ** 2 for p in pcts) ** 0.5 if pcts else None
+    pct = ratio_uncertainty_pct(base_side, pick_side, epoch_items)
     ratio = pick_side.rate / base_side.rate
     if pct is not None and pct > CLAIM_WITHIN_PCT:
         return Claim(None, pct, f"no speedup is claimed: the pick measured {pick_side.rate:.0f} "
@@ -197,6 +196,24 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
                      f"to ±{pct:.0f}%, too loosely to act on (the machine's load or the data's "
                      "speed varied); verify it with Apply", base_side, pick_side, ratio)
     return Claim(ratio, pct, None, base_side, pick_side, ratio)
+
+
+def ratio_uncertainty_pct(base: Side, pick: Side, epoch_items: int | None) -> float | None:
+    """How well the pick's rate over the baseline's is known, in %: both sides' trial intervals
+    combined, or the spread of the per-pair ratios, whichever is wider. Each pair was measured
+    back to back, so a slow minute of the machine's slows both of its sides: the pairs' ratios
+    hold where the sides' own rates drifted (audio with a CPU step: its 0-worker trials ranged
+    141-177 samples/s, +-12% each side and +-13% combined, while its four pairs' ratios held
+    within +-9%)."""
+    withins = [p for p in (within_pct(base.trials), within_pct(pick.trials)) if p is not None]
+    within = sum(p ** 2 for p in withins) ** 0.5 if withins else None
+    pairs = [charged_rate(p, epoch_items) / charged_rate(b, epoch_items)
+             for b, p in zip(base.trials, pick.trials)]
+    known = [u for u in (within, spread_of(pairs)) if u is not None]
+    if not known:  # one trial each, without intervals: the sides' own figures
+        sides = [p for p in (pick.uncertainty_pct, base.uncertainty_pct) if p is not None]
+        return sum(p ** 2 for p in sides) ** 0.5 if sides else None
+    return max(known)
 
 
 def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:

@@ -3,8 +3,9 @@ user's time limit over it.
 
 NOTE [ A budget in batches ]
 
-    A trial is believed after its warm-up and MIN_STEADY_BATCHES steady batches (trials.py), so
-    a tune's cost is a count of batches, and its seconds follow from how long a batch takes:
+    A trial is believed after its warm-up and MIN_STEADY_BATCHES steady batches (trials.py),
+    CAP_BATCHES where its rate is slow to settle, so a tune's cost is a count of batches, and
+    its seconds follow from how long a batch takes:
     ~15 s for a loader of millisecond batches, minutes where a batch of 256 JPEGs takes a
     second. A budget in seconds fixed in advance (45 s, before) ran out on such a loader after
     measuring 0 and 1 workers, short of the count its own model named, and the end's claim
@@ -33,7 +34,7 @@ from dataloader_tuner.analyse.metrics import warmup_batches
 from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, MIN_WINDOW_S
+from dataloader_tuner.tune.trials import CAP_BATCHES, MIN_WINDOW_S
 
 CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
 FORK_S = 0.1  # a worker process started before it makes its first batch
@@ -42,8 +43,11 @@ FORK_S = 0.1  # a worker process started before it makes its first batch
 def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
                   ) -> float:
     """A trial of ``workers`` at ``batch_s`` a batch: its warm-up and steady batches (at least
-    its shortest window), its workers' start, and ``restarts`` epoch starts of ``restart_s``."""
-    batches = warmup_batches(workers, 2 if workers else 0) + MIN_STEADY_BATCHES
+    its shortest window), its workers' start, and ``restarts`` epoch starts of ``restart_s``.
+    Planned at its cap's CAP_BATCHES: a trial stops at MIN_STEADY_BATCHES where its rate is
+    known by then, but slow batches with a step or short epochs mostly ran to the cap (an
+    estimate at 20 announced 27 s for a 67 s tune)."""
+    batches = warmup_batches(workers, 2 if workers else 0) + CAP_BATCHES
     start = FORK_S if workers else 0.0
     return max(batches * batch_s, MIN_WINDOW_S) + start + restarts * restart_s
 
@@ -76,7 +80,7 @@ def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
     n = base.num_workers
     restarts, restart_s = 0, 0.0
     if n and not base.persistent_workers and base.epoch_batches:
-        trial_batches = warmup_batches(n, 2) + MIN_STEADY_BATCHES
+        trial_batches = warmup_batches(n, 2) + CAP_BATCHES
         restarts = math.ceil(trial_batches / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)

@@ -89,19 +89,28 @@ def median_idle(trials: list[TrialResult]) -> float | None:
 def uncertainty_pct(trials: list[TrialResult]) -> float | None:
     """How well the setting's samples/s is known, in %: the 95% interval of its trials (each
     trial's own, narrowed by repeats) or the spread between repeats, whichever is wider."""
-    cis = [t.rate_ci for t in trials if t.rate_ci is not None]
-    within = 100.0 * statistics.median(cis) / len(cis) ** 0.5 if cis else None
+    within = within_pct(trials)
     between = spread_pct(trials)
     known = [u for u in (within, between) if u is not None]
     return max(known) if known else None
 
 
+def within_pct(trials: list[TrialResult]) -> float | None:
+    """The trials' own 95% interval, narrowed by their number, in %."""
+    cis = [t.rate_ci for t in trials if t.rate_ci is not None]
+    return 100.0 * statistics.median(cis) / len(cis) ** 0.5 if cis else None
+
+
 def spread_pct(trials: list[TrialResult]) -> float | None:
     """Half the range of repeated measurements, as % of their median: the answer's own noise."""
-    if len(trials) < 2:
+    return spread_of([t.samples_per_s for t in trials])
+
+
+def spread_of(values: list[float]) -> float | None:
+    """Half the range of repeated values, as % of their median (None for fewer than two)."""
+    if len(values) < 2:
         return None
-    rates = [t.samples_per_s for t in trials]
-    return 50.0 * (max(rates) - min(rates)) / statistics.median(rates)
+    return 50.0 * (max(values) - min(values)) / statistics.median(values)
 
 
 def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = None

@@ -21,8 +21,8 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
-from dataloader_tuner.tune.trials import (MIN_STEADY_BATCHES, MIN_WINDOW_S, TARGET_CI,
-                                         interval_block, summarize_trial)
+from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
+                                         TARGET_CI, interval_block, summarize_trial)
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
               "worker_threads")
@@ -30,8 +30,7 @@ PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
 # ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
 # NOTE [ A budget in batches ], plan.py)...
-HARD_CAP_S = 120.0
-CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # ...to leave room for this many batches after warm-up
+HARD_CAP_S = 120.0  # ...leaving room for CAP_BATCHES after warm-up (trials.py)
 
 
 def workers_private_mb() -> float | None:

@@ -14,6 +14,7 @@ from dataloader_tuner.record.trials import TrialResult
 MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
 TARGET_CI = 0.04  # a trial runs until its samples/s is known to +-4% (95% confidence)
 MIN_WINDOW_S = 0.6  # ...over a steady window of at least this long
+CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # a trial's time cap leaves room for this many
 
 
 def interval_block(records: list[BatchRecord], warmup: int, num_workers: int) -> int:
