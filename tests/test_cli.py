@@ -192,3 +192,36 @@ def test_the_tuner_never_picks_more_workers_than_shm_holds(db_path):
     cap = doc["limits"]["memory_max_workers"]  # 0 or 1 as /dev/shm's own use leaves room
     assert cap in (0, 1) and workers <= cap
     assert any("Memory allows at most" in r for r in doc["reasons"])
+
+
+def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_path):
+    """The plan is said before the first trial; the limit is hard, the end's claim included;
+    the pick's first line says the predicted count was not measured."""
+    result = cli("tune", dataset_path("slow_batches.py"), "--budget-s", "3", "--json",
+                 db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    progress = result.stderr.splitlines()
+    plan_line = next(i for i, line in enumerate(progress) if "this tune needs ~" in line)
+    first_trial = next(i for i, line in enumerate(progress) if "num_workers=" in line)
+    assert plan_line < first_trial and "will cut it short" in progress[plan_line]
+    assert doc["tuning_seconds"] < 3 + 1.5, doc["tuning_seconds"]  # shutting the last down
+    assert doc["reasons"][0].startswith("Not the predicted best: your 3 s time limit"), \
+        doc["reasons"][0]
+    assert doc["plan"]["budget_s"] == 3 and doc["plan"]["announced_s"] > 3
+    assert doc["baseline"]["speedup"] is None or doc["baseline"]["speedup"] == 1.0
+
+
+@pytest.mark.slow  # a real tune of ~25 s
+def test_a_tune_without_a_limit_measures_the_count_its_model_predicts(db_path):
+    result = cli("tune", dataset_path("slow_batches.py"), "--max-workers", "6", "--json",
+                 db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    predicted = doc["plan"]["predicted_workers"]
+    assert predicted == 6  # waiting work: as many workers as allowed
+    assert predicted in {t["num_workers"] for t in doc["trials"]}
+    assert doc["recommended"]["num_workers"] >= 5
+    assert not any("time limit" in r for r in doc["reasons"])
+    # announced before it was spent, and not far off
+    assert 0.4 < doc["plan"]["announced_s"] / doc["tuning_seconds"] < 2.5, doc["plan"]

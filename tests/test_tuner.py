@@ -99,15 +99,19 @@ def test_consumer_picks_fewest_workers_that_keep_it_fed():
 
 
 def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
-    clock = iter(range(0, 1000, 10))
+    now = [0.0]
     sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
-    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
-                  time_limit=TimeLimit(35, clock=lambda: next(clock)), batch_size=16)
+
+    def seven_seconds_each(spec):
+        now[0] += 7.0
+        return sim(spec)
+    tuner = Tuner(seven_seconds_each, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=TimeLimit(14, clock=lambda: now[0]), batch_size=16)
     outcome = tuner.run()
     assert outcome.stopped_by_budget
     assert sim.calls == [0, 1]  # the predicted count's trial did not fit the time left
     first = outcome.recommendation.reasons[0]
-    assert first.startswith("Not the predicted best: your 35 s time limit ran out before 32 "
+    assert first.startswith("Not the predicted best: your 14 s time limit ran out before 32 "
                             "workers"), first
 
 

@@ -50,7 +50,6 @@ class TrialSpec:
     num_workers: int
     phase: str = "search"
     repeat: int = 0
-    max_s: float | None = None  # what the user's time limit leaves it (None: no limit)
 
 
 @dataclass
@@ -124,7 +123,7 @@ class Tuner:
         # The first trial always starts (cut at the limit): without it there is nothing.
         if self.trials and not self.time_limit.fits(self._trial_seconds(n)):
             return done
-        trial = self.measure_fn(TrialSpec(n, phase, repeat, self.time_limit.left()))
+        trial = self.measure_fn(TrialSpec(n, phase, repeat))
         if trial is not None:
             self.trials.append(trial)
             self.on_trial(trial)
@@ -195,11 +194,16 @@ class Tuner:
         limit = self.time_limit.budget_s or 0.0
         measured = ", ".join(str(n) for n in self._measured())
         pick = recommendation.kwargs["num_workers"]
-        if self.predicted is not None and self.predicted not in self._measured():
+        if self.predicted is None:
+            return (f"Not the predicted best: your {limit:g} s time limit ran out before the "
+                    "cost model could be learnt (it needs 0 and 1 worker measured). "
+                    f"{pick} workers is the best of the counts measured ({measured}). "
+                    "Tune again without a time limit (its plan says how long that takes).")
+        if self.predicted not in self._measured():
             return (f"Not the predicted best: your {limit:g} s time limit ran out before "
                     f"{self.predicted} workers, the count the cost model predicts, could be "
                     f"measured. {pick} workers is the best of the counts measured ({measured}). "
-                    "Tune again without --budget-s (the plan above says how long that takes).")
+                    "Tune again without a time limit (its plan says how long that takes).")
         return (f"Your {limit:g} s time limit ended the search early: {pick} workers is the best "
                 f"of the counts measured ({measured}), the predicted count among them; "
                 "neighbours or repeats were left out, so it is less sure.")
