@@ -16,7 +16,9 @@ NOTE [ A budget in batches ]
       with a consumer, two confirming repeats, and the end's claim (the user's settings and
       the pick in turn, claim.CLAIM_PAIRS times). Its seconds are estimated from the first
       batch's time, then again from the model once the probes have measured (each count at
-      its predicted rate), and announced (the Plan event: the CLI's line, the page's progress).
+      its predicted rate), and announced (the Plan event: the CLI's line, the page's progress)
+      as a range: trials that settle at MIN_STEADY_BATCHES and two pairs at the end, and at
+      most every trial at its cap and the end's widest claim (MAX_CLAIM_PAIRS).
     - Without a limit the search runs to its end: the plan is what it will take.
     - A limit the user sets (--budget-s) is a hard ceiling over everything, the end's claim
       included: a trial starts only where its estimate fits the time left, and is cut at the
@@ -32,22 +34,21 @@ from typing import Callable, Iterable
 
 from dataloader_tuner.analyse.metrics import warmup_batches
 from dataloader_tuner.record.trials import TunePlan
-from dataloader_tuner.tune.claim import CLAIM_PAIRS
+from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import CAP_BATCHES, MIN_WINDOW_S
+from dataloader_tuner.tune.trials import CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S
 
 CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
 FORK_S = 0.1  # a worker process started before it makes its first batch
 
 
-def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
-                  ) -> float:
-    """A trial of ``workers`` at ``batch_s`` a batch: its warm-up and steady batches (at least
-    its shortest window), its workers' start, and ``restarts`` epoch starts of ``restart_s``.
-    Planned at its cap's CAP_BATCHES: a trial stops at MIN_STEADY_BATCHES where its rate is
-    known by then, but slow batches with a step or short epochs mostly ran to the cap (an
-    estimate at 20 announced 27 s for a 67 s tune)."""
-    batches = warmup_batches(workers, 2 if workers else 0) + CAP_BATCHES
+def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0,
+                  steady: float = MIN_STEADY_BATCHES) -> float:
+    """A trial of ``workers`` at ``batch_s`` a batch: its warm-up and ``steady`` batches (at
+    least its shortest window), its workers' start, and ``restarts`` epoch starts of
+    ``restart_s``. A trial stops at MIN_STEADY_BATCHES where its rate is known by then, and at
+    its cap's CAP_BATCHES where not (slow batches with a CPU step mostly ran there)."""
+    batches = warmup_batches(workers, 2 if workers else 0) + steady
     start = FORK_S if workers else 0.0
     return max(batches * batch_s, MIN_WINDOW_S) + start + restarts * restart_s
 
@@ -74,18 +75,19 @@ class Baseline:
 
 
 def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
-                  serial_batch_s: float, cores: float) -> float:
-    """The end's claim: the pick and the user's settings, CLAIM_PAIRS trials each. Workers
+                  serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
+                  steady: float = MIN_STEADY_BATCHES) -> float:
+    """The end's claim: the pick and the user's settings, ``pairs`` trials each. Workers
     restarted each epoch pay their start again at every epoch the trial crosses."""
     n = base.num_workers
     restarts, restart_s = 0, 0.0
     if n and not base.persistent_workers and base.epoch_batches:
-        trial_batches = warmup_batches(n, 2) + CAP_BATCHES
+        trial_batches = warmup_batches(n, 2) + steady
         restarts = math.ceil(trial_batches / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return CLAIM_PAIRS * (trial_seconds(batch_s(pick), pick)
-                          + trial_seconds(batch_s(n), n, restarts, restart_s))
+    return pairs * (trial_seconds(batch_s(pick), pick, steady=steady)
+                    + trial_seconds(batch_s(n), n, restarts, restart_s, steady))
 
 
 def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: float,
@@ -93,17 +95,25 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               measured: int, budget_s: float | None, known: bool) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
-    ``spent_s``. ``known``: ``predicted`` comes from the cost model (not yet a guess)."""
-    search = [trial_seconds(batch_s(n), n) for n in to_measure]
-    confirm = CONFIRM_TRIALS * trial_seconds(batch_s(predicted), predicted)
-    # the user's own count picked: no claim to measure at the end
-    claims = predicted != base.num_workers
-    end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores) if claims else 0.0
+    ``spent_s``. ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected
+    with trials that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with
+    every trial at its cap and MAX_CLAIM_PAIRS."""
+    counts = list(to_measure)
+    claims = predicted != base.num_workers  # the user's own count picked: no claim at the end
+
+    def total(steady: float, pairs: int) -> float:
+        search = sum(trial_seconds(batch_s(n), n, steady=steady) for n in counts)
+        confirm = CONFIRM_TRIALS * trial_seconds(batch_s(predicted), predicted, steady=steady)
+        end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
+                            steady) if claims else 0.0
+        return spent_s + search + confirm + end
+
     return TunePlan(
         seconds_per_batch=serial_batch_s,
-        trials=measured + len(search) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims,
-        estimated_s=spent_s + sum(search) + confirm + end,
-        spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s)
+        trials=measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims,
+        estimated_s=total(MIN_STEADY_BATCHES, CLAIM_PAIRS),
+        spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
+        at_most_s=total(CAP_BATCHES, MAX_CLAIM_PAIRS if claims else 0))
 
 
 def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:
