@@ -126,7 +126,7 @@ def main() -> None:
     for path in WORKLOADS:
         if args.only and args.only not in path:
             continue
-        target = os.path.join(ROOT, path)
+        target = os.path.join(ROOT, path) if path.endswith(".py") else path  # else a module
         doc, tune_s = tune(target, args.max_workers)
         pick = doc["recommended"]["num_workers"]
         resolved = resolve(target)
