@@ -628,7 +628,7 @@ def test_tune_pins_memory_only_where_pinned_copies_were_faster(db_path, tmp_path
     target = tmp_path / "demo_reporting.py"
     target.write_text(REPORTING_DEMO)
     done = cli("tune", str(target), "--step-ms", str(DEMO_STEP_MS), "--max-workers", "2",
-               "--budget-s", "15", "--json", db=db_path,
+               "--json", db=db_path,
                env_extra={"DLT_WORKER_REPORTS": str(reports)})
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)

@@ -82,7 +82,7 @@ def test_a_tune_recommends_it_where_plain_loops_confirm_it(tmp_path):
     in_order=False faster, and plain DataLoader loops with its settings agree."""
     target = dataset_path("tail_heavy.py")
     run = subprocess.run(
-        [sys.executable, "-m", "dataloader_tuner", "tune", target, "--budget-s", "20",
+        [sys.executable, "-m", "dataloader_tuner", "tune", target,
          "--max-workers", "4", "--json", "--db", str(tmp_path / "runs.sqlite")],
         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
         timeout=400)

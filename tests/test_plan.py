@@ -28,7 +28,7 @@ def test_the_imagenet_style_tune_is_announced_in_minutes():
                           spent_s=1.0, measured=0, budget_s=None, known=False)
     assert 100 < made.estimated_s < 300 < made.at_most_s < 600, made
     assert made.trials == 4 + plan.CONFIRM_TRIALS + 4
-    assert "each batch takes ~0.95 s" in made.text() and "min, at most ~" in made.text()
+    assert "each batch takes ~0.95 s" in made.text() and "min if every trial runs to its cap" in made.text()
     assert not made.cut_short
     limited = TunePlan(**{**made.to_dict(), "budget_s": 45.0})
     assert limited.cut_short and "your limit of 45 s will cut it short" in limited.text()

@@ -204,7 +204,7 @@ def test_pick_fastest_says_when_throughput_was_still_rising_at_the_top():
     assert n == 32 and "still rising" in why and "24 workers gave 1120" in why
     assert "--max-workers" in why
     n, why = pick_fastest(rising, limits(max_workers=64))  # short of the limit: the budget
-    assert "still rising" in why and "longer budget" in why
+    assert "still rising" in why and "without a time limit" in why
     capped = replace(limits(max_workers=64), memory_max_workers=32)
     n, why = pick_fastest(rising, capped)
     assert "still rising" in why and "memory allows no more" in why

@@ -118,7 +118,7 @@ class TunePlan:
     spent_s: float  # when the plan was made
     predicted_workers: int | None = None  # the count the cost model points to, once known
     budget_s: float | None = None  # the user's hard limit; None: the plan runs to its end
-    at_most_s: float | None = None  # every trial at its time cap, the end's widest claim
+    at_most_s: float | None = None  # every trial at its cap's batches, the end's widest claim
 
     @property
     def cut_short(self) -> bool:
@@ -128,7 +128,7 @@ class TunePlan:
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
         ~3 min (12 trials)"."""
-        most = (f", at most ~{_duration(self.at_most_s)}"
+        most = (f", ~{_duration(self.at_most_s)} if every trial runs to its cap"
                 if self.at_most_s and _duration(self.at_most_s) != _duration(self.estimated_s)
                 else "")
         line = (f"each batch takes ~{_duration(self.seconds_per_batch, fine=True)} in the main "

@@ -58,8 +58,9 @@ class Planner:
     def first(self, serial_batch_s: float) -> None:
         cores = self.limits.cpu_budget
         predicted, counts = plan.first_counts(cores, self.limits.max_workers)
-        if self.has_consumer:
-            counts.append(min(self.limits.max_workers, max(FLOOR_MIN_WORKERS, 2 * counts[-1])))
+        floor = min(self.limits.max_workers, max(FLOOR_MIN_WORKERS, 2 * counts[-1]))
+        if self.has_consumer and floor > counts[-1]:
+            counts.append(floor)
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
                        predicted, 0, known=False)
 

@@ -141,7 +141,7 @@ def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = N
                     how = ("raise the limit (--max-workers, or \"Most workers to try\" on "
                            "the dashboard) to search further")
                 else:
-                    how = "give the tuner a longer budget to search further"
+                    how = "tune again without a time limit to search further"
                 why += (f" It was still rising when the search stopped ({prev} workers gave "
                         f"{rates[prev]:.0f}), so more workers may pay: {how}.")
     else:
@@ -236,12 +236,15 @@ def persistent_decision(n: int, chosen: list[TrialResult], limits: Limits,
     if share >= PERSISTENT_SHARE:
         # what a restart adds beyond a steady batch, as the end's claim charges it (claim.py)
         charge = max(startup - statistics.median(t.ms_per_batch for t in chosen) / 1000.0, 0.0)
-        restarted = samples_per_s * epoch_s / (epoch_s + charge)
+        saves = ""
+        if charge > 0 and epoch_s > 0:
+            restarted = samples_per_s * epoch_s / (epoch_s + charge)
+            saves = (f"; keeping them saves that: ~{samples_per_s:.0f} samples/s over the "
+                     f"epoch against ~{restarted:.0f} with the same {n} worker(s) restarted "
+                     "each epoch")
         return True, (f"persistent_workers=True: restarting {n} worker(s) costs {startup:.2f} s "
                       f"per epoch, {share:.1%} of a {epoch_s:.1f} s epoch "
-                      f"({limits.dataset_length} items, batch_size={batch}); keeping them "
-                      f"saves that: ~{samples_per_s:.0f} samples/s over the epoch against "
-                      f"~{restarted:.0f} with the same {n} worker(s) restarted each epoch.")
+                      f"({limits.dataset_length} items, batch_size={batch}){saves}.")
     return False, (f"persistent_workers=False: worker start-up ({startup:.2f} s) is under "
                    f"{PERSISTENT_SHARE:.0%} of a {epoch_s:.0f} s epoch.")
 

@@ -189,11 +189,13 @@ class TrialRunner:
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
-                search: bool = False, max_trial_s: float = MAX_TRIAL_S) -> TrialResult | None:
-        trial = measure_trial(self.resolved, config, self.consumer, phase, repeat, max_trial_s,
+                search: bool = False) -> TrialResult | None:
+        trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions, limit_s=self.time_limit.left(),
                               on_batch=self.on_batch)
+        if self.time_limit.left() == 0:  # cut at the limit
+            self.time_limit.reached = True
         if trial is not None and report:
             self.on_trial(trial)
         return trial

@@ -163,14 +163,16 @@ class Tuner:
     def run(self) -> TuneOutcome:
         profile = self.profile = self._probe()
         if profile is not None and self.max_n >= 1:
-            start = self.predicted = (profile.fed_workers(self.max_n) if self.has_consumer
-                                      else profile.peak_workers(self.max_n))
+            start = (profile.fed_workers(self.max_n) if self.has_consumer
+                     else profile.peak_workers(self.max_n))
             climbs = self.has_consumer or profile.predict(start) > profile.predict(0)
+            self.predicted = start if climbs else 0
             # else: the main process alone beats what any worker count can hand it (the
             # measured 0- and 1-worker trials already show it); climbing would waste trials.
             counts = plan.neighbourhood(start, self.max_n) if climbs else []
-            if self.has_consumer:
-                counts.append(self._floor_count(max(counts, default=1)))
+            top = max(counts, default=1)
+            if self.has_consumer and self._floor_count(top) > top:
+                counts.append(self._floor_count(top))
             self.on_plan(profile, start if climbs else 0,
                          [n for n in counts if n not in self._measured()])
             if climbs:
