@@ -194,6 +194,7 @@ def test_the_tuner_never_picks_more_workers_than_shm_holds(db_path):
     assert any("Memory allows at most" in r for r in doc["reasons"])
 
 
+@pytest.mark.slow  # a real tune of ~4 s: the limit's logic is in the quick loop (test_tuner)
 def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_path):
     """The plan is said before the first trial; the limit is hard, the end's claim included;
     the pick's first line says the predicted count was not measured."""
