@@ -39,7 +39,7 @@ from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.tune.trial_run import HARD_CAP_S, TrialRunner
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
-from dataloader_tuner.tune.tuner import (FLOOR_MIN_WORKERS, NoSteadyState, Tuner, TrialSpec,
+from dataloader_tuner.tune.tuner import (NoSteadyState, Tuner, TrialSpec, floor_count,
                                          TuneOutcome)
 
 
@@ -58,7 +58,7 @@ class Planner:
     def first(self, serial_batch_s: float) -> None:
         cores = self.limits.cpu_budget
         predicted, counts = plan.first_counts(cores, self.limits.max_workers)
-        floor = min(self.limits.max_workers, max(FLOOR_MIN_WORKERS, 2 * counts[-1]))
+        floor = floor_count(counts[-1], self.limits.max_workers)
         if self.has_consumer and floor > counts[-1]:
             counts.append(floor)
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
@@ -176,8 +176,7 @@ def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:
     profile = outcome.profile
     if profile is None:
         return 0.0
-    return plan.trial_seconds(plan.modelled_batch_s(profile)(config.num_workers),
-                              config.num_workers)
+    return plan.modelled_trial_seconds(profile, config.num_workers)
 
 
 def _measure_final(runner: TrialRunner, config: LoaderConfig, outcome: TuneOutcome

@@ -65,6 +65,11 @@ def modelled_batch_s(profile: CostProfile) -> Callable[[int], float]:
     return lambda n: 1.0 / profile.predict(n)
 
 
+def modelled_trial_seconds(profile: CostProfile, workers: int) -> float:
+    """One trial of ``workers`` at the rate the cost model predicts."""
+    return trial_seconds(modelled_batch_s(profile)(workers), workers)
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The user's settings as the end's claim will measure them."""

@@ -132,7 +132,7 @@ class Tuner:
     def _trial_seconds(self, n: int) -> float:
         """A trial of ``n`` workers as the plan estimates it (plan.py)."""
         if self.profile is not None:
-            return plan.trial_seconds(plan.modelled_batch_s(self.profile)(n), n)
+            return plan.modelled_trial_seconds(self.profile, n)
         serial = [t for t in self.trials if t.num_workers == 0]
         if not serial:
             return 0.0
@@ -263,7 +263,12 @@ class Tuner:
             self._measure(ceiling, "floor")
 
     def _floor_count(self, top: int) -> int:
-        return min(self.max_n, max(FLOOR_MIN_WORKERS, 2 * top))
+        return floor_count(top, self.max_n)
+
+
+def floor_count(top: int, max_workers: int) -> int:
+    """The high count measured for the idle floor above ``top`` workers."""
+    return min(max_workers, max(FLOOR_MIN_WORKERS, 2 * top))
 
     def _confirm(self) -> None:
         """Re-measure, interleaved, the candidates whose order noise could flip."""
