@@ -266,10 +266,6 @@ class Tuner:
         return floor_count(top, self.max_n)
 
 
-def floor_count(top: int, max_workers: int) -> int:
-    """The high count measured for the idle floor above ``top`` workers."""
-    return min(max_workers, max(FLOOR_MIN_WORKERS, 2 * top))
-
     def _confirm(self) -> None:
         """Re-measure, interleaved, the candidates whose order noise could flip."""
         scores = {n: s for n in self._measured() if (s := self._score(n)) is not None}
@@ -300,3 +296,8 @@ def floor_count(top: int, max_workers: int) -> int:
         if pick != least_idle and scores[pick] < best - LESS_IDLE_GAIN / 2:
             return [pick, least_idle]  # the pick sits in the band's upper half
         return []
+
+
+def floor_count(top: int, max_workers: int) -> int:
+    """The high count measured for the idle floor above ``top`` workers."""
+    return min(max_workers, max(FLOOR_MIN_WORKERS, 2 * top))
