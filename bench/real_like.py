@@ -92,9 +92,19 @@ CLAIM_TOLERANCE = 0.15
 MIN_BATCHES, MIN_BATCHES_QUICK = 20, 8
 # The plain loop in a fresh interpreter: its result is the last line of stdout. argv: target,
 # seconds, DataLoader overrides (JSON), plain_rate's options (JSON: with_step, min_batches, ...).
-PLAIN_CHILD = ("import json, sys; from tests.real.plain_loop import plain_rate; "
-               "print(json.dumps(plain_rate(sys.argv[1], float(sys.argv[2]), "
-               "**json.loads(sys.argv[4]), **json.loads(sys.argv[3]))))")
+# The tool's own settings become the worker_init_fn a user's script gets from load_settings.
+PLAIN_CHILD = """
+import json, sys
+from tests.real.plain_loop import load_module, plain_rate
+from dataloader_tuner import KeepFreedMemory, LimitThreads
+target, seconds, overrides, options = sys.argv[1], float(sys.argv[2]), *map(json.loads, sys.argv[3:])
+keep, threads = overrides.pop("keep_freed_memory", False), overrides.pop("worker_threads", None)
+if keep or threads == 1:
+    init_fn = getattr(load_module(target)[0], "worker_init_fn", None)
+    init_fn = KeepFreedMemory(init_fn) if keep else init_fn
+    overrides["worker_init_fn"] = LimitThreads(init_fn) if threads == 1 else init_fn
+print(json.dumps(plain_rate(target, seconds, **options, **overrides)))
+"""
 LEGEND = ("targets: reported/plain 0.95-1.05; claimed/verified within 0.85-1.15; "
           "pick/best >= 0.95; the same pick every repeat (! marks a miss)")
 
@@ -196,40 +206,57 @@ def effective(settings: dict) -> tuple:
     n = settings["num_workers"]
     return (settings["batch_size"], n, bool(settings["pin_memory"]),
             (settings["prefetch_factor"] or 2) if n else None,
-            bool(settings["persistent_workers"]) if n else False)
+            bool(settings["persistent_workers"]) if n else False, tools_own(settings))
+
+
+# The tool's own settings a point can carry (worker_init_fns), by their label.
+TOOLS_OWN = {"keep": ("keep_freed_memory", True), "1t": ("worker_threads", 1)}
+
+
+def tools_own(settings: dict) -> tuple[str, ...]:
+    """The labels of the tool's own settings in ``settings`` (with workers only)."""
+    return tuple(label for label, (key, value) in TOOLS_OWN.items()
+                 if settings.get("num_workers") and settings.get(key) == value)
 
 
 def recommended_overrides(own: dict, rec: dict) -> dict:
     """The module's settings with the recommendation on top; worker-only settings it leaves
     out return to DataLoader's defaults (as dataloader_tuner.tune.offline.recommended_config does)."""
     n = rec["num_workers"]
-    return {"batch_size": rec.get("batch_size", own["batch_size"]), "num_workers": n,
-            "pin_memory": bool(rec.get("pin_memory")),
-            "prefetch_factor": rec.get("prefetch_factor") if n else None,
-            "persistent_workers": bool(rec.get("persistent_workers")) if n else False}
+    overrides = {"batch_size": rec.get("batch_size", own["batch_size"]), "num_workers": n,
+                 "pin_memory": bool(rec.get("pin_memory")),
+                 "prefetch_factor": rec.get("prefetch_factor") if n else None,
+                 "persistent_workers": bool(rec.get("persistent_workers")) if n else False}
+    for tools_own in ("keep_freed_memory", "worker_threads"):  # worker_init_fns (PLAIN_CHILD)
+        if n and rec.get(tools_own):
+            overrides[tools_own] = rec[tools_own]
+    return overrides
 
 
 def point_key(settings: dict) -> tuple:
-    """A grid point as (num_workers, persistent_workers, prefetch_factor), as DataLoader applies
-    them (prefetch_factor None means its default, 2)."""
-    _, n, _, prefetch, persistent = effective(settings)
-    return (n, persistent, prefetch)
+    """A grid point as (num_workers, persistent_workers, prefetch_factor, the tool's own), as
+    DataLoader applies them (prefetch_factor None means its default, 2)."""
+    _, n, _, prefetch, persistent, own = effective(settings)
+    return (n, persistent, prefetch, own)
 
 
 def point_overrides(key: tuple) -> dict:
     """A grid point's overrides: the worker settings only (the module's others kept), and
     what DataLoader refuses without workers."""
-    n, persistent, prefetch = key
+    n, persistent, prefetch, own = key
     if not n:
         return {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
-    return {"num_workers": n, "persistent_workers": persistent, "prefetch_factor": prefetch}
+    return {"num_workers": n, "persistent_workers": persistent, "prefetch_factor": prefetch,
+            **dict(TOOLS_OWN[label] for label in own)}
 
 
 def point_label(key: tuple, base_prefetch: int = 2) -> str:
-    """"4" / "4p" (persistent), with "/pf3" when its prefetch_factor is not the grid's."""
-    n, persistent, prefetch = key
+    """"4" / "4p" (persistent), with "/pf3" when its prefetch_factor is not the grid's and
+    "+keep" / "+1t" for the tool's own worker_init_fns."""
+    n, persistent, prefetch, own = key
     return (f"{n}{'p' if persistent else ''}"
-            + (f"/pf{prefetch}" if n and prefetch != base_prefetch else ""))
+            + (f"/pf{prefetch}" if n and prefetch != base_prefetch else "")
+            + "".join(f"+{label}" for label in own))
 
 
 def loop_options(args, with_step: bool) -> dict:
@@ -239,7 +266,7 @@ def loop_options(args, with_step: bool) -> dict:
 
 
 def describe(settings: dict) -> str:
-    bs, n, pin, prefetch, persistent = effective(settings)
+    bs, n, pin, prefetch, persistent, _ = effective(settings)
     text = f"bs={bs} nw={n} pin={pin}"
     return text + (f" pf={prefetch} pers={persistent}" if n else "")
 
@@ -342,9 +369,9 @@ def grid_points(name: str, quick: bool, own: dict, picks: list[tuple]) -> list[t
     prefetch_factor, and every pick's own point."""
     base = GRID_QUICK if quick else (GRID_LATENCY if name in LATENCY_LIKE else GRID)
     prefetch = own["prefetch_factor"] or 2
-    points = {(0, False, None)}
-    points |= {(n, persistent, prefetch) for n in base if n for persistent in (False, True)}
-    return sorted(points | set(picks), key=lambda k: (k[0], k[1], k[2] or 0))
+    points = {(0, False, None, ())}
+    points |= {(n, persistent, prefetch, ()) for n in base if n for persistent in (False, True)}
+    return sorted(points | set(picks), key=lambda k: (k[0], k[1], k[2] or 0, k[3]))
 
 
 def grid(target: str, points: list[tuple], args, options: dict,

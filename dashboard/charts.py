@@ -189,10 +189,12 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
     """Throughput against num_workers, one point per measured trial, the pick highlighted."""
     searched = [t for t in trials if t.get("phase") not in
                 ("baseline", "final", "in_order", "out_of_order", "threads_default",
-                 "threads_one") and t.get("samples_per_s")]
+                 "threads_one", "heap_fresh") and t.get("samples_per_s")]
     unordered = [t for t in trials if t.get("phase") == "out_of_order" and t.get("samples_per_s")]
     # the worker count where one thread per pool was measured against the pools as they start
     pools = [t for t in trials if t.get("phase") == "threads_default" and t.get("samples_per_s")]
+    # the worker count measured in workers started fresh, without KeepFreedMemory
+    fresh = [t for t in trials if t.get("phase") == "heap_fresh" and t.get("samples_per_s")]
     final = [t for t in trials if t.get("phase") == "final" and t.get("samples_per_s")]
     traces = []
     traces.append(go.Scatter(
@@ -206,17 +208,17 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
     traces.append(go.Scatter(x=order, y=[float(np.median(best[n])) for n in order],
                              mode="lines", name="median per setting",
                              line={"color": COLORS[0], "dash": "dot"}))
-    if unordered:  # the pick measured with in_order=False (tune/order.py)
-        traces.append(go.Scatter(x=[t["num_workers"] for t in unordered],
-                                 y=[t["samples_per_s"] for t in unordered], mode="markers",
-                                 name="in_order=False", marker={"size": 10, "symbol": "x",
-                                                                "color": COLORS[2]}))
-    if pools:  # (tune/thread_pools.py)
-        traces.append(go.Scatter(x=[t["num_workers"] for t in pools],
-                                 y=[t["samples_per_s"] for t in pools], mode="markers",
-                                 name="each library's threads as they start",
-                                 marker={"size": 10, "symbol": "circle-open",
-                                         "color": COLORS[3]}))
+    # the trials outside the search, each kind its own marker
+    for apart, name, symbol, color in (
+            (unordered, "in_order=False", "x", COLORS[2]),  # tune/order.py
+            (pools, "each library's threads as they start", "circle-open", COLORS[3]),
+            (fresh, "workers started fresh, freed memory given back", "square-open", COLORS[4]),
+    ):  # the last two: tune/thread_pools.py, tune/heap_check.py
+        if apart:
+            traces.append(go.Scatter(x=[t["num_workers"] for t in apart],
+                                     y=[t["samples_per_s"] for t in apart], mode="markers",
+                                     name=name, marker={"size": 10, "symbol": symbol,
+                                                        "color": color}))
     baseline = [t for t in trials if t.get("phase") == "baseline" and t.get("samples_per_s")]
     if baseline:
         traces.append(go.Scatter(x=[b["num_workers"] for b in baseline],

@@ -182,6 +182,8 @@ def settings_from_controls(controls: dict) -> dict:
         settings["in_order"] = False
     if workers and controls.get("one_thread"):  # each worker's thread pools to one thread
         settings["worker_threads"] = 1
+    if workers and controls.get("keep_freed"):  # KeepFreedMemory in each worker
+        settings["keep_freed_memory"] = True
     if not controls.get("batch_sampler"):  # the module's batch sampler makes the batches
         settings["batch_size"] = (None if controls.get("self_batching")
                                   else int(controls["batch_size"]))
@@ -223,6 +225,7 @@ def controls_from_settings(settings: dict) -> dict:
         "persistent_workers": bool(settings.get("persistent_workers")) and workers > 0,
         "in_order": settings.get("in_order") is not False or workers == 0,
         "one_thread": settings.get("worker_threads") == 1 and workers > 0,
+        "keep_freed": bool(settings.get("keep_freed_memory")) and workers > 0,
     }
 
 

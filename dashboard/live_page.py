@@ -33,7 +33,7 @@ WATCH_S = 2.0  # an idle tab looks this often for a job started elsewhere (anoth
 CONTROL_DEFAULTS = {
     "batch_size": DEFAULT_BATCH_SIZE, "self_batching": False, "batch_sampler": False, "num_workers": 0,
     "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False, "in_order": True,
-    "one_thread": False, "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
+    "one_thread": False, "keep_freed": False, "consumer": "train_step", "step_ms": 10.0, "seconds": DEFAULT_SECONDS,
     "timeout_s": DEFAULT_TIMEOUT_S, "budget_s": DEFAULT_BUDGET_S,
     "max_workers": DEFAULT_MAX_WORKERS, "local_world_size": 1, "keep_order": False,
     "verify_seconds": 5.0,
@@ -170,6 +170,11 @@ def _sidebar(consumer_options: list[str]) -> None:
                  help="worker_init_fn=dataloader_tuner.LimitThreads(): torch's, BLAS's, "
                       "OpenMP's and OpenCV's thread pools to one thread in each worker, so "
                       "workers x threads do not outnumber the cores.")
+    bar.checkbox("Each worker keeps the memory it frees", key="ctl_keep_freed",
+                 disabled=no_workers,
+                 help="worker_init_fn=dataloader_tuner.KeepFreedMemory(): freed arrays stay in "
+                      "the worker for its next batch instead of being faulted in again "
+                      "(glibc's malloc thresholds; Linux).")
     bar.header("Consumer")
     bar.radio("What consumes each batch", consumer_options, key="ctl_consumer",
               format_func=CONSUMERS.get)

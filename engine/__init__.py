@@ -41,6 +41,7 @@ from dataloader_tuner.run.runner import (Inspection, RunHandle, RunState, inspec
                                          run_to_completion)
 from dataloader_tuner.store import RunStore, StoredRun, default_db_path
 from dataloader_tuner.run.verify import Verification, check_claim
+from dataloader_tuner.instrument.heap import KeepFreedMemory
 from dataloader_tuner.instrument.threads import LimitThreads
 from dataloader_tuner.settings import (DEFAULT_BATCH_SIZE, load_settings, recommended_settings,
                                        settings_file)
@@ -78,7 +79,7 @@ __all__ = [
     # the run history
     "RunStore", "StoredRun", "default_db_path",
     # settings
-    "LoaderConfig", "LimitThreads", "load_settings", "recommended_settings", "settings_file",
+    "LoaderConfig", "LimitThreads", "KeepFreedMemory", "load_settings", "recommended_settings", "settings_file",
     # what runs produce
     "ProfileResult", "TuneResult", "Result", "Diagnostic", "SystemSnapshot", "BatchRecord", "timed",
     "DatasetCard", "TrialRecord", "TrialResult", "InPlaceTrial", "busy_timeline", "epoch_starts",

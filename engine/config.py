@@ -19,9 +19,10 @@ TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "p
 
 # Settings DataLoader takes only with worker processes, and their defaults.
 WORKER_ONLY = {"prefetch_factor": None, "persistent_workers": False,
-               "multiprocessing_context": None, "timeout": 0, "worker_threads": None}
+               "multiprocessing_context": None, "timeout": 0, "worker_threads": None,
+               "keep_freed_memory": False}
 # Settings of this tool's, not DataLoader keyword arguments: rendered into ones (snippet).
-NOT_DATALOADER = ("worker_threads",)
+NOT_DATALOADER = ("worker_threads", "keep_freed_memory")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class LoaderConfig:
     # None: each library's thread pools as they start in a worker; 1: each limited to one
     # thread, by a worker_init_fn (instrument/threads.py's LimitThreads, around the user's own)
     worker_threads: int | None = None
+    # True: each worker keeps the memory it frees for its next batch, by a worker_init_fn
+    # (instrument/heap.py's KeepFreedMemory, around the user's own)
+    keep_freed_memory: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -122,6 +126,10 @@ class LoaderConfig:
             raise ConfigError(
                 "worker_threads only applies with worker processes (num_workers > 0). "
                 "Set num_workers >= 1 or leave worker_threads unset.", type="invalid_settings")
+        if self.num_workers == 0 and self.keep_freed_memory:
+            raise ConfigError(
+                "keep_freed_memory only applies with worker processes (num_workers > 0). "
+                "Set num_workers >= 1 or keep_freed_memory=False.", type="invalid_settings")
         if self.num_workers == 0 and self.persistent_workers:
             raise ConfigError(
                 "persistent_workers=True needs worker processes (num_workers > 0). "
@@ -179,6 +187,8 @@ class LoaderConfig:
             out[key] = value if _is_json_scalar(value) else describe_object(value)
         if self.worker_threads is not None:
             out["worker_threads"] = self.worker_threads
+        if self.keep_freed_memory:
+            out["keep_freed_memory"] = True
         return out
 
     def snippet(self, dataset_name: str = "dataset", expressions: dict | None = None) -> str:
@@ -193,7 +203,11 @@ class LoaderConfig:
                 rendered[key] = expressions[key]
             else:
                 rendered[key] = repr(value) if _is_json_scalar(value) else describe_object(value)
-        if self.worker_threads == 1:  # the user's own worker_init_fn runs inside it
+        # the user's own worker_init_fn runs inside these
+        if self.keep_freed_memory:
+            own = rendered.pop("worker_init_fn", "")
+            rendered["worker_init_fn"] = f"dataloader_tuner.KeepFreedMemory({own})"
+        if self.worker_threads == 1:
             own = rendered.pop("worker_init_fn", "")
             rendered["worker_init_fn"] = f"dataloader_tuner.LimitThreads({own})"
         parts = [dataset_name, *(f"{key}={text}" for key, text in rendered.items())]

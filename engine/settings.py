@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dataloader_tuner.config import WORKER_ONLY, LoaderConfig, supports_in_order
 from dataloader_tuner.errors import ConfigError
+from dataloader_tuner.instrument.heap import KeepFreedMemory
 from dataloader_tuner.instrument.threads import LimitThreads
 if TYPE_CHECKING:  # settings files and recommendations are read without torch (the parent)
     from dataloader_tuner.analyse.results import TuneResult
@@ -115,6 +116,8 @@ def tuned_values(recommended: dict) -> dict:
         values["in_order"] = bool(recommended["in_order"]) or not workers
     # one thread per pool in each worker, where the tune measured it pays (tune/thread_pools.py)
     values["worker_threads"] = recommended.get("worker_threads") if workers else None
+    # each worker keeps the memory it frees, where the tune measured it pays (tune/heap_check.py)
+    values["keep_freed_memory"] = bool(recommended.get("keep_freed_memory")) and bool(workers)
     return values
 
 
@@ -154,13 +157,17 @@ def load_settings(path: str, worker_init_fn: Callable[[int], Any] | None = None)
 
     Only the DataLoader keyword arguments are returned; the file's other keys (measurements,
     provenance) are ignored. Where the file limits each worker's thread pools to one thread
-    (``worker_threads: 1``) the settings carry ``worker_init_fn=LimitThreads(worker_init_fn)``:
-    pass your own ``worker_init_fn`` here, not to DataLoader.
+    (``worker_threads: 1``) the settings carry ``worker_init_fn=LimitThreads(worker_init_fn)``,
+    and where each worker keeps the memory it frees (``keep_freed_memory: true``)
+    ``KeepFreedMemory(worker_init_fn)``: pass your own ``worker_init_fn`` here, not to
+    DataLoader.
     """
     settings = read_settings(path)
+    if settings.pop("keep_freed_memory", False):
+        worker_init_fn = KeepFreedMemory(worker_init_fn)
     if settings.pop("worker_threads", None) == 1:
-        settings["worker_init_fn"] = LimitThreads(worker_init_fn)
-    elif worker_init_fn is not None:
+        worker_init_fn = LimitThreads(worker_init_fn)
+    if worker_init_fn is not None:
         settings["worker_init_fn"] = worker_init_fn
     return settings
 

@@ -58,7 +58,7 @@ def test_controls_follow_the_module_settings():
     assert values == {"batch_sampler": False, "self_batching": False, "batch_size": 16,
                       "num_workers": 3,
                       "pin_memory": False, "prefetch_factor": 4, "persistent_workers": True,
-                      "in_order": True, "one_thread": False}
+                      "in_order": True, "one_thread": False, "keep_freed": False}
 
 
 def test_recommended_settings_reset_what_the_tuner_left_out():

@@ -25,6 +25,7 @@ from typing import Callable
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.instrument.heap import keeps_freed_memory
 from dataloader_tuner.instrument.threads import limits_threads
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.recommend import spread_of, uncertainty_pct, within_pct
@@ -35,7 +36,7 @@ MAX_CLAIM_PAIRS = 4  # ...and more pairs, up to this, while the claim is wider t
 CLAIM_WITHIN_PCT = 10.0  # ...this: a wider one is not claimed, the figures shown side by side
 # Trials made after the search (or before it): not the search's early figures of a setting.
 OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order", "threads_default",
-                  "threads_one")
+                  "threads_one", "heap_fresh")
 DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
 
 
@@ -257,7 +258,8 @@ def same_settings(a: LoaderConfig, b: LoaderConfig) -> bool:
             == bool(b.persistent_workers and b.num_workers)
             and a.batch_size == b.batch_size
             and (a.in_order or not a.num_workers) == (b.in_order or not b.num_workers)
-            and threads_limited(a) == threads_limited(b))
+            and threads_limited(a) == threads_limited(b)
+            and keeps_memory(a) == keeps_memory(b))
 
 
 def threads_limited(config: LoaderConfig) -> bool:
@@ -267,6 +269,13 @@ def threads_limited(config: LoaderConfig) -> bool:
                                          or limits_threads(config.worker_init_fn))
 
 
+def keeps_memory(config: LoaderConfig) -> bool:
+    """Each worker keeps the memory it frees, by the setting or the user's own worker_init_fn
+    (instrument/heap.py)."""
+    return bool(config.num_workers) and (config.keep_freed_memory
+                                         or keeps_freed_memory(config.worker_init_fn))
+
+
 def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResult]:
     """The search's trials of ``config``'s setting whose rate paid no restart the end's might
     not (the search keeps workers; a window without an epoch start paid none)."""
@@ -274,7 +283,8 @@ def comparable(early: list[TrialResult], config: LoaderConfig) -> list[TrialResu
     return [t for t in early if t.phase not in OUTSIDE_SEARCH
             and setting(t.num_workers, t.prefetch_factor, t.pin_memory) == wanted
             and t.in_order == config.in_order and not paid_restart(t)
-            and (t.worker_threads == 1) == (config.worker_threads == 1)]
+            and (t.worker_threads == 1) == (config.worker_threads == 1)
+            and t.keep_freed_memory == config.keep_freed_memory]
 
 
 def end_reason(result: Claim, source: str) -> str:

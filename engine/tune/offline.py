@@ -38,6 +38,7 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.tune.trial_run import HARD_CAP_S, TrialRunner
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import (NoSteadyState, Tuner, TrialSpec, floor_count,
                                          TuneOutcome)
@@ -48,8 +49,11 @@ class Planner:
     first one from the prewarm's batch, a second once the probes have taught the model."""
 
     def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
-                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None]) -> None:
-        self.limits, self.has_consumer = limits, has_consumer
+                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
+                 fresh_check: bool = False) -> None:
+        """``fresh_check``: the first trial with workers is measured again in fresh workers
+        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker."""
+        self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
         self.time_limit, self.on_plan = time_limit, on_plan
         self.base = plan.Baseline(config.num_workers, config.persistent_workers,
                                   epoch_batches(config, limits.dataset_length))
@@ -61,6 +65,8 @@ class Planner:
         floor = floor_count(counts[-1], self.limits.max_workers)
         if self.has_consumer and floor > counts[-1]:
             counts.append(floor)
+        if self.fresh_check and self.limits.max_workers >= 1:
+            counts.append(1)
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
                        predicted, 0, known=False)
 
@@ -109,7 +115,9 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     time_limit = plan.TimeLimit(request.budget_s)
     runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batch)
     has_consumer = consumer.kind != "none"
-    planner = Planner(config, limits, has_consumer, time_limit, on_plan)
+    heap_decision = HeapDecision()
+    planner = Planner(config, limits, has_consumer, time_limit, on_plan,
+                      fresh_check=heap_decision.available)
 
     # threads against the cores this rank has (a quota counted), not less the load now
     threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
@@ -120,7 +128,8 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         trial_config = search_config.replace(
             num_workers=spec.num_workers, persistent_workers=spec.num_workers > 0,
             worker_threads=threads_of.get(spec.num_workers, threads_decision.worker_threads)
-            if spec.num_workers else None)
+            if spec.num_workers else None,
+            keep_freed_memory=heap_decision.first_keeps and spec.num_workers > 0)
         trial = runner.measure(trial_config, spec.phase, spec.repeat, report=False, search=True)
         if trial is None:
             return None
@@ -130,7 +139,12 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                 trial_config.replace(worker_threads=threads), spec.phase, repeat, report=False),
             on_trial)
         threads_of.setdefault(spec.num_workers, trial.worker_threads)
-        return trial
+        # NOTE [ Deciding freed memory during the search ] (tune/heap_check.py)
+        return heap_decision.check(
+            trial, lambda: runner.measure(
+                trial_config.replace(keep_freed_memory=False, multiprocessing_context="spawn",
+                                     worker_threads=trial.worker_threads),
+                spec.phase, 1, report=False), on_trial)
 
     first_batch_s = runner.first_batch_s(search_config)
     if first_batch_s is not None:
@@ -151,9 +165,10 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             raise no_steady_state_error(runner.attempts, config) from exc
         pick = [t for t in outcome.trials if t.num_workers == outcome.recommendation.kwargs[
             "num_workers"] and t.phase not in claim.OUTSIDE_SEARCH]
-        outcome = replace(outcome, trials=[*outcome.trials, *threads_decision.others],
-                          recommendation=threads_decision.recommend(outcome.recommendation,
-                                                                    pick))
+        outcome = replace(outcome, trials=[*outcome.trials, *threads_decision.others,
+                                           *heap_decision.others],
+                          recommendation=heap_decision.recommend(
+                              threads_decision.recommend(outcome.recommendation, pick), pick))
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
         final, outcome = _delivery_order(runner, final, outcome, request.keep_order)
@@ -325,6 +340,8 @@ def own_kwargs(config: LoaderConfig) -> dict[str, int | bool | None]:
         kwargs["prefetch_factor"] = config.prefetch_factor
         if config.worker_threads is not None:
             kwargs["worker_threads"] = config.worker_threads
+        if config.keep_freed_memory:
+            kwargs["keep_freed_memory"] = True
     return kwargs
 
 

@@ -164,7 +164,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         phase=phase, repeat=repeat, in_order=config.in_order,
     )
     if trial is not None:
-        trial = replace(trial, worker_threads=config.worker_threads, **workers_threads)
+        trial = replace(trial, worker_threads=config.worker_threads,
+                        keep_freed_memory=config.keep_freed_memory, **workers_threads)
     if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
                         node_samples_per_s=others.node_total(trial.samples_per_s))

@@ -1,0 +1,92 @@
+"""Whether each worker should keep the memory it frees, decided once in the offline search
+(NOTE [ Memory a worker frees ], instrument/heap.py).
+
+NOTE [ Deciding freed memory during the search ]
+
+    A worker is fast or slow by what its parent process had freed when it forked, so the
+    tune's own process (which has loaded batches itself by its first trial with workers) is
+    no witness of a training script's first epoch. The first trial with workers runs with
+    KeepFreedMemory; it is then measured once more without it in workers started fresh
+    (multiprocessing_context="spawn": a heap that has freed nothing, as a script's before its
+    first epoch). KeepFreedMemory is kept when faster by MIN_GAIN beyond both sides' noise,
+    and every later trial runs with it: the search then measures what the job will run, and
+    its rates no longer depend on the order of the trials. Otherwise later trials run without
+    it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
+    is not glibc, nothing is decided and nothing is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from dataloader_tuner.instrument.heap import is_glibc
+from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.claim import in_turn
+from dataloader_tuner.tune.recommend import Recommendation
+
+MIN_GAIN = 1.03
+FRESH_PHASE = "heap_fresh"
+
+
+@dataclass
+class HeapDecision:
+    """The search's freed-memory setting (NOTE [ Deciding freed memory during the search ])."""
+
+    available: bool = field(default_factory=is_glibc)
+    keep: bool = False  # what later trials run with
+    reason: str | None = None
+    decided: bool = False
+    others: list[TrialResult] = field(default_factory=list)  # its trials the search does not keep
+
+    @property
+    def first_keeps(self) -> bool:
+        """The next trial with workers runs with KeepFreedMemory: to decide, or as decided."""
+        return self.available and (self.keep or not self.decided)
+
+    def check(self, first: TrialResult, measure_fresh: Callable[[], TrialResult | None],
+              report: Callable[[TrialResult], None]) -> TrialResult:
+        """``first``, a search trial with workers run with KeepFreedMemory while undecided;
+        ``measure_fresh()`` runs its settings without it in spawned workers."""
+        if self.decided or not self.available or not first.num_workers:
+            return first
+        self.decided = True
+        try:
+            fresh = measure_fresh()
+        except Exception:  # noqa: BLE001 - spawn cannot start every dataset: nothing is kept
+            return first
+        if fresh is not None:
+            self.others.append(replace(fresh, phase=FRESH_PHASE))
+            report(self.others[-1])
+        self.keep, self.reason = decide(fresh, first)
+        return first
+
+    def recommend(self, recommendation: Recommendation, pick: list[TrialResult]
+                  ) -> Recommendation:
+        """The setting where the pick's trials ran with it and it was kept, with the reason."""
+        kwargs = dict(recommendation.kwargs)
+        if not kwargs.get("num_workers") or not self.keep:
+            return recommendation
+        if not pick or not all(t.keep_freed_memory for t in pick):
+            return recommendation
+        kwargs["keep_freed_memory"] = True
+        reasons = recommendation.reasons + ((self.reason,) if self.reason else ())
+        return replace(recommendation, kwargs=kwargs, reasons=reasons)
+
+
+def decide(fresh: TrialResult | None, kept: TrialResult) -> tuple[bool, str | None]:
+    """(keep the memory each worker frees, the reason line)."""
+    both = in_turn([fresh], [kept])
+    if both is None:
+        return False, None
+    workers = kept.num_workers
+    figures = (f"{both.rate_b:.0f} samples/s with it against {both.rate_a:.0f} in workers "
+               f"started fresh, as a training script's are before its first epoch (at "
+               f"{workers} worker{'s' if workers != 1 else ''}{both.noise_text()})")
+    if both.b_pays(MIN_GAIN):
+        return True, (f"worker_init_fn=dataloader_tuner.KeepFreedMemory(): each worker keeps "
+                      f"the memory it frees for its next batch instead of faulting it in again: "
+                      f"{figures}. Without it your workers are this slow or not by what your "
+                      "process freed before they started; persistent workers keep that for the "
+                      "whole run. The search went on with it.")
+    return False, None
