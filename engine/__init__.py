@@ -1,7 +1,7 @@
 """DataLoader Tuner's engine: run a user's Dataset in a real DataLoader and measure it.
 
 This is the public API: the dashboard, scripts and tests drive the engine through these names
-only (tests/test_api.py keeps ``__all__`` complete and the dashboard to it). No torch is
+only (tests/test_layout.py keeps ``__all__`` complete and the dashboard to it). No torch is
 imported here: the parent side (starting runs, reading them, showing them) stays light, and
 torch lives in the engine's child process.
 

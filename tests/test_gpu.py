@@ -22,7 +22,13 @@ def test_timers_are_absent_without_a_gpu():
 
 def test_nvml_sampler_is_absent_or_usable():
     sampler = gpu.NvmlSampler.open()
-    if sampler is not None:  # a driver without a usable GPU still answers NVML
+    if sampler is None:  # no driver answers NVML: then torch sees no CUDA GPU either
+        assert not torch.cuda.is_available()
+        return
+    try:  # a driver answers: a sample has both figures, in range
+        sample = sampler.sample()
+        assert 0 <= sample["util_percent"] <= 100 and sample["memory_used_mb"] >= 0
+    finally:
         sampler.close()
 
 

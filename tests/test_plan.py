@@ -3,7 +3,10 @@ first batch and then from the cost model; the user's limit is hard."""
 
 import pytest
 
+from dataloader_tuner.child.measure import Consumer
+from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TunePlan
+from dataloader_tuner.tune.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
 
@@ -58,6 +61,18 @@ def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
     assert not limit.fits(25.0) and limit.reached
     unlimited = plan.TimeLimit(None, clock=lambda: now[0])
     assert unlimited.left() is None and unlimited.fits(1e9)
+
+
+def test_a_spent_limit_starts_no_more_workers():
+    # the decisions' extra trials (threads, freed memory) do not ask whether they fit: the
+    # runner refuses them once the limit is spent, before a worker starts
+    now = [0.0]
+    limit = plan.TimeLimit(10.0, clock=lambda: now[0])
+    now[0] = 10.5
+    reported = []
+    runner = TrialRunner(None, Consumer("none"), reported.append, limit)
+    assert runner.measure(LoaderConfig(batch_size=4, num_workers=2), "search") is None
+    assert limit.reached and not reported
 
 
 def test_the_plan_survives_the_wire():

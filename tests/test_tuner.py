@@ -10,7 +10,8 @@ from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, reco
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.plan import TimeLimit
-from dataloader_tuner.tune.tuner import Tuner, grow, memory_max_workers, shrink
+from dataloader_tuner.tune.tuner import (FLOOR_MIN_WORKERS, Tuner, grow, memory_max_workers,
+                                        shrink)
 
 SYSTEM_DOC = {"cpus_usable": 2, "other_load_cpus": 0.0, "ram_available_mb": 20000,
               "shm": {"free_mb": 10000}, "gpu": {"available": False}}
@@ -96,6 +97,27 @@ def test_consumer_picks_fewest_workers_that_keep_it_fed():
     outcome = run(sim, has_consumer=True)
     assert outcome.recommendation.kwargs["num_workers"] == 2
     assert any("keep" in r or "waits" in r for r in outcome.recommendation.reasons)
+
+
+def test_a_step_on_the_cpu_is_judged_by_the_loops_rate_not_its_idle():
+    # cpu_mlp's shape on 2 CPUs: more workers stretch the step, so its idle share keeps falling
+    # while the loop gets slower past 2 workers
+    curve = lambda n: {0: 440.0, 1: 445.0, 2: 590.0}.get(n, 590.0 * 0.93 ** (n - 2))
+    idle = lambda n: {0: 0.88, 1: 0.40, 2: 0.26}.get(n, 0.05)
+    on_cpu = Simulated(curve, worker_ms=130.0, cpu_ms=128.0, main_cpu_ms=60.0, idle=idle,
+                       step_ms=80.0)  # the main process on the CPU for 75% of the step
+    tuner = Tuner(on_cpu, limits(), SYSTEM, has_consumer=True, step_on_cpu=True,
+                  time_limit=TimeLimit(None), batch_size=16)
+    outcome = tuner.run()
+    assert tuner.by_rate and outcome.recommendation.kwargs["num_workers"] == 2
+    assert "Your step works the CPU too" in outcome.recommendation.reasons[1]
+    assert max(on_cpu.calls) < FLOOR_MIN_WORKERS  # no idle floor to look for
+    # the same curves with a step that waits (a GPU's): the idle rule, as before
+    waits = Simulated(curve, worker_ms=130.0, cpu_ms=128.0, main_cpu_ms=2.0, idle=idle,
+                      step_ms=80.0)
+    tuner = Tuner(waits, limits(), SYSTEM, has_consumer=True, step_on_cpu=True,
+                  time_limit=TimeLimit(None), batch_size=16)
+    assert tuner.run().recommendation.kwargs["num_workers"] > 2 and not tuner.by_rate
 
 
 def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():

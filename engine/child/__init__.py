@@ -1,2 +1,2 @@
-"""What runs in the engine's child process: the user's target, the measuring loop, the probes
-in the workers, the GPU, and the tune session."""
+"""What runs in the engine's child process: the user's target resolved and described, the
+measuring loop and its consumer, the process's session and how its failures are explained."""

@@ -282,12 +282,21 @@ def main_process_reason(groups: dict[int, list[TrialResult]], has_consumer: bool
 
 
 def recommend(trials: list[TrialResult], profile: CostProfile | None, limits: Limits,
-              has_consumer: bool, batch_size: int | None) -> Recommendation:
+              has_consumer: bool, batch_size: int | None, by_rate: bool | None = None
+              ) -> Recommendation:
+    """``by_rate``: pick the fastest loop even with a consumer (a step on the CPU: NOTE
+    [ A step on the CPU ], tuner.py); by default only without one."""
+    by_rate = not has_consumer if by_rate is None else by_rate
     cap = limits.memory_max_workers
     # Counts whose batches would not fit in memory or /dev/shm are never picked, measured or not.
     groups = by_workers([t for t in trials if not t.pin_memory and t.prefetch_factor is None
                          and (cap is None or t.num_workers <= cap)])
-    n, why = pick_fed(groups) if has_consumer else pick_fastest(groups, limits)
+    n, why = pick_fastest(groups, limits) if by_rate else pick_fed(groups)
+    if by_rate and has_consumer:
+        step = statistics.median(t.step_ms or 0 for t in groups[n])
+        why = (f"Your step works the CPU too ({step:.0f} ms a batch with {n} worker(s)): "
+               "workers take its cores and stretch it, so the pick is the fastest training "
+               f"loop, not the least idle step. {why}")
     chosen = groups[n]
     rate = median_rate(chosen)
     reasons = []

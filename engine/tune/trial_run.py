@@ -25,7 +25,7 @@ from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_W
                                          TARGET_CI, interval_block, summarize_trial)
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
-              "worker_threads")
+              "worker_threads", "keep_freed_memory")
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
 # ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
@@ -191,6 +191,9 @@ class TrialRunner:
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
                 search: bool = False) -> TrialResult | None:
+        if self.time_limit.left() == 0:  # the limit is spent: no worker is started
+            self.time_limit.reached = True
+            return None
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions, limit_s=self.time_limit.left(),
