@@ -163,13 +163,22 @@ def load_settings(path: str, worker_init_fn: Callable[[int], Any] | None = None)
     DataLoader.
     """
     settings = read_settings(path)
-    if settings.pop("keep_freed_memory", False):
-        worker_init_fn = KeepFreedMemory(worker_init_fn)
-    if settings.pop("worker_threads", None) == 1:
-        worker_init_fn = LimitThreads(worker_init_fn)
+    worker_init_fn = tools_worker_init(worker_init_fn, settings.pop("keep_freed_memory", False),
+                                       settings.pop("worker_threads", None))
     if worker_init_fn is not None:
         settings["worker_init_fn"] = worker_init_fn
     return settings
+
+
+def tools_worker_init(init_fn: Callable[[int], Any] | None, keep_freed_memory: bool,
+                      worker_threads: int | None) -> Callable[[int], Any] | None:
+    """The user's worker_init_fn inside this tool's own settings' (config.py's
+    NOT_DATALOADER): KeepFreedMemory, then LimitThreads outermost, as the snippet writes them."""
+    if keep_freed_memory:
+        init_fn = KeepFreedMemory(init_fn)
+    if worker_threads == 1:
+        init_fn = LimitThreads(init_fn)
+    return init_fn
 
 
 def read_settings(path: str) -> dict:

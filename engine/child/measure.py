@@ -23,11 +23,12 @@ from torch.utils.data import (
 
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.instrument import gpu, heap, probes, threads
+from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.settings import tools_worker_init
 
 
 @dataclass(frozen=True)
@@ -52,23 +53,14 @@ class Consumer:
         return {"kind": self.kind, "step_ms": self.step_ms if self.kind == "simulated" else None}
 
 
-def worker_init(config: LoaderConfig) -> Callable[[int], Any] | None:
-    """The user's worker_init_fn inside this tool's settings' own (config.py)."""
-    init_fn = config.worker_init_fn
-    if config.keep_freed_memory:
-        init_fn = heap.KeepFreedMemory(init_fn)
-    if config.worker_threads == 1:
-        init_fn = threads.LimitThreads(init_fn)
-    return init_fn
-
-
 def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     """A real DataLoader over the wrapped dataset, with the timing collate."""
     kwargs = config.to_kwargs(torch.__version__)
     auto_collation = config.batch_sampler is not None or config.batch_size is not None
     kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
     if config.num_workers > 0:
-        init_fn = worker_init(config)
+        init_fn = tools_worker_init(config.worker_init_fn, config.keep_freed_memory,
+                                    config.worker_threads)
         kwargs["worker_init_fn"] = probes.OfferingStack(init_fn)
     if (config.num_workers > 0 and config.batch_sampler is None and config.batch_size is not None
             and not isinstance(dataset, IterableDataset)):

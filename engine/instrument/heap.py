@@ -30,7 +30,6 @@ NOTE [ Memory a worker frees ]
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 from typing import Any, Callable
 
@@ -50,7 +49,7 @@ def keep_freed_memory() -> bool:
     if not is_glibc():
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the C library already loaded: no lookup at each worker start
         return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
                     and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     except (OSError, AttributeError):
