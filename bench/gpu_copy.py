@@ -5,7 +5,8 @@ Copies: one buffer per size and memory kind (its pages touched, as a real batch'
 into one device buffer, timed with CUDA events on the current stream; pageable copies as
 ``.to(device)`` makes them, pinned ones asynchronously (``non_blocking=True``, as loops with
 ``pin_memory=True`` do); after warm-up, the two kinds in turns, the median of ``--repeats``.
-"pinned x" is the pinned copy's speed over the pageable one's (> 1: pinning pays).
+"pinned x" is the pinned copy's speed over the pageable one's (> 1: pinning pays). Then a pair
+of one batch's copies, one of each kind, after the GPU idled: each kind first and second.
 
 Overhead: one epoch of a GPU-bound loop (in-memory batches copied with ``loader.to``, a step of
 fp32 matmuls taking about ``--step-ms`` on the GPU, never synchronised inside the loop),
@@ -144,6 +145,38 @@ def copy_table(repeats: int) -> None:
               f"{gbps(size, pin_ms):12.2f} {page_ms / pin_ms:9.2f}", flush=True)
 
 
+ORDER_SIZES = [64 * KB, MB, 16 * MB]
+IDLE_S = 0.005  # the GPU idles this long before each pair, as while a loop waits for a batch
+
+
+def order_table(repeats: int) -> None:
+    """A pair of copies of one batch, one of each memory kind, after the GPU has idled (as the
+    watcher's and the engine's comparisons make them): each kind's median when it went first
+    and when it went second. A kind faster second than first means the order, not the memory
+    kind, decided part of the comparison."""
+    print(f"{'size':>8s} {'pageable 1st':>13s} {'pageable 2nd':>13s} {'pinned 1st':>11s} "
+          f"{'pinned 2nd':>11s}   (ms, after {IDLE_S * 1000:.0f} ms idle)")
+    for size in ORDER_SIZES:
+        pageable = torch.ones(size, dtype=torch.uint8)
+        pinned = torch.ones(size, dtype=torch.uint8).pin_memory()
+        dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+        got: dict[tuple[str, int], list[float]] = {}
+        for r in range(2 + 2 * repeats):
+            order = (("pageable", pageable), ("pinned", pinned))
+            if r % 2:
+                order = order[::-1]
+            torch.cuda.synchronize()
+            time.sleep(IDLE_S)
+            for place, (name, src) in enumerate(order):
+                ms = copy_ms(src, dst)
+                if r >= 2:  # the first two rounds warm up
+                    got.setdefault((name, place), []).append(ms)
+        cells = [statistics.median(got[(name, place)]) for name in ("pageable", "pinned")
+                 for place in (0, 1)]
+        print(f"{size_text(size):>8s} {cells[0]:13.4f} {cells[1]:13.4f} {cells[2]:11.4f} "
+              f"{cells[3]:11.4f}", flush=True)
+
+
 def watched_over_plain(plain: DataLoader, watched, pin: bool, step: GpuStep, rounds: int
                        ) -> tuple[list[float], list[dict[str, float]]]:
     """Epochs of a GPU-bound loop, ``plain`` and ``watched`` (the same loader, watched) in
@@ -212,6 +245,8 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA "
           f"{torch.version.cuda}; host-to-device copies, median of {args.repeats}")
     copy_table(args.repeats)
+    print("\nthe order of a pinned/pageable pair after the GPU idled")
+    order_table(args.repeats)
     step = GpuStep(args.step_ms)
     print(f"\nwatched/plain on a GPU-bound loop: {args.batches} batches of "
           f"{BATCH_SIZE}x{WIDTH} float32, {step.repeats} matmuls a step, {args.rounds} rounds "

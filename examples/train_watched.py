@@ -1,6 +1,7 @@
 """A real training job, watched: a small CNN learns where a bright square sits in noisy images.
 
     python examples/train_watched.py [--epochs 3] [--workers 2] [--step-ms 0] [--tune]
+                                     [--device auto|cpu|cuda|cuda:N]
 
 The one line that matters is ``watch(...)`` around each DataLoader: the training loop itself is
 unchanged. While it trains, the dashboard (``streamlit run app.py``, History page) lists the job
@@ -61,22 +62,32 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="extra time per step, as a bigger model would take")
     parser.add_argument("--db", default=None, help="run history (default: the dashboard's)")
+    parser.add_argument("--device", default="auto",
+                        help="where the model trains (auto: cuda when a GPU is visible); on a "
+                             "GPU each batch is copied with the watched loader's .to(), which "
+                             "times the copy and the GPU's idle gaps")
+    parser.add_argument("--pin-memory", action="store_true", help="the train loader's pin_memory")
     parser.add_argument("--tune", action="store_true",
                         help="let the tool tune the train loader in place while it trains")
     args = parser.parse_args()
     torch.manual_seed(0)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
 
     train = watch(DataLoader(BrightSquare(args.samples, seed=1), batch_size=64, shuffle=True,
-                             num_workers=args.workers), name="train", db=args.db, tune=args.tune)
+                             num_workers=args.workers, pin_memory=args.pin_memory),
+                  name="train", db=args.db, tune=args.tune)
     val = watch(DataLoader(BrightSquare(args.samples // 4, seed=2), batch_size=256),
                 name="val", db=args.db)
-    model = make_model()
+    model = make_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     for epoch in range(args.epochs):
         model.train()
-        for images, labels in train:
+        for batch in train:
+            images, labels = train.to(batch, device)
             optimizer.zero_grad()
             loss = loss_fn(model(images), labels)
             loss.backward()
@@ -86,7 +97,8 @@ def main() -> None:
         model.eval()
         correct = seen = 0
         with torch.no_grad():
-            for images, labels in val:
+            for batch in val:
+                images, labels = val.to(batch, device)
                 correct += int((model(images).argmax(1) == labels).sum())
                 seen += len(labels)
         print(f"epoch {epoch}: loss {loss.item():.3f}, val accuracy {correct / seen:.1%}",

@@ -7,8 +7,8 @@ is in its docstring; the tables they print go straight to the log (capsys.disabl
 
     python -m pytest -q -m gpu tests/test_gpu_real.py -p no:cacheprovider
 
-Written on a machine without a GPU and not yet run on one (issue 27): the thresholds are first
-guesses, to be checked where a GPU is lent. Files go under tmp_path, subprocesses have a
+Run on an H200 (issue 41, docs/benchmarks.md#gpu): all 12 passed there once the simulated
+step was fitted. `bash bench/gpu_truth.sh OUTDIR` runs them with the rest of the GPU checks. Files go under tmp_path, subprocesses have a
 timeout and their trees are reaped (tests/jobs.py), nothing listens on a port.
 """
 

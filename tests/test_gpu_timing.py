@@ -127,6 +127,51 @@ def test_copies_through_loader_to_keep_the_batch_and_are_timed(db_path, monkeypa
     assert len(timed) >= 8
 
 
+class TickingEvent(FakeEvent):
+    """Each record one tick after the last: the copies between two records cost one tick."""
+
+    def record(self, stream) -> None:
+        FakeEvent.clock += 1.0
+        super().record(stream)
+
+
+class SlowTwin:
+    """The other memory kind's copy of a tensor, three ticks slower than the batch's own."""
+
+    def to(self, device, non_blocking=False):
+        FakeEvent.clock += 3.0
+
+
+def test_the_other_kind_is_read_from_a_like_for_like_pair_after_the_loops_copy(monkeypatch):
+    """NOTE [ Comparing memory kinds ]: on a compared batch the loop's own copy comes first;
+    then the batch's tensors are copied again in their kind and once in the other, the order
+    swapped from one compared batch to the next, and the other kind's figure is the loop's
+    copy scaled by the pair's ratio (own 1 tick, same 1, other 4: 4)."""
+    import dataloader_tuner.instrument.gpu_events as timing
+    from dataloader_tuner.instrument.gpu_events import CopyTimes, other_kind_ms
+
+    assert other_kind_ms(0.09, 0.038, 0.016) == pytest.approx(0.09 * 0.016 / 0.038)
+    assert other_kind_ms(0.09, 0.0, 0.016) is None
+    monkeypatch.setattr(timing, "COMPARE_EVERY", 2)
+    timer = CopyTimes(TickingEvent, lambda device: "stream",
+                      twins=lambda tensors: [SlowTwin() for _ in tensors])
+    for seq in range(4):
+        timer.copy(seq, torch.ones(3), "cpu", non_blocking=False)
+    pairs = [entry[3] for entry in timer.pending]
+    assert pairs[0] is None and pairs[2] is None
+    (same1, other1), (same3, other3) = pairs[1], pairs[3]
+    end_of_own = timer.pending[1][2].recorded_at
+    assert end_of_own < other1[0].recorded_at < same1[0].recorded_at  # own, other, same
+    assert timer.pending[3][2].recorded_at < same3[0].recorded_at < other3[0].recorded_at
+    assert [e[4] for e in timer.pending] == [timer.pending[0][2], same1[1],
+                                             timer.pending[2][2], other3[1]]  # each one's last
+    done = []
+    for _ in range(8):  # (each fake event is done the second time it is asked)
+        done += timer.resolved()
+    assert [(seq, own, other) for seq, own, other in done] == [
+        (0, 1.0, None), (1, 1.0, 4.0), (2, 1.0, None), (3, 1.0, 4.0)]
+
+
 def test_moving_keeps_mappings_and_objects_that_move_themselves():
     from collections import UserDict, defaultdict
 

@@ -7,11 +7,15 @@ so forked DataLoader workers stay safe.
 
 from __future__ import annotations
 
+import functools
 import os
+import statistics
+import time
 from typing import Any
 
 import torch
 
+from dataloader_tuner.instrument.gpu_events import other_kind_ms, other_kind_twins, record_pair
 from dataloader_tuner.instrument.tensors import tensors_of
 
 NO_GPU_REASON = (
@@ -77,10 +81,15 @@ class TransferTimer:
         ms, moved = self._timed_copy(tensors)
         other = None
         self.count += 1
-        if self.count % self.compare_every == 0:
-            pinned = all(t.is_pinned() for t in tensors)
-            twins = [t.clone() if pinned else t.pin_memory() for t in tensors]
-            other, _ = self._timed_copy(twins)
+        if self.count % self.compare_every == 0:  # NOTE [ Comparing memory kinds ]
+            twins_first = (self.count // self.compare_every) % 2 == 1
+            with torch.cuda.stream(self.stream):
+                same, twin = record_pair(lambda: torch.cuda.Event(enable_timing=True),
+                                         self.stream, tensors, other_kind_twins(tensors),
+                                         self.device, twins_first)
+            (twin if not twins_first else same)[1].synchronize()
+            other = other_kind_ms(ms, same[0].elapsed_time(same[1]),
+                                  twin[0].elapsed_time(twin[1]))
         return ms, other, moved
 
 
@@ -109,8 +118,47 @@ class GapTimer:
 
 
 def simulated_gpu_step(step_s: float) -> None:
-    """Keep the GPU busy for about ``step_s`` without the CPU (like a real forward/backward)."""
-    cycles = int(step_s * torch.cuda.get_device_properties(0).clock_rate * 1000)
+    """Keep the GPU busy for about ``step_s`` of the loop's time, the CPU waiting (as a real
+    forward/backward ending in ``loss.item()``): a spin kernel of as many cycles as the fit of
+    this process's GPU asks (``spin_fit``)."""
+    spin_s, s_per_cycle = spin_fit()
+    _spin(spin_cycles(step_s, spin_s, s_per_cycle))
+
+
+def spin_cycles(step_s: float, spin_s: float, s_per_cycle: float) -> int:
+    """Cycles of spin that take ``step_s`` when a spin of none takes ``spin_s``."""
+    return max(0, int((step_s - spin_s) / s_per_cycle))
+
+
+# The fit's two spins, in the clock rate's cycles: long enough that the host's clock resolves
+# them, short enough that fitting costs ~30 ms once a process.
+FIT_SHORT_S, FIT_LONG_S, FIT_REPEATS = 0.001, 0.006, 3
+
+
+@functools.lru_cache(maxsize=1)
+def spin_fit() -> tuple[float, float]:
+    """(seconds a spin of no cycles takes, seconds per cycle), timed on the host's clock from
+    launch to the end of the wait: the reported clock rate alone left a fixed ~0.65 ms out (an
+    H200: 5 ms asked took 5.62, 20 took 20.72, 50 took 50.75). Falls back to the clock rate
+    when the fit is implausible (a host too busy to time it)."""
+    nominal = 1.0 / (torch.cuda.get_device_properties(0).clock_rate * 1000.0)
+    short, long = round(FIT_SHORT_S / nominal), round(FIT_LONG_S / nominal)
+    _spin(short)  # warm-up: the kernel's first launch loads it
+    timed: dict[int, list[float]] = {short: [], long: []}
+    for _ in range(FIT_REPEATS):
+        for cycles in (short, long):
+            t0 = time.perf_counter()
+            _spin(cycles)
+            timed[cycles].append(time.perf_counter() - t0)
+    t_short, t_long = statistics.median(timed[short]), statistics.median(timed[long])
+    s_per_cycle = (t_long - t_short) / (long - short)
+    spin_s = t_short - short * s_per_cycle
+    if not (0.5 * nominal <= s_per_cycle <= 2.0 * nominal and 0.0 <= spin_s <= 0.005):
+        return 0.0, nominal
+    return spin_s, s_per_cycle
+
+
+def _spin(cycles: int) -> None:
     torch.cuda._sleep(cycles)
     torch.cuda.current_stream().synchronize()
 

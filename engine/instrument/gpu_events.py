@@ -16,6 +16,20 @@ They are resolved lazily: ``Event.query()`` on the oldest pending pair at each b
 recorded until the job itself has initialised CUDA: a job training on the CPU of a machine with
 a GPU gets no CUDA context from the watcher (a context costs hundreds of MB, and CUDA before
 forking workers breaks them).
+
+NOTE [ Comparing memory kinds ]
+
+    What pin_memory buys is read from one batch in so many, copied in both kinds. The batch's
+    own copy cannot be one side of that comparison. Measured on an H200 (bench/gpu_copy.py): a
+    copy made right after the GPU idled, where the loop's own copy is (after its wait for the
+    batch), took 0.090 ms at 64 KB pageable and the same copy made next 0.038 (pinned: 0.044
+    and 0.016). A watched training's 64 KB batches: with the other kind's copy made second, the
+    pinned batches looked 2x slower than their pageable twins; made first, the loop's copies
+    were still 1.6-1.9x slower than the other kind's, whichever kind the loop used (its copy
+    also holds the walk through its batch). So the batch's tensors are copied once more in their
+    own kind and once in the other, both after the loop's copy and by the same code, in an order
+    swapped from one compared batch to the next; their ratio scales the loop's own copy time
+    into the other kind's figure.
 """
 
 from __future__ import annotations
@@ -79,14 +93,44 @@ class StepGaps:
 COMPARE_EVERY = 32  # batches: one in this many is also copied in the other memory kind
 
 
+def other_kind_ms(own_ms: float, same_ms: float, other_ms: float) -> float | None:
+    """The loop's copy had it been in the other memory kind: ``own_ms`` scaled by the like-for-like
+    pair's ratio (NOTE [ Comparing memory kinds ])."""
+    return own_ms * other_ms / same_ms if same_ms > 0 else None
+
+
+def other_kind_twins(tensors: list) -> list:
+    """The tensors in the other memory kind: pageable clones of pinned ones, else pinned."""
+    pinned = all(t.is_pinned() for t in tensors)
+    return [t.clone() if pinned else t.pin_memory() for t in tensors]
+
+
+def record_pair(make_event: Callable[[], Any], stream: Any, tensors: list, twins: list,
+                device: Any, twins_first: bool) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """Events around a copy of ``tensors`` again and one of their ``twins``, in the order asked:
+    ``((same kind start, end), (other kind start, end))``."""
+    timed = {}
+    order = (("other", twins), ("same", tensors)) if twins_first else (
+        ("same", tensors), ("other", twins))
+    for name, sources in order:
+        start, end = make_event(), make_event()
+        start.record(stream)
+        for tensor in sources:
+            tensor.to(device, non_blocking=True)
+        end.record(stream)
+        timed[name] = (start, end)
+    return timed["same"], timed["other"]
+
+
 class CopyTimes:
     """Times each copy made through ``loader.to`` with two events on the current stream (the
     copy the training step waits for anyway: nothing extra is synchronised); every
-    COMPARE_EVERY-th batch is also copied in the other memory kind (pageable if the batch is
-    pinned, pinned if not) into a throwaway, so pinned and pageable compare at the real size."""
+    COMPARE_EVERY-th batch is also copied in both memory kinds into throwaways, so pinned and
+    pageable compare at the real size (NOTE [ Comparing memory kinds ])."""
 
-    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[Any], Any]) -> None:
-        self.make_event, self.current_stream = make_event, current_stream
+    def __init__(self, make_event: Callable[[], Any], current_stream: Callable[[Any], Any],
+                 twins: Callable[[list], list] = other_kind_twins) -> None:
+        self.make_event, self.current_stream, self.twins = make_event, current_stream, twins
         self.pending: collections.deque = collections.deque()
         self.count = 0
 
@@ -105,18 +149,15 @@ class CopyTimes:
         start.record(stream)
         result = moved(batch, device, non_blocking)
         end.record(stream)
-        other = None
         self.count += 1
+        pair, last = None, end
         tensors = tensors_of(batch) if self.count % COMPARE_EVERY == 0 else []
         if tensors and all(t.device.type == "cpu" for t in tensors):
-            pinned = all(t.is_pinned() for t in tensors)
-            twins = [t.clone() if pinned else t.pin_memory() for t in tensors]
-            other = (self.make_event(), self.make_event())
-            other[0].record(stream)
-            for twin in twins:
-                twin.to(device, non_blocking=True)
-            other[1].record(stream)
-        self.pending.append((seq, start, end, other))
+            twins_first = (self.count // COMPARE_EVERY) % 2 == 1
+            pair = record_pair(self.make_event, stream, tensors, self.twins(tensors), device,
+                               twins_first)
+            last = pair[1][1] if not twins_first else pair[0][1]
+        self.pending.append((seq, start, end, pair, last))
         if len(self.pending) > MAX_PENDING:
             self.pending.popleft()
         return result
@@ -125,8 +166,13 @@ class CopyTimes:
         """``(seq, copy ms, other kind's copy ms or None)`` of the copies the GPU has done."""
         done = []
         pending = self.pending
-        while pending and (pending[0][3] or pending[0][1:3])[-1].query():
-            seq, start, end, other = pending.popleft()
-            done.append((seq, start.elapsed_time(end),
-                         other[0].elapsed_time(other[1]) if other else None))
+        while pending and pending[0][4].query():
+            seq, start, end, pair, _ = pending.popleft()
+            own = start.elapsed_time(end)
+            other = None
+            if pair is not None:
+                (same_start, same_end), (other_start, other_end) = pair
+                other = other_kind_ms(own, same_start.elapsed_time(same_end),
+                                      other_start.elapsed_time(other_end))
+            done.append((seq, own, other))
         return done

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
 from torch import Tensor, strided
@@ -294,11 +294,11 @@ class TimedMapDataset(Dataset):
                 add_note(exc, f"while fetching sample indices {list(indices)[:64]}")
                 raise
         else:
-            inner = self.inner
+            inner, pending = self.inner, iter(indices)
             try:  # a comprehension like torch's own fetcher: the cheapest loop there is
-                items = [inner[i] for i in indices]
+                items = [inner[i] for i in pending]
             except Exception as exc:
-                add_note(exc, f"while fetching sample index {_failed_index(exc)!r} "
+                add_note(exc, f"while fetching sample index {_failed_index(indices, pending)!r} "
                               f"(batch indices {list(indices)[:64]})")
                 raise
         if timed:
@@ -324,17 +324,15 @@ class TimedMapDataset(Dataset):
             setattr(self.inner, name, value)
 
 
-def _failed_index(exc: BaseException) -> Any:
-    """The index the fetch loop was at when the user's code raised, read from the traceback's
-    frame of that loop (its variable ``i``): nothing is spent on it unless something fails."""
-    tb = exc.__traceback__
-    found = None
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_filename == __file__ and "i" in frame.f_locals:
-            found = frame.f_locals["i"]
-        tb = tb.tb_next
-    return found
+def _failed_index(indices: Any, pending: Iterator[Any]) -> Any:
+    """The index the fetch was at when the user's code raised: the one before those it had
+    not reached. (Read from the iterator, not the traceback: Python 3.12 inlines comprehensions,
+    and their variable is in no frame's locals after the raise.)"""
+    left = sum(1 for _ in pending)
+    try:
+        return indices[len(indices) - left - 1]
+    except (TypeError, IndexError):  # not a sequence: the index cannot be named
+        return None
 
 
 class TimedIterableDataset(IterableDataset):
