@@ -27,10 +27,11 @@ from torch.distributed import TCPStore  # noqa: E402
 
 from dataloader_tuner.analyse.ranks import RankSummary  # noqa: E402
 from dataloader_tuner.store import RunStore  # noqa: E402
-from dataloader_tuner.watcher.job_report import RankReporter, report_key  # noqa: E402
+from dataloader_tuner.analyse.ranks import report_key  # noqa: E402
+from dataloader_tuner.watcher.job_report import RankReporter  # noqa: E402
 from dataloader_tuner.watcher.rank_identity import RankIdentity  # noqa: E402
-from dataloader_tuner.record.recorder import Recorder  # noqa: E402
-from dataloader_tuner.record.sinks import HistorySink  # noqa: E402
+from dataloader_tuner.run.recorder import Recorder  # noqa: E402
+from dataloader_tuner.run.sinks import HistorySink  # noqa: E402
 
 SAMPLE = RankSummary(
     loader="train", rank=0, world_size=1, local_rank=0, node=0, host="node-000.cluster.local",

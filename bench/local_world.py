@@ -2,7 +2,7 @@
 
 For each workload and N = 1, 2, 4, in one run:
   1. the tuner through the real engine with ``local_world_size=N`` (every trial runs N loaders
-     at once, engine/tune/companions.py): its num_workers per rank;
+     at once, engine/child/companions.py): its num_workers per rank;
   2. a grid of num_workers per rank, each point measured as N ranks would run: N processes (a
      fresh interpreter each, as torchrun starts them), each a plain DataLoader loop, all timed
      over the same window; the point's figure is their total samples/s. Passes alternate the
@@ -49,7 +49,7 @@ def plain_rank(target: str, pipe) -> None:
 
     from dataloader_tuner.instrument.probes import samples_in
     from dataloader_tuner.child.target import resolve
-    from dataloader_tuner.settings import starting_config
+    from dataloader_tuner.child.starting import starting_config
 
     resolved = resolve(target)
     base = starting_config(resolved)

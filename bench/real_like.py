@@ -221,7 +221,7 @@ def tools_own(settings: dict) -> tuple[str, ...]:
 
 def recommended_overrides(own: dict, rec: dict) -> dict:
     """The module's settings with the recommendation on top; worker-only settings it leaves
-    out return to DataLoader's defaults (as dataloader_tuner.tune.offline.recommended_config does)."""
+    out return to DataLoader's defaults (as dataloader_tuner.child.tuning.recommended_config does)."""
     n = rec["num_workers"]
     overrides = {"batch_size": rec.get("batch_size", own["batch_size"]), "num_workers": n,
                  "pin_memory": bool(rec.get("pin_memory")),

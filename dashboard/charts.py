@@ -226,7 +226,7 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
                                  name="current settings", marker={"size": 11, "symbol": "diamond",
                                                                   "color": COLORS[1]}))
     if recommended_workers is not None and (final or recommended_workers in best):
-        # The recommendation as measured with all its settings, if it was (see tune/offline.py).
+        # The recommendation as measured with all its settings, if it was (see child/tuning.py).
         y = final[-1]["samples_per_s"] if final else float(np.median(best[recommended_workers]))
         traces.append(go.Scatter(x=[recommended_workers], y=[y],
                                  mode="markers", name="recommended",

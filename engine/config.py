@@ -11,10 +11,19 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dataloader_tuner.errors import ConfigError
-from dataloader_tuner.analyse.metrics import warmup_batches
 
 # Settings the tuner searches and that a settings file carries (JSON-serialisable values).
 TUNABLE_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def warmup_batches(num_workers: int, prefetch_factor: int) -> int:
+    """Batches to skip before the steady-state clock starts.
+
+    When the consumer first calls ``next()``, every worker is already producing: up to
+    ``num_workers * prefetch_factor`` batches arrive back to back and would inflate the rate.
+    Without workers only the first batch (imports, caches, lazy opens) is skipped.
+    """
+    return max(1, num_workers * prefetch_factor)
 
 
 # Settings DataLoader takes only with worker processes, and their defaults.
@@ -144,7 +153,7 @@ class LoaderConfig:
 
     @property
     def warmup_batches(self) -> int:
-        """Batches to skip before the steady-state clock starts (metrics.warmup_batches)."""
+        """Batches to skip before the steady-state clock starts (``warmup_batches``)."""
         return warmup_batches(self.num_workers, self.effective_prefetch_factor)
 
     @property

@@ -248,7 +248,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class Tuned:
-    """The tuner's recommendation (tune/offline.py's tune_document); the parent completes it into a
+    """The tuner's recommendation (child/tuning.py's tune_document); the parent completes it into a
     results.TuneResult."""
 
     kind: ClassVar[str] = "tune_result"

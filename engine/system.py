@@ -3,7 +3,8 @@
 ``SystemSnapshot`` is the one reading of it: the tuner's CPU budget, the diagnostics' CPU count
 and the dashboard's panel all ask it (``cores``, ``cpu_budget``), so a cgroup quota
 (``docker --cpus=2`` on 16 cores) counts everywhere or nowhere. Importing this module costs no
-torch: the parent side reads snapshots; only ``snapshot()``, in the child, asks torch for GPUs.
+torch: the parent side reads snapshots; whoever takes one (the child, a watched job) asks
+torch for the GPU and passes it in.
 """
 
 from __future__ import annotations
@@ -139,11 +140,10 @@ def shm_usage() -> dict | None:
     return {"total_mb": total, "used_mb": used, "free_mb": total - used, "rehearsed": rehearsed}
 
 
-def snapshot(wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
-    """Everything the tuner and the user need to judge what the machine can give the loader
-    (``wait`` as other_processes_cpu's)."""
-    from dataloader_tuner.instrument import gpu  # torch: in the child only
-
+def snapshot(gpu: dict, wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
+    """Everything the tuner and the user need to judge what the machine can give the loader:
+    ``gpu`` as the caller found it (``instrument.gpu.gpu_info()``, which needs torch), ``wait``
+    as other_processes_cpu's."""
     memory = psutil.virtual_memory()
     return SystemSnapshot(
         cpus_logical=psutil.cpu_count(logical=True),
@@ -153,5 +153,5 @@ def snapshot(wait: Callable[[float], object] = time.sleep) -> SystemSnapshot:
         ram_total_mb=memory.total / MB,
         ram_available_mb=memory.available / MB,
         shm=shm_usage(),
-        gpu=gpu.gpu_info(),
+        gpu=gpu,
     )

@@ -178,7 +178,7 @@ class FakeRunner:
 
 
 def _pairs(runner):
-    from dataloader_tuner.tune.offline import _pairs_at_end
+    from dataloader_tuner.child.tuning import _pairs_at_end
     from dataloader_tuner.tune.recommend import Recommendation
     from dataloader_tuner.tune.tuner import TuneOutcome
 

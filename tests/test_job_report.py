@@ -10,10 +10,11 @@ from torch.distributed import TCPStore
 
 from dataloader_tuner import RunStore, job_view
 from dataloader_tuner.watcher import job_report
-from dataloader_tuner.watcher.job_report import RankReporter, job_store, report_key
+from dataloader_tuner.analyse.ranks import report_key
+from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.watcher.rank_identity import RankIdentity
-from dataloader_tuner.record.recorder import Recorder
-from dataloader_tuner.record.sinks import HistorySink
+from dataloader_tuner.run.recorder import Recorder
+from dataloader_tuner.run.sinks import HistorySink
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""The package's shape: the public API (engine/__init__.py) is complete, the dashboard uses only
-it, the engine never imports the dashboard, no module imports another through a cycle, and
-nothing imports the folders by their repository names."""
+"""The package's shape: its parts import only the layers below theirs (docs/development.md,
+"Layers"), the public API (engine/__init__.py) is complete, the dashboard uses only it, the
+engine never imports the dashboard, no module imports another through a cycle, and nothing
+imports the folders by their repository names."""
 
 import ast
 import re
@@ -106,6 +107,58 @@ def test_no_module_imports_another_through_a_cycle():
 def test_the_cycle_check_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, PACKAGE: set()}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+# The package's parts, bottom to top (docs/development.md, "Layers"): a part imports only the
+# parts of the layers below its own, at module level, inside functions or for type checking.
+LAYERS = [
+    {"errors", "access"},  # plain facts: the tool's errors, private files and the token
+    {"config", "system"},  # a loader's settings; the machine
+    {"record"},  # the per-batch rows and trial values, and how they cross a pipe
+    {"protocol"},  # what the parent and the engine's child say to each other
+    {"instrument"},  # probes inside the user's loader: timing, CPU, memory, GPU, stalls
+    {"analyse"},  # figures from rows: metrics, diagnostics, results, ranks, traces
+    {"settings", "store"},  # settings files; the run history (SQLite)
+    {"tune"},  # the search's decisions, without a loader: plan, cost model, claim, picks
+    {"run"},  # a run made and kept: recorder, sinks, the parent's view, the runner
+    {"child"},  # the engine's child process: the target, the measuring loop, trials
+    {"watcher"},  # a user's training job, watched and tuned in place
+    {"__init__", "demo"},  # the public API; the built-in demo dataset
+    {"lightning", "cli", "dashboard"},  # what users run
+    {"__main__"},  # python -m dataloader_tuner: the CLI
+]
+
+
+def part_of(module: str) -> str:
+    """``dataloader_tuner.tune.plan`` -> ``tune``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Imports that go up the order or sideways between parts of one layer."""
+    rank = {part: i for i, layer in enumerate(layers) for part in layer}
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            source_part, target_part = part_of(module), part_of(target)
+            if source_part != target_part and rank[target_part] >= rank[source_part]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_part_imports_only_the_layers_below_its_own():
+    """Also rules out a cycle between parts: one would need an import that goes up."""
+    graph = import_graph()
+    parts = {part_of(module) for module in graph}
+    assert parts == set().union(*LAYERS), parts ^ set().union(*LAYERS)  # each part placed
+    assert layer_violations(graph, LAYERS) == []
+
+
+def test_the_layer_check_finds_an_import_that_goes_up():
+    graph = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.z"}, "p.a.z": set(), "p.c": {"p.b.y"}}
+    assert layer_violations(graph, [{"a"}, {"b"}, {"c"}]) == ["p.a.x -> p.b.y"]
+    assert layer_violations(graph, [{"a", "b"}, {"c"}]) == ["p.a.x -> p.b.y", "p.b.y -> p.a.z"]
 
 
 def test_the_engine_never_imports_the_dashboard():

@@ -47,7 +47,7 @@ def test_a_node_of_two_ranks_is_tuned_with_two_loaders_running_at_once(tmp_path)
 
 BROKEN_COMPANION = """
 import json, sys
-from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.errors import RunError
 try:
     Companions(sys.argv[1], {}, None, 1)

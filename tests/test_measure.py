@@ -4,7 +4,7 @@ import pytest
 
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.child.measure import Consumer, Measurement
-from dataloader_tuner.settings import starting_config
+from dataloader_tuner.child.starting import starting_config
 from dataloader_tuner.child.target import resolve
 
 from .conftest import dataset_path
@@ -120,7 +120,7 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
 
 
 def test_the_snippet_names_objects_as_the_module_makes_them():
-    from dataloader_tuner.settings import snippet_names
+    from dataloader_tuner.child.starting import snippet_names
 
     resolved = resolve(dataset_path("duck_table.py"))
     config = starting_config(resolved, {"num_workers": 1})

@@ -3,6 +3,7 @@
 import pytest
 
 from dataloader_tuner.analyse import metrics
+from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.record.rows import BatchRecord
 
 
@@ -29,8 +30,8 @@ def test_latency_in_ms():
 
 
 def test_warmup_counts_prefetched_batches():
-    assert metrics.warmup_batches(16, 2) == 32
-    assert metrics.warmup_batches(0, 0) == 1
+    assert warmup_batches(16, 2) == 32
+    assert warmup_batches(0, 0) == 1
 
 
 def test_steady_state_excludes_warmup_burst():

@@ -6,7 +6,7 @@ import pytest
 from dataloader_tuner.child.measure import Consumer
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TunePlan
-from dataloader_tuner.tune.trial_run import TrialRunner
+from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
 

@@ -10,7 +10,7 @@ import pytest
 
 from dataloader_tuner.tune import costmodel
 from dataloader_tuner.tune.recommend import recommend
-from dataloader_tuner.tune.offline import no_steady_state_error
+from dataloader_tuner.child.tuning import no_steady_state_error
 from dataloader_tuner.config import LoaderConfig
 
 from .test_tuner import limits, trial

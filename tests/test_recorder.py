@@ -1,4 +1,4 @@
-"""One recorder for the engine's child and a watched loader (record/recorder.py): what it
+"""One recorder for the engine's child and a watched loader (run/recorder.py): what it
 writes to its sink, in what order, and its one policy when the sink cannot be written."""
 
 import time
@@ -6,8 +6,8 @@ import time
 import pytest
 
 from dataloader_tuner import protocol
-from dataloader_tuner.record import recorder as recording
-from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.run import recorder as recording
+from dataloader_tuner.run.recorder import Recorder
 from dataloader_tuner.run.live import LiveRun
 
 from .records import make_batches

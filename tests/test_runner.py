@@ -188,7 +188,7 @@ def slow_explain(exc, signals):
     return real_explain(exc, signals)
 
 events = []
-class Writer:  # a sink (record/sinks.py) into a list
+class Writer:  # a sink (run/sinks.py) into a list
     where = "a list"
 
     def write(self, batch):

@@ -36,16 +36,6 @@ def latency_ms(waits_s: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def warmup_batches(num_workers: int, prefetch_factor: int) -> int:
-    """Batches to skip before the steady-state clock starts.
-
-    When the consumer first calls ``next()``, every worker is already producing: up to
-    ``num_workers * prefetch_factor`` batches arrive back to back and would inflate the rate.
-    Without workers only the first batch (imports, caches, lazy opens) is skipped.
-    """
-    return max(1, num_workers * prefetch_factor)
-
-
 @dataclass(frozen=True)
 class SteadyState:
     start: float  # when the last warm-up batch arrived

@@ -16,6 +16,7 @@ step) show it in their rates as well.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
@@ -37,8 +38,15 @@ SHM_FULL_SHARE = 0.8  # a node's /dev/shm this full is said while the job runs
 GROWING_MB_PER_MIN = 50.0  # memory growth that is named (with at least MIN_GROWTH_MB in all)
 MIN_GROWTH_MB = 200.0
 # A rank's last word, and the state it puts the rank in ("lost": its run in a shared history
-# was marked so, record/recorder.py).
+# was marked so, run/recorder.py).
 FINAL = {"ok": "finished", "error": "failed", "stopped": "stopped", "lost": "lost"}
+
+
+def report_key(loader: str, rank: int | str) -> str:
+    """Where a rank's report (or a node's plan) lives in the job's torch.distributed store."""
+    # A restarted job (torchrun --max-restarts) reports afresh: its attempt is in the key.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"dataloader-tuner/{attempt}/{loader}/{rank}"
 
 
 @dataclass(frozen=True)

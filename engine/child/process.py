@@ -31,16 +31,16 @@ import warnings
 
 import psutil
 
-from dataloader_tuner.record.recorder import Recorder
-from dataloader_tuner.record.sinks import PipeSink
+from dataloader_tuner.run.recorder import Recorder
+from dataloader_tuner.run.sinks import PipeSink
 
 from dataloader_tuner import system
-from dataloader_tuner.settings import snippet_names, starting_config
+from dataloader_tuner.child.starting import snippet_names, starting_config
 from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
-from dataloader_tuner.instrument import stalls
+from dataloader_tuner.instrument import gpu, stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
@@ -215,7 +215,7 @@ class ChildRun:
             warmup_batches=config.warmup_batches,
             counting=counting_rules(config),
             consumer=consumer.to_dict(),
-            system=system.snapshot(),
+            system=system.snapshot(gpu.gpu_info()),
             torch=__import__("torch").__version__,
             # A node-level tune's settings run on each of its ranks: their batches share
             # /dev/shm (the check as the run starts, the run's diagnostics).
@@ -254,7 +254,7 @@ class ChildRun:
         measurement.run()
 
     def _tune(self, resolved, config, consumer, system) -> None:
-        from dataloader_tuner.tune.offline import run_tune
+        from dataloader_tuner.child.tuning import run_tune
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()

@@ -39,7 +39,7 @@ class TrialResult:
     rate_ci: float | None = None
     conclusive: bool = True
     batches_per_s: float | None = None  # with batch_size=None a batch holds many samples
-    # --local-world-size N: the trial ran N loaders at once (tune/companions.py); its own
+    # --local-world-size N: the trial ran N loaders at once (child/companions.py); its own
     # rate is one rank's under that contention, this the N loaders' together.
     ranks_measured: int = 1
     node_samples_per_s: float | None = None

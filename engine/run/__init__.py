@@ -1,1 +1,3 @@
-"""The parent side of a run: start the engine's child, fold its events, keep them. No torch."""
+"""A run made and kept: the recorder that ships each batch's rows to a sink (the engine child's
+pipe, a watched job's history), and the parent side: start the engine's child, fold its events
+into a LiveRun, keep them. No torch."""

@@ -1,2 +1,3 @@
-"""The search for settings: trials' statistics, the cost model, the tuner and its reasons.
-Pure: measurements come in through a function."""
+"""The search's decisions: trials' statistics, the plan, the cost model, the tuner, the claim and
+its reasons. No loader here: measurements come in through a function (the search run against
+real loaders is child/tuning.py's)."""

@@ -31,7 +31,7 @@ from dataloader_tuner.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
 
 # A trial that cannot reach TARGET_CI is judged as it stands after MIN_TRIAL_S, or longer when
 # batches are slow (room for its warm-up and 1.5x MIN_STEADY_BATCHES), up to MAX_TRIAL_S: the
-# offline tuner's clock (tune/offline.py).
+# offline tuner's clock (child/tuning.py).
 MIN_TRIAL_S = 4.0
 MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from dataloader_tuner.tune.in_place import Decision, InPlaceSearch, Setting, Trial
-from dataloader_tuner.watcher.job_report import report_key
+from dataloader_tuner.analyse.ranks import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
 POLL_S = 0.2  # how often the node's plan (followers) or failures (the leader) are read

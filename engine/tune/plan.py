@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from dataloader_tuner.analyse.metrics import warmup_batches
+from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile

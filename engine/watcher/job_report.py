@@ -30,10 +30,10 @@ from dataloader_tuner.analyse.stalls import stuck_at
 from dataloader_tuner.instrument.stalls import StallWatch
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
-                                  summary_from_batches)
+                                            report_key, summary_from_batches)
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.watcher.rank_identity import RankIdentity
-from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.run.recorder import Recorder
 
 STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
 SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often
@@ -54,12 +54,6 @@ def job_store():
     if dist.is_available() and dist.is_initialized():
         return dist.distributed_c10d._get_default_store()
     return None
-
-
-def report_key(loader: str, rank: int | str) -> str:
-    # A restarted job (torchrun --max-restarts) reports afresh: its attempt is in the key.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"dataloader-tuner/{attempt}/{loader}/{rank}"
 
 
 class RankReporter:

@@ -38,7 +38,7 @@ from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.report import tightest_shm
 from dataloader_tuner.analyse.stalls import overdue_now
-from dataloader_tuner.instrument import probes, stalls, threads
+from dataloader_tuner.instrument import gpu, probes, stalls, threads
 from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
                                                TimedCollate, counting_rules, samples_in,
                                                wrap_dataset)
@@ -59,9 +59,9 @@ from dataloader_tuner.record.ledger import EpochMark, samples_of, unprobed_meta
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.target import type_name
 from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.record.recorder import Recorder
+from dataloader_tuner.run.recorder import Recorder
 from dataloader_tuner.record.trials import InPlaceTrial
-from dataloader_tuner.record.sinks import HistorySink
+from dataloader_tuner.run.sinks import HistorySink
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 _watched: list["WatchedLoader"] = []  # ended at exit, in order
@@ -650,7 +650,7 @@ class WatchedLoader:
         if self.unprobed_reason:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
                         + ")", "bytes": "not read"}
-        machine = system.snapshot(wait=self.recorder.sleep_unless_stopped)
+        machine = system.snapshot(gpu.gpu_info(), wait=self.recorder.sleep_unless_stopped)
         self._shm_at_start = machine.shm
         return protocol.Ready(
             mode="watch",

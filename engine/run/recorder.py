@@ -1,6 +1,6 @@
 """Takes batch rows and rare events from the measuring thread and writes them to a sink from a
 background thread: the engine child's (to its parent's pipe) and a watched loader's (to the run
-history) are this one recorder with different sinks (record/sinks.py).
+history) are this one recorder with different sinks (run/sinks.py).
 
 The measuring thread only appends: batch rows to ``rows``, the rare event (an epoch began, a
 worker was first seen, a trial) to ``events``, GPU timings resolved after their batch to
@@ -28,7 +28,7 @@ from typing import Any, Callable
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
-from dataloader_tuner.record.sinks import Sink
+from dataloader_tuner.run.sinks import Sink
 
 FLUSH_S = 0.25  # rows reach their sink at least this often
 RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s

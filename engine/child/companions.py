@@ -137,7 +137,7 @@ def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
 
     from dataloader_tuner.child.measure import Consumer, Measurement
     from dataloader_tuner.child.target import resolve
-    from dataloader_tuner.settings import starting_config
+    from dataloader_tuner.child.starting import starting_config
 
     try:
         resolved = resolve(target)

@@ -1,4 +1,4 @@
-"""Tuning inside the engine's child process: real trials for the search in tuner.py.
+"""Tuning in the engine's child process: real trials for the search in tune/tuner.py.
 
 All trials run in the one child (torch is imported once), each with a fresh DataLoader whose
 workers are shut down before the next trial starts.
@@ -24,7 +24,7 @@ import torch
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.tune import claim, order, plan
-from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.measure import Consumer
 from dataloader_tuner.analyse.diagnostic import Diagnostic
@@ -32,11 +32,12 @@ from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.recommend import Limits
-from dataloader_tuner.settings import recommended_config, snippet_names
+from dataloader_tuner.child.starting import snippet_names
+from dataloader_tuner.settings import recommended_config
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult, TunePlan
-from dataloader_tuner.tune.trial_run import HARD_CAP_S, TrialRunner
+from dataloader_tuner.child.trial_run import HARD_CAP_S, TrialRunner
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.thread_pools import ThreadsDecision

@@ -19,7 +19,7 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.instrument import threads
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.companions import Companions
+from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
                                          TARGET_CI, interval_block, summarize_trial)

@@ -1,4 +1,4 @@
-"""Where a recorder's events go (record/recorder.py): the engine child's pipe to its parent, or
+"""Where a recorder's events go (run/recorder.py): the engine child's pipe to its parent, or
 the run history a watched training job writes. A sink writes a flush's events in order or
 raises; what to do then (report once, keep them for the next flush, cap the backlog) is the
 recorder's one policy."""
