@@ -52,9 +52,10 @@ process tree (engine children, plain loops, their workers):
 
     ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--slow] [--seconds 3]
         [--min-batches 20] [--pairs 3] [--repeats 3] [--passes 3] [--budget-s S] [--quick]
-        [--json PATH]
+        [--fast] [--json PATH]
 
---only NAME: the modules whose name contains NAME; --slow: only the SLOW pipelines.
+--only NAME: the modules whose name contains NAME; --slow: only the SLOW pipelines; --fast: all
+but them.
 --quick: 1 pair, 1 repeat, one grid pass over 0, 2, 4 workers (each also persistent) and the
 pick, at least 8 batches per loop (unless given): a smoke run. The tables print "!" beside a
 figure that misses its target; a pick shown as "4p" has persistent_workers=True.
@@ -495,6 +496,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", help="only the modules whose name contains this")
     parser.add_argument("--slow", action="store_true",
                         help=f"only the slow pipelines ({', '.join(SLOW)})")
+    parser.add_argument("--fast", action="store_true", help="all but the slow pipelines")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--min-batches", type=int,
                         help=f"batches each plain loop times at least ({MIN_BATCHES}; "
@@ -521,7 +523,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    names = [n for n in (SLOW if args.slow else MODULES) if not args.only or args.only in n]
+    pool = SLOW if args.slow else [n for n in MODULES if n not in SLOW] if args.fast else MODULES
+    names = [n for n in pool if not args.only or args.only in n]
     if not names:
         raise SystemExit(f"no module matches {args.only!r}; modules: {', '.join(MODULES)}")
     print(f"{len(names)} module(s); {args.seconds:g} s and at least {args.min_batches} batches "

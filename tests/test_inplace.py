@@ -15,16 +15,21 @@ from torch.utils.data import DataLoader
 from dataloader_tuner import watch
 from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
 
+from .clocks import SimulatedClock
 from .conftest import ROOT
 from .test_watch import Indices
 
 
-@pytest.fixture
-def no_prewarm(monkeypatch):
-    """Simulated batches take no real time: the search's wall-clock rules are set aside."""
-    import dataloader_tuner.tune.in_place as inplace
+def searching(start: Setting, max_workers: int, epoch_batches: int | None = None
+              ) -> InPlaceSearch:
+    """A search on simulated time: ``feed`` moves its clock by each batch's cycle."""
+    return InPlaceSearch(start, max_workers, epoch_batches, clock=SimulatedClock())
 
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
+
+def feed(search: InPlaceSearch, samples: int, cycle_s: float) -> Setting | None:
+    """One batch the loop took ``cycle_s`` for, as the job's clock sees it."""
+    search.clock.advance(cycle_s)
+    return search.after_batch(samples, cycle_s)
 
 
 def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
@@ -35,15 +40,14 @@ def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
         if search.finished:
             break
         rate = rate_of(search.current.num_workers)
-        search.after_batch(batch, batch / rate * (1 + rng.uniform(-noise, noise)))
+        feed(search, batch, batch / rate * (1 + rng.uniform(-noise, noise)))
     assert search.finished, search.to_dict()
     return search.best.setting
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_an_in_memory_loader_goes_down_to_no_workers():
     # Worker processes only add transfer costs: 0 workers is fastest (as tiny_in_memory).
-    search = InPlaceSearch(Setting(2), max_workers=8)
+    search = searching(Setting(2), max_workers=8)
     assert drive(search, lambda n: 20_000 / (1 + 0.3 * n)) == Setting(0)
     verdicts = [d.verdict for d in search.decisions]
     assert verdicts[0].startswith("measured as the starting point")
@@ -51,19 +55,17 @@ def test_an_in_memory_loader_goes_down_to_no_workers():
     assert verdicts[-1] == "chosen: num_workers=0"
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
     # Each worker makes 100 samples/s; the step caps the loop at 700: 7 workers feed it.
-    search = InPlaceSearch(Setting(0), max_workers=32)
+    search = searching(Setting(0), max_workers=32)
     chosen = drive(search, lambda n: min(100 * max(n, 0.5), 700))
     assert 7 <= chosen.num_workers <= 9  # the first count at the cap on the grow path (1,2,3,4,6,9)
     tried = [t.setting.num_workers for t in search.measured]
     assert tried[:5] == [0, 1, 2, 3, 4] and max(tried) <= 14
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_fewer_workers_within_tolerance_are_preferred():
-    search = InPlaceSearch(Setting(6), max_workers=8)
+    search = searching(Setting(6), max_workers=8)
     assert drive(search, lambda n: 1000 if n >= 2 else 400).num_workers == 2
 
 
@@ -77,7 +79,7 @@ def drive_epochs(search: InPlaceSearch, cycle_of, startup_of, epoch_batches: int
             break
         n = search.current.num_workers
         fresh = search.trial.fresh
-        switch = search.after_batch(32, cycle_of(n) + (startup_of(n) if fresh else 0.0))
+        switch = feed(search, 32, cycle_of(n) + (startup_of(n) if fresh else 0.0))
         taken += 1
         if switch is not None or taken % epoch_batches == 0:
             search.loader_started()
@@ -85,7 +87,6 @@ def drive_epochs(search: InPlaceSearch, cycle_of, startup_of, epoch_batches: int
     return search.best.setting
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_each_setting_is_charged_its_start_up_as_the_job_pays_it():
     """2 workers make batches 20% faster than none, but restarting them costs 1 s at each of
     the job's 50-batch epochs: 1.5 s an epoch against 0.6 s. Uncharged, the steady rate alone
@@ -96,21 +97,21 @@ def test_each_setting_is_charged_its_start_up_as_the_job_pays_it():
     def startup(n):
         return 1.0 if n else 0.0
 
-    charged = InPlaceSearch(Setting(0), max_workers=2, epoch_batches=50)
+    charged = searching(Setting(0), max_workers=2, epoch_batches=50)
     assert drive_epochs(charged, cycle, startup, 50) == Setting(0)
     tried = {t.setting.num_workers: t for t in charged.measured}
-    assert tried[1].startup_s() == pytest.approx(1.0) and tried[0].startup_s() == 0.0
+    # (0 workers: no start-up, or none seen: its first batches fell in the job's PREWARM_S)
+    assert tried[1].startup_s() == pytest.approx(1.0) and tried[0].startup_s() in (0.0, None)
     assert tried[1].to_dict()["startup_ms"] == pytest.approx(1000.0)
-    kept = InPlaceSearch(Setting(0), max_workers=2)  # persistent workers: paid once, not charged
+    kept = searching(Setting(0), max_workers=2)  # persistent workers: paid once, not charged
     assert drive_epochs(kept, cycle, startup, 50).num_workers > 0
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_a_failing_setting_is_dropped_for_the_best_so_far():
-    search = InPlaceSearch(Setting(2), max_workers=8)
+    search = searching(Setting(2), max_workers=8)
     rng = random.Random(1)
     while search.current == Setting(2):
-        search.after_batch(32, 0.01 * (1 + rng.uniform(-0.01, 0.01)))
+        feed(search, 32, 0.01 * (1 + rng.uniform(-0.01, 0.01)))
     trying = search.current
     assert trying.num_workers == 3
     assert search.setting_failed(trying, "worker killed") == Setting(2)
@@ -330,14 +331,13 @@ def test_loaders_that_cannot_be_planned_are_watched_untuned(db_path):
         unordered.close()
 
 
-@pytest.mark.usefixtures("no_prewarm")
 def test_the_best_failing_while_another_setting_is_tried_falls_back_to_the_measured_own():
     """A node's follower reports that the node's best failed while the leader tries another
     count: the search goes on against the job's own, measured, instead of a rate it lacks."""
-    search = InPlaceSearch(Setting(1), max_workers=8)
+    search = searching(Setting(1), max_workers=8)
     rates = {1: 500.0, 2: 1000.0, 3: 1100.0, 4: 1150.0}
     while search.best is None or search.best.setting != Setting(2):
-        search.after_batch(32, 32 / rates[search.current.num_workers])
+        feed(search, 32, 32 / rates[search.current.num_workers])
     assert search.current == Setting(3)
     search.setting_failed(Setting(2), "worker killed on rank 1")
     assert search.best is not None and search.best.setting == Setting(1)
@@ -345,5 +345,5 @@ def test_the_best_failing_while_another_setting_is_tried_falls_back_to_the_measu
     for _ in range(5000):  # the trial of 3 is judged against 1's rate: no crash
         if search.finished:
             break
-        search.after_batch(32, 32 / rates.get(search.current.num_workers, 1000.0))
+        feed(search, 32, 32 / rates.get(search.current.num_workers, 1000.0))
     assert search.finished and search.best.setting != Setting(2)

@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from dataloader_tuner.tune import in_place as inplace
 from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
 from dataloader_tuner.tune.node import UNHEARD_EPOCHS, FollowerSearch, LeaderSearch, NodePlan
+
+from .clocks import SimulatedClock
 
 
 @pytest.fixture
@@ -19,13 +20,9 @@ def store():
                     timeout=timedelta(seconds=5))
 
 
-@pytest.fixture(autouse=True)
-def quick_trials(monkeypatch):
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
-
-
 def node(store, local_world_size=2):
-    leader = LeaderSearch(InPlaceSearch(Setting(0), 8), "train", 0, local_world_size,
+    leader = LeaderSearch(InPlaceSearch(Setting(0), 8, clock=SimulatedClock()), "train", 0,
+                          local_world_size,
                           lambda: store)
     followers = [FollowerSearch(Setting(0), "train", 0, r, lambda: store)
                  for r in range(1, local_world_size)]
@@ -34,6 +31,7 @@ def node(store, local_world_size=2):
 
 def step(leader, followers, store, cycle_s: float):
     """One batch on every rank, then the store threads' round (run here, in step)."""
+    leader.search.clock.advance(cycle_s)
     switches = [leader.after_batch(8, cycle_s)] + [f.after_batch(8, cycle_s) for f in followers]
     for part in (leader, *followers, *followers):  # the leader writes, followers read
         part.exchange(store)
@@ -100,6 +98,7 @@ def test_the_node_is_judged_by_its_slowest_rank(store):
     leader.epoch_started(0)
     follower.epoch_started(0)
     for _ in range(400):
+        leader.search.clock.advance(0.010)  # the node moves at its slowest rank's pace
         leader.after_batch(8, 0.005)
         follower.after_batch(8, 0.010)
         follower.exchange(store)

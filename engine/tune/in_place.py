@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
@@ -37,6 +37,8 @@ MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
 # measured, or the starting setting would look worse than it is.
 PREWARM_S = 2.0
+
+Clock = Callable[[], float]  # seconds, monotonic: time.monotonic, or a test's simulated time
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class Trial:
     """One setting's measurement: the loop's time and samples per steady batch."""
 
     setting: Setting
-    started: float = field(default_factory=time.monotonic)
+    clock: Clock = field(default=time.monotonic, repr=False, compare=False)
+    started: float = field(init=False)  # when its clock started (from the clock)
     seen: int = 0  # batches since its loader started (a switch, an epoch), warm-up included
     taken: int = 0  # all its batches, warm-ups included
     cycles: list[float] = field(default_factory=list)  # wait + step, per steady batch
@@ -65,6 +68,9 @@ class Trial:
     epoch_batches: int | None = None
     firsts: list[float] = field(default_factory=list)  # the first cycle after each loader start
     fresh: bool = False  # its loader just started: the next batch is that first
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
 
     @property
     def samples_per_s(self) -> float | None:
@@ -90,7 +96,7 @@ class Trial:
         return block_rate_interval(self.samples, self.cycles, max(self.setting.num_workers, 1))
 
     def done(self) -> bool:
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock() - self.started
         per_batch = elapsed / max(self.taken, 1)
         room = self.setting.warmup_batches + 1.5 * MIN_STEADY_BATCHES
         if elapsed > min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S):
@@ -148,15 +154,17 @@ class Search(Protocol):
 
 
 class InPlaceSearch:
-    def __init__(self, start: Setting, max_workers: int, epoch_batches: int | None = None
-                 ) -> None:
+    def __init__(self, start: Setting, max_workers: int, epoch_batches: int | None = None,
+                 clock: Clock = time.monotonic) -> None:
         """``epoch_batches``: the job's epoch restarts its loader's workers every so many
-        batches (persistent_workers=False): each setting is charged its start-up that often."""
+        batches (persistent_workers=False): each setting is charged its start-up that often.
+        ``clock``: what PREWARM_S and the trials' durations are read on."""
         self.baseline = start
         self.max_workers = max(max_workers, start.num_workers)
         self.epoch_batches = epoch_batches
+        self.clock = clock
         self.best: Trial | None = None
-        self.trial = Trial(start, epoch_batches=epoch_batches)
+        self.trial = self._trial(start)
         self.direction = "up"
         self.decisions: list[Decision] = []
         self.measured: list[Trial] = []
@@ -185,12 +193,13 @@ class InPlaceSearch:
         now, or None to go on."""
         if self.finished:
             return None
+        now = self.clock()
         if self.measuring_from is None:
-            self.measuring_from = time.monotonic() + PREWARM_S
+            self.measuring_from = now + PREWARM_S
         trial = self.trial
         first, trial.fresh = trial.fresh, False
-        if time.monotonic() < self.measuring_from:  # the job's first batches: one-off costs
-            trial.started = time.monotonic()
+        if now < self.measuring_from:  # the job's first batches: one-off costs
+            trial.started = now
             return None
         if first:
             trial.firsts.append(cycle_s)
@@ -199,7 +208,7 @@ class InPlaceSearch:
         if trial.seen <= trial.setting.warmup_batches:
             return None
         if not trial.cycles:  # its clock starts with its first steady batch, not the switch
-            trial.started, trial.taken = time.monotonic(), 0
+            trial.started, trial.taken = now, 0
         trial.cycles.append(cycle_s)
         trial.samples.append(samples)
         if not trial.done():
@@ -214,16 +223,19 @@ class InPlaceSearch:
             # The best so far failed too (a node's follower can say so while another setting
             # is being tried): the job's own, as measured if it was.
             self.best = next((t for t in self.measured if t.setting == self.baseline
-                              and t.samples_per_s is not None), Trial(self.baseline))
+                              and t.samples_per_s is not None), self._trial(self.baseline))
         self.decisions.append(Decision(asdict(setting), None, None,
                                        f"failed and dropped ({why}); back to "
                                        f"{_name(self._fallback())}"))
         if self.trial.setting == setting:
             self.finished = self.best is not None
             if not self.finished:  # the job's own settings failed: nothing to tune from
-                self.best = Trial(self.baseline)
+                self.best = self._trial(self.baseline)
                 self.finished = True
         return self._fallback()
+
+    def _trial(self, setting: Setting) -> Trial:
+        return Trial(setting, clock=self.clock, epoch_batches=self.epoch_batches)
 
     def _fallback(self) -> Setting:
         return self.best.setting if self.best is not None else self.baseline
@@ -278,7 +290,7 @@ class InPlaceSearch:
             self.decisions.append(Decision(asdict(chosen.setting), chosen.samples_per_s,
                                            chosen.interval(), f"chosen: {_name(chosen.setting)}"))
             return chosen.setting if chosen.setting != trial.setting else None
-        self.trial = Trial(following, epoch_batches=self.epoch_batches)
+        self.trial = self._trial(following)
         return following
 
     def _fastest_rate(self) -> float:
