@@ -27,7 +27,8 @@ import sys
 from typing import Any, Callable
 
 from dataloader_tuner.watcher.frameworks import LIGHTNING
-from dataloader_tuner.watcher.loader import _say, failed_with
+from dataloader_tuner.watcher.loader import _say
+from dataloader_tuner.watcher.shutdown import failed_with
 from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 from dataloader_tuner.watcher.trainers import RoleWatch
 

@@ -17,7 +17,7 @@ from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.watcher.loader import _stacks_folder
+from dataloader_tuner.watcher.checks import stacks_folder as _stacks_folder
 
 from tests.datasets.slow_indices import SlowOnAFew
 

@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from dataloader_tuner import RunStore, watch
-from dataloader_tuner.watcher.loader import _watched
+from dataloader_tuner.watcher.shutdown import _watched
 
 from .browser import free_port
 from .conftest import ROOT

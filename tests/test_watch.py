@@ -121,9 +121,9 @@ def test_each_worker_is_probed_once_and_every_epochs_workers_offer_their_stacks(
         settled = probes_after(2)
         assert {p["worker_id"] for p in settled} == {0, 1}
         assert all("pools" in p["probe"] and "rng_used" in p["probe"] for p in settled)
-        stacks_before = set(os.listdir(watched.stacks_dir))
+        stacks_before = set(os.listdir(watched.checks.stacks_dir))
         assert len(probes_after(3)) == len(settled)  # three more epochs, nothing read again
-        stacks = set(os.listdir(watched.stacks_dir)) - stacks_before
+        stacks = set(os.listdir(watched.checks.stacks_dir)) - stacks_before
         assert len([name for name in stacks if name.endswith(".stack")]) == 6
         assert vars(dataset) == {"n": 32}  # the user's dataset untouched
         dataset.rng = random.Random(0)

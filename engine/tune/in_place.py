@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
+from dataloader_tuner.record.trials import InPlaceTrial
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
 from dataloader_tuner.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
@@ -119,16 +120,6 @@ class Trial:
                 / len(self.cycles) if self.cycles else None}
 
 
-@dataclass(frozen=True)
-class Decision:
-    """A line of the search's log: what was measured and what it led to."""
-
-    setting: dict[str, Any]  # the Setting's fields, as the run's log records them
-    samples_per_s: float | None
-    rate_ci: float | None
-    verdict: str  # plain words: "kept: 12% faster than 2 workers", "rolled back: ..."
-
-
 class Search(Protocol):
     """What the watched loader (watcher/loader.py) asks of a search: ``InPlaceSearch`` on its
     own, or a node's ``LeaderSearch`` / ``FollowerSearch`` (tune/node.py)."""
@@ -142,7 +133,7 @@ class Search(Protocol):
     @property
     def best(self) -> Trial | None: ...
     @property
-    def decisions(self) -> Sequence[Decision]: ...
+    def decisions(self) -> Sequence[InPlaceTrial]: ...
     @property
     def measured(self) -> Sequence[Trial]: ...
 
@@ -166,7 +157,7 @@ class InPlaceSearch:
         self.best: Trial | None = None
         self.trial = self._trial(start)
         self.direction = "up"
-        self.decisions: list[Decision] = []
+        self.decisions: list[InPlaceTrial] = []  # the search's log, as the run keeps it
         self.measured: list[Trial] = []
         self.failed: set[Setting] = set()
         self.finished = False
@@ -224,9 +215,8 @@ class InPlaceSearch:
             # is being tried): the job's own, as measured if it was.
             self.best = next((t for t in self.measured if t.setting == self.baseline
                               and t.samples_per_s is not None), self._trial(self.baseline))
-        self.decisions.append(Decision(asdict(setting), None, None,
-                                       f"failed and dropped ({why}); back to "
-                                       f"{_name(self._fallback())}"))
+        self.decisions.append(log_line(setting, None, None, f"failed and dropped ({why}); "
+                                       f"back to {_name(self._fallback())}"))
         if self.trial.setting == setting:
             self.finished = self.best is not None
             if not self.finished:  # the job's own settings failed: nothing to tune from
@@ -281,13 +271,13 @@ class InPlaceSearch:
                     self.direction = "down"  # the first step up did not pay: try fewer instead
                 else:
                     self.direction = "done"
-        self.decisions.append(Decision(asdict(trial.setting), trial.samples_per_s,
-                                       trial.interval(), verdict))
+        self.decisions.append(log_line(trial.setting, trial.samples_per_s, trial.interval(),
+                                       verdict))
         following = self._next_setting()
         if following is None:
             self.finished = True
             chosen = self._best()
-            self.decisions.append(Decision(asdict(chosen.setting), chosen.samples_per_s,
+            self.decisions.append(log_line(chosen.setting, chosen.samples_per_s,
                                            chosen.interval(), f"chosen: {_name(chosen.setting)}"))
             return chosen.setting if chosen.setting != trial.setting else None
         self.trial = self._trial(following)
@@ -324,7 +314,14 @@ class InPlaceSearch:
         return {"baseline": asdict(self.baseline), "finished": self.finished,
                 "chosen": asdict(self.best.setting) if self.finished and self.best else None,
                 "trials": [t.to_dict() for t in self.measured],
-                "decisions": [asdict(d) for d in self.decisions]}
+                "decisions": [d.to_dict() for d in self.decisions]}
+
+
+def log_line(setting: Setting, samples_per_s: float | None, rate_ci: float | None,
+             verdict: str) -> InPlaceTrial:
+    """A line of the search's log: what was measured with ``setting`` and what it led to."""
+    return InPlaceTrial(setting.num_workers, samples_per_s, rate_ci, verdict,
+                        setting.prefetch_factor)
 
 
 def tried_or_failed(search: InPlaceSearch) -> set[Setting]:

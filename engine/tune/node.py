@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from dataloader_tuner.tune.in_place import Decision, InPlaceSearch, Setting, Trial
+from dataloader_tuner.record.trials import InPlaceTrial
+from dataloader_tuner.tune.in_place import InPlaceSearch, Setting, Trial, log_line
 from dataloader_tuner.analyse.ranks import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
@@ -165,7 +166,7 @@ class LeaderSearch(_StoreThread):
         return self.search.finished and self.pending is None
 
     @property
-    def decisions(self) -> list[Decision]:
+    def decisions(self) -> list[InPlaceTrial]:
         return self.search.decisions
 
     @property
@@ -215,7 +216,7 @@ class LeaderSearch(_StoreThread):
                 self.setting_failed(setting, why)  # the node leaves it at once
             else:  # a setting measured before: never tried again
                 self.search.failed.add(setting)
-                self.search.decisions.append(Decision(asdict(setting), None, None,
+                self.search.decisions.append(log_line(setting, None, None,
                                                       f"failed {why}; not tried again"))
         if self._running != running:
             return self._running
@@ -286,7 +287,7 @@ class FollowerSearch(_StoreThread):
         self.latest: NodePlan | None = None  # the newest plan read from the store
         self.applied = 0  # the version of the plan running
         self._running = baseline
-        self.decisions: list[Decision] = []
+        self.decisions: list[InPlaceTrial] = []
         self.measured: list[Trial] = []
         self.finished = False
         self.best: Trial | None = None
@@ -308,7 +309,7 @@ class FollowerSearch(_StoreThread):
         elif self.latest is None and self._epochs > UNHEARD_EPOCHS:
             self.finished, self.best = True, Trial(self.baseline)
             self._running = self.baseline
-            self.decisions.append(Decision(asdict(self.baseline), None, None,
+            self.decisions.append(log_line(self.baseline, None, None,
                                            f"no plan from the node's local rank 0 in "
                                            f"{UNHEARD_EPOCHS} epochs (no store, or it is not "
                                            "tuning): the job's own setting, untuned"))
@@ -328,7 +329,7 @@ class FollowerSearch(_StoreThread):
 
     def setting_failed(self, setting: Setting, why: str) -> Setting:
         self._outbox.append(json.dumps({"setting": asdict(setting), "why": why}))
-        self.decisions.append(Decision(asdict(setting), None, None,
+        self.decisions.append(log_line(setting, None, None,
                                        f"failed on this rank ({why}); back to the job's own "
                                        "setting until the node's leader announces another"))
         self._running = self.baseline
@@ -343,7 +344,7 @@ class FollowerSearch(_StoreThread):
                    if plan.finished else
                    f"switched with the node (local rank 0 leads the search), epoch {plan.epoch} "
                    f"batch {plan.from_batch}")
-        self.decisions.append(Decision(asdict(plan.setting), None, None, verdict))
+        self.decisions.append(log_line(plan.setting, None, None, verdict))
         if plan.finished:
             self.finished, self.best = True, Trial(plan.setting)
         return plan.setting if changed else None

@@ -15,13 +15,9 @@ recorder's thread.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
-import signal
 import sys
-import threading
 import time
 import warnings
 from dataclasses import asdict
@@ -35,21 +31,18 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from dataloader_tuner import protocol, system
 from dataloader_tuner.access import open_private
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
-from dataloader_tuner.analyse import pitfalls
-from dataloader_tuner.analyse.report import tightest_shm
-from dataloader_tuner.analyse.stalls import overdue_now
-from dataloader_tuner.instrument import gpu, probes, stalls, threads
+from dataloader_tuner.instrument import gpu, probes, threads
 from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
                                                TimedCollate, counting_rules, samples_in,
                                                wrap_dataset)
 from dataloader_tuner.config import LoaderConfig
-from dataloader_tuner.errors import RunError
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
 from dataloader_tuner.tune.in_place import InPlaceSearch, Search, Setting
-from dataloader_tuner.watcher import frameworks
+from dataloader_tuner.watcher import frameworks, shutdown
+from dataloader_tuner.watcher.checks import PeriodicChecks, say as _say
 from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
 from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
@@ -64,7 +57,6 @@ from dataloader_tuner.record.trials import InPlaceTrial
 from dataloader_tuner.run.sinks import HistorySink
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
-_watched: list["WatchedLoader"] = []  # ended at exit, in order
 _names_taken: dict[str, int] = {}  # loaders watched under each name in this process
 
 
@@ -151,10 +143,6 @@ class WatchedLoader:
         self._logged = 0  # decisions of the search already written to the run
         # /dev/shm as the run goes (_watch_shm): the sample last judged, the latest batch
         # size seen, and what was said (1: over half of it, 2: would not fit).
-        self._shm_sample: protocol.Resources | None = None
-        self._batch_bytes: int | None = None
-        self._shm_said = 0
-        self._shm_at_start: dict | None = None  # as the Ready read it (a rehearsed size?)
         self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
         self.script = training_script()
@@ -172,16 +160,17 @@ class WatchedLoader:
         self._ended = False
         # The iterator the loop takes batches from now: who holds a late batch (stalls.py)
         self._iterator: Any = None
-        self.stalls = stalls.StallWatch(self.t0)
-        self.stacks_dir = _stacks_folder()
-        self.recorder.start(self._ready, on_tick=self._on_tick)
+        self.checks = PeriodicChecks(self.name, self.recorder, self.t0, self._running_setting,
+                                     lambda: self._iterator,
+                                     self.rank.local_world_size if self.rank else 1)
+        self.recorder.start(self._ready, on_tick=self.checks.tick)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
         # loaders in the same order), and two loaders both called "loader" kept apart.
         taken = _names_taken[self.name] = _names_taken.get(self.name, 0) + 1
         self.job_key = self.name if taken == 1 else f"{self.name}#{taken}"
         self.reporter = (RankReporter(self.rank, self.job_key, self.recorder, store,
-                                      run_id, stalls=self.stalls).start()
+                                      run_id, stalls=self.checks.stalls).start()
                          if self.rank else None)
         if in_place:
             attach(loader, self.__iter__)
@@ -189,8 +178,7 @@ class WatchedLoader:
             self._start_tuning()
         self.copies = CopyTimes.create()  # None without CUDA
         self._handed = 0
-        _watched.append(self)
-        _end_runs_on_sigterm()
+        shutdown.register(self)
 
     @property
     def run_id(self) -> int:
@@ -329,21 +317,8 @@ class WatchedLoader:
 
     def close(self, status: str = "ok", error: dict | None = None):
         """End the run now (else it ends when the program exits); returns its ProfileResult."""
-        global _closing, _sigterm_pending
-        if self in _watched:
-            _watched.remove(self)
-        _closing += 1
-        try:
+        with shutdown.closing(self):
             return self._close(status, error)
-        finally:
-            _closing -= 1
-            if _closing == 0 and _sigterm_pending:  # a SIGTERM came while this run ended
-                _sigterm_pending = False
-                try:
-                    for watched in list(_watched):
-                        watched.close("stopped")
-                finally:
-                    _die_of_sigterm()
 
     def _close(self, status: str, error: dict | None):
         if self.in_place:  # its own iterators again (an epoch under way ends unrecorded)
@@ -542,13 +517,11 @@ class WatchedLoader:
         """New lines of the search's log: into the run (shown live) and on stderr; at the end,
         the chosen settings printed and saved."""
         for decision in search.decisions[self._logged:]:
-            self.recorder.events.append(protocol.Trial(InPlaceTrial(
-                decision.setting["num_workers"], decision.samples_per_s, decision.rate_ci,
-                decision.verdict, decision.setting.get("prefetch_factor"))))
+            self.recorder.events.append(protocol.Trial(decision))
             rate = (f"{decision.samples_per_s:.1f} samples/s" if decision.samples_per_s
                     else "no rate")
             ci = f" ±{decision.rate_ci:.0%}" if decision.rate_ci is not None else ""
-            _say(f"{self.name}: num_workers={decision.setting['num_workers']}: {rate}{ci}: "
+            _say(f"{self.name}: num_workers={decision.num_workers}: {rate}{ci}: "
                  f"{decision.verdict}")
         self._logged = len(search.decisions)
         if search.finished and not self._saved:
@@ -594,55 +567,13 @@ class WatchedLoader:
         _say(f"{self.name}: tuned in place: {result.snippet} ({where}; "
              "dataloader_tuner.load_settings reads it)")
 
-    # -- on the recorder's thread -----------------------------------------------------------
-
-    def _on_tick(self) -> bool:
-        self._watch_stalls()
-        self._watch_shm()
-        return False  # never ends the recorder's thread
-
-    def _watch_stalls(self) -> None:
-        """Each flush: a batch overdue is written to the run and said on stderr (the job goes
-        on; NOTE [ When a batch is overdue ], stalls.py)."""
-        try:
-            self.stalls.observe(self.recorder.rows)
-            overdue = self.stalls.check(self.ledger, time.monotonic(), self._where_stuck)
-            if overdue is not None:
-                self.recorder.events.append(overdue)
-                _say(f"{self.name}: {overdue_now(overdue)} (its stack: the run's diagnostics)")
-        except Exception:  # noqa: BLE001 - a report missed, never the recording (or the job)
-            pass
-
-    def _watch_shm(self) -> None:
-        """Each resource sample: /dev/shm's free space against the batches the loader keeps in
-        flight now, said on stderr as it first crosses half and again once they would not fit
-        (the run's diagnostics, read from the same samples, say it on the page)."""
-        sample = self.recorder.last_resources
-        if sample is None or sample is self._shm_sample:
-            return
-        self._shm_sample = sample
-        try:
-            for row in reversed(self.recorder.rows[-64:]):  # the latest batch's size, sampled
-                if row[6]:
-                    self._batch_bytes = row[6]
-                    break
-            current = (self.search.current if self.search is not None else
-                       Setting(self.loader.num_workers, self.loader.prefetch_factor))
-            found = pitfalls.shm_pressure(
-                current.num_workers, current.prefetch_factor or 2, self._batch_bytes,
-                tightest_shm(sample.procs, self._shm_at_start),  # this sample's reading
-                self.rank.local_world_size if self.rank else 1, in_use=True)
-            level = 2 if found and found[0].evidence["will_not_fit"] else len(found)
-            if level > self._shm_said:
-                _say(f"{self.name}: {found[0].message}")
-            self._shm_said = max(self._shm_said, level)
-        except Exception:  # noqa: BLE001 - a check missed, never the recording (or the job)
-            pass
-
-    def _where_stuck(self) -> list[dict]:
-        return stalls.where_stuck(self._iterator, self.stacks_dir)
-
     # -- once, on the recorder's thread ------------------------------------------------------
+
+    def _running_setting(self) -> Setting:
+        """The setting the job's batches come from now: the search's, or the loader's own."""
+        if self.search is not None:
+            return self.search.current
+        return Setting(self.loader.num_workers, self.loader.prefetch_factor)
 
     def _ready(self) -> protocol.Ready:
         dataset = self.loader.dataset
@@ -651,7 +582,7 @@ class WatchedLoader:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
                         + ")", "bytes": "not read"}
         machine = system.snapshot(gpu.gpu_info(), wait=self.recorder.sleep_unless_stopped)
-        self._shm_at_start = machine.shm
+        self.checks.shm_at_start = machine.shm
         return protocol.Ready(
             mode="watch",
             pid=os.getpid(),
@@ -713,12 +644,6 @@ def ended(last: Any, t_end: float) -> Any:
         t_end - (last.t_request + last.wait_s + last.step_s), 0.0))
 
 
-def failed_with(failure: BaseException, what: str = "The training") -> dict:
-    """A watched run's error: the job ended with ``failure``."""
-    return RunError(f"{what} ended with {type(failure).__name__}: {failure}",
-                    type="watched_job_failed").to_dict()
-
-
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:
     """Why this loader cannot be tuned in place, or None."""
     if probed is None:
@@ -760,140 +685,9 @@ def _shutdown(iterator) -> None:
         shutdown()
 
 
-def _stacks_folder() -> str | None:
-    """Where this job's DataLoader workers write their stacks when a late batch asks
-    (probes.offer_stack): made once a process, removed at exit; an engine child's own folder
-    where one is set already (not one a parent process named in the environment)."""
-    folder = stalls.made_for_this_process()
-    if folder is not None:
-        return folder
-    try:
-        folder = stalls.new_stacks_folder()
-    except OSError:
-        return None  # late batches are named without their workers' stacks
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(f"[dataloader-tuner] {text}\n")
-    sys.stderr.flush()
-
-
 def _config(loader: DataLoader) -> LoaderConfig:
     try:
         return config_of(loader)
     except Exception:  # noqa: BLE001 - an odd loader: record it with what is certain
         return LoaderConfig(batch_size=getattr(loader, "batch_size", None),
                             num_workers=int(getattr(loader, "num_workers", 0) or 0))
-
-
-@atexit.register
-def _end_all() -> None:
-    """At exit, every watched run ends: "error" with the exception if the script died of one
-    (Python keeps it in sys.last_value), else "ok"."""
-    failure = getattr(sys, "last_value", None)
-    error = None
-    if failure is not None:
-        error = failed_with(failure, "The training script")
-    for watched in list(_watched):
-        watched.close("error" if error else "ok", error)
-
-
-_sigterm_owner: int | None = None  # the process whose SIGTERM handler ends its watched runs
-_stopping = threading.Event()  # its watched runs are being ended for a SIGTERM
-_closing = 0  # runs being ended right now (close() is running)
-_sigterm_pending = False  # a SIGTERM arrived during a close(): honoured once it is done
-BACKSTOP_S = 2.0  # the main thread's handler did not run by then: ended from a thread
-
-
-def _end_runs_on_sigterm() -> None:
-    """torchrun stops a job's other ranks with SIGTERM when one fails (as do schedulers
-    preempting a job, and ``kill``). Python's default dies on the spot, without atexit, leaving
-    runs to be marked lost later. Where the job has no SIGTERM handler of its own, the watched
-    runs end "stopped" (written, and reported to the job), then the signal takes its default
-    course. A job that sets its own handler later replaces this one.
-
-    Python runs a handler only when the main thread is back in the interpreter: a rank blocked
-    in a C call (a collective waiting for a dead peer) would not die until torchrun's SIGKILL,
-    30 s later. So the signal also wakes a thread (signal.set_wakeup_fd, where the job does not
-    use it already) that, if the handler has not run within BACKSTOP_S, ends the runs itself and
-    kills the process."""
-    global _sigterm_owner
-    if (_sigterm_owner == os.getpid() or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        return
-    _sigterm_owner = os.getpid()
-    _stopping.clear()
-    signal.signal(signal.SIGTERM, _stop_watched_runs)
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    try:
-        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    except (ValueError, OSError):
-        previous = None
-    if previous is None or previous != -1:  # the job's own (asyncio, ...): left as it was
-        if previous not in (None, -1):
-            signal.set_wakeup_fd(previous)
-        os.close(read_end)
-        os.close(write_end)
-        return
-    threading.Thread(target=_backstop, args=(read_end,), name="dataloader-tuner-sigterm",
-                     daemon=True).start()
-
-
-def _stop_watched_runs(signum, frame) -> None:
-    global _sigterm_pending
-    if os.getpid() == _sigterm_owner and _closing:
-        # Ending a run already (the job's own end, or an exception's at exit): that close
-        # ends the others too and then dies of the signal (see close).
-        _stopping.set()
-        _sigterm_pending = True
-        return
-    try:
-        if os.getpid() == _sigterm_owner and not _stopping.is_set():
-            _stopping.set()
-            for watched in list(_watched):
-                watched.close("stopped")
-    finally:
-        _die_of_sigterm()
-
-
-def _die_of_sigterm() -> None:
-    """As the signal's default would have: the process ends with it."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _backstop(read_end: int) -> None:
-    """Reads the signal numbers Python's C handler writes; on SIGTERM, gives the main thread
-    BACKSTOP_S to run its handler, else ends the runs here and kills the process."""
-    while True:
-        try:
-            got = os.read(read_end, 64)
-        except OSError:
-            return
-        if not got:
-            return
-        if signal.getsignal(signal.SIGTERM) is not _stop_watched_runs:
-            return  # the job put a handler of its own: SIGTERM is its business now
-        if signal.SIGTERM in got and not _stopping.wait(BACKSTOP_S):
-            _stopping.set()
-            try:
-                for watched in list(_watched):
-                    watched.close("stopped")
-            finally:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _default_sigterm_in_child() -> None:
-    """A forked DataLoader worker terminated by its loader dies at once, as without the tool."""
-    if _sigterm_owner is not None and signal.getsignal(signal.SIGTERM) is _stop_watched_runs:
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.set_wakeup_fd(-1)
-        except (ValueError, OSError):  # forked from a thread Python does not count as main
-            pass
-
-
-os.register_at_fork(after_in_child=_default_sigterm_in_child)
