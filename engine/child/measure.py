@@ -175,7 +175,14 @@ class Measurement:
             time.sleep(0.05)
 
     def close(self) -> None:
-        """Shut the loader's workers down (DataLoader's own, graceful shutdown)."""
+        """Shut the loader's workers down (DataLoader's own, graceful shutdown), now: an
+        iterator left to the garbage collector (held in a reference cycle) was copied into the
+        next trial's forked workers and collected there, where its shutdown fails on workers
+        that are not theirs ("AssertionError: can only test a child process", shown to the user
+        as their code's output; jpeg_folder's tunes, 2 a tune)."""
+        shutdown = getattr(self.iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
         self.iterator = None
         self.loader = None
 
