@@ -48,10 +48,12 @@ def take(out: str) -> None:
                 time.sleep(STREAM_S)
                 page.screenshot(path=os.path.join(out, "live-view.png"))
                 page.set_viewport_size({"width": WIDTH, "height": 1400})
-                page.get_by_text("stopped", exact=True).or_(
-                    page.get_by_text("finished", exact=True)).first.wait_for(timeout=120_000)
+                tune = page.get_by_role("button", name="Tune")
+                deadline = time.monotonic() + 120
+                while not tune.is_enabled() and time.monotonic() < deadline:
+                    time.sleep(1)  # the demo's run ends first: Tune waits for it
                 set_number(page, "Seconds per verification run", 2)
-                page.get_by_role("button", name="Tune").click()
+                tune.click()
                 page.get_by_text("Recommendation", exact=True).wait_for(timeout=300_000)
                 page.get_by_text("Recommendation", exact=True).scroll_into_view_if_needed()
                 page.wait_for_timeout(2000)  # plotly draws after the card
