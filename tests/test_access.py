@@ -200,15 +200,12 @@ def test_the_history_and_its_folder_are_their_owners_only(tmp_path):
 
 def test_a_watched_jobs_history_and_settings_file_are_their_owners_only(tmp_path,
                                                                         monkeypatch):
-    import dataloader_tuner.tune.in_place as inplace
-
-    from .test_inplace import indices_loader
+    from .test_inplace import indices_loader, watch_leaping
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
     db = tmp_path / "watched" / "runs.sqlite"
-    watched = watch(indices_loader(0), name="mine", db=str(db), tune=True, max_workers=1)
+    watched = watch_leaping(indices_loader(0), name="mine", db=str(db), tune=True,
+                            max_workers=1)
     for _ in range(3):
         for _batch in watched:
             pass

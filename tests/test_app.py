@@ -288,15 +288,11 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
 def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatch, tmp_path):
     from torch.utils.data import DataLoader
 
-    import dataloader_tuner.tune.in_place as inplace
-    from dataloader_tuner import watch
-
+    from .test_inplace import watch_leaping
     from .test_watch import Indices
 
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
-    watched = watch(DataLoader(Indices(64), batch_size=8, num_workers=1), name="train",
-                    db=app_env, settings_out=str(tmp_path / "chosen.json"))
+    watched = watch_leaping(DataLoader(Indices(64), batch_size=8, num_workers=1), name="train",
+                            db=app_env, settings_out=str(tmp_path / "chosen.json"))
     list(watched)
     time.sleep(0.6)
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()

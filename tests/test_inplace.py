@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from dataloader_tuner import watch
 from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
 
-from .clocks import SimulatedClock
+from .clocks import LeapingClock, SimulatedClock
 from .conftest import ROOT
 from .test_watch import Indices
 
@@ -30,6 +30,14 @@ def feed(search: InPlaceSearch, samples: int, cycle_s: float) -> Setting | None:
     """One batch the loop took ``cycle_s`` for, as the job's clock sees it."""
     search.clock.advance(cycle_s)
     return search.after_batch(samples, cycle_s)
+
+
+def watch_leaping(loader: DataLoader, **kwargs):
+    """``watch`` with the in-place search on a LeapingClock: its prewarm and each trial's time
+    cap pass at once, so a few epochs see many switches."""
+    from dataloader_tuner.watcher.loader import watch as watch_loader
+
+    return watch_loader(loader, search_clock=LeapingClock(), **kwargs)
 
 
 def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
@@ -127,11 +135,8 @@ def indices_loader(workers: int) -> DataLoader:
 def test_switching_in_place_keeps_every_epoch_whole_and_in_order(db_path, tmp_path,
                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import dataloader_tuner.tune.in_place as inplace
-
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)  # a trial per steady batch: many switches
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
-    watched = watch(indices_loader(1), name="tuned", db=db_path, tune=True, max_workers=3)
+    watched = watch_leaping(indices_loader(1), name="tuned", db=db_path, tune=True,
+                            max_workers=3)
     seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(3)]
     watched.close()
     assert seen == seen_unwatched(3)  # the same samples, in the same order, every epoch
@@ -246,17 +251,14 @@ def fail_in_third_worker(worker_id: int) -> None:
 def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_path, monkeypatch,
                                                                capfd):
     monkeypatch.chdir(tmp_path)
-    import dataloader_tuner.tune.in_place as inplace
 
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
 
     def loader():
         return DataLoader(Indices(240), batch_size=4, shuffle=True, num_workers=2,
                           worker_init_fn=fail_in_third_worker,
                           generator=torch.Generator().manual_seed(3))
 
-    watched = watch(loader(), name="fragile", db=db_path, tune=True, max_workers=4)
+    watched = watch_leaping(loader(), name="fragile", db=db_path, tune=True, max_workers=4)
     seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]
     watched.close()
     unwatched = loader()
@@ -268,11 +270,8 @@ def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_pat
 
 def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    import dataloader_tuner.tune.in_place as inplace
     from dataloader_tuner.watcher.loader import WatchedLoader
 
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
     real_segment = WatchedLoader._segment
 
     def segment(self, search, plan, start, setting, base_seed, index):
@@ -281,7 +280,8 @@ def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypat
         return real_segment(self, search, plan, start, setting, base_seed, index)
 
     monkeypatch.setattr(WatchedLoader, "_segment", segment)
-    watched = watch(indices_loader(1), name="no-fds", db=db_path, tune=True, max_workers=3)
+    watched = watch_leaping(indices_loader(1), name="no-fds", db=db_path, tune=True,
+                            max_workers=3)
     seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]
     watched.close()
     assert seen == seen_unwatched(2)
@@ -299,12 +299,8 @@ def test_a_bad_sample_ends_in_the_job_s_own_error_not_a_loop(db_path, tmp_path, 
     """Every setting fails on it: each is dropped once, then the job's own raises, as it
     would unwatched."""
     monkeypatch.chdir(tmp_path)
-    import dataloader_tuner.tune.in_place as inplace
-
-    monkeypatch.setattr(inplace, "MAX_TRIAL_S", 0.0)
-    monkeypatch.setattr(inplace, "PREWARM_S", 0.0)
-    watched = watch(DataLoader(BadSample(240), batch_size=4, num_workers=1), name="bad",
-                    db=db_path, tune=True, max_workers=3)
+    watched = watch_leaping(DataLoader(BadSample(240), batch_size=4, num_workers=1),
+                            name="bad", db=db_path, tune=True, max_workers=3)
     with pytest.raises(Exception, match="corrupt sample 77"):
         for _ in range(3):
             for _batch in watched:

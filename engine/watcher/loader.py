@@ -40,7 +40,7 @@ from dataloader_tuner.store import RunStore
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
-from dataloader_tuner.tune.in_place import InPlaceSearch, Search, Setting
+from dataloader_tuner.tune.in_place import Clock, InPlaceSearch, Search, Setting
 from dataloader_tuner.watcher import frameworks, shutdown
 from dataloader_tuner.watcher.checks import PeriodicChecks, say as _say
 from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
@@ -79,7 +79,8 @@ def training_script() -> str:
 
 def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
           tune: bool = False, max_workers: int | None = None,
-          settings_out: str | None = None) -> "WatchedLoader | DataLoader[Any]":
+          settings_out: str | None = None, search_clock: Clock = time.monotonic
+          ) -> "WatchedLoader | DataLoader[Any]":
     """Wrap ``loader`` so every batch the training loop takes is measured and saved to the run
     history (``db``, default: the dashboard's), where the dashboard shows it live. If it cannot
     be watched (say, the history cannot be written), says why and returns ``loader`` itself.
@@ -92,7 +93,8 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     accelerate's prepared loader (``watch(accelerator.prepare(loader))``) and a DataLoader
     subclass that takes its batches from DataLoader's own iterator are watched inside their own
     object, which is returned as it is (attach.py): what they add around iteration stays
-    theirs."""
+    theirs. ``search_clock``: what the in-place search reads its durations on (tests give a
+    clock of their own; the public ``dataloader_tuner.watch`` does not take it)."""
     try:
         inner = inner_loader(loader)
         # Watched inside its own object, which the job keeps: accelerate's prepared loader
@@ -101,7 +103,7 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
                                          and attach_blocker(loader) is None)
         watched = WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
                                 tune=tune, max_workers=max_workers, settings_out=settings_out,
-                                in_place=in_place, ahead=inner is not None,
+                                search_clock=search_clock, in_place=in_place, ahead=inner is not None,
                                 framework=frameworks.ACCELERATE if inner is not None else None)
         return loader if in_place else watched
     except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
@@ -118,7 +120,8 @@ class WatchedLoader:
                  tune: bool = False, max_workers: int | None = None,
                  settings_out: str | None = None, in_place: bool = False,
                  framework: str | None = None, ahead: bool = False,
-                 rank: RankIdentity | None = None) -> None:
+                 rank: RankIdentity | None = None, search_clock: Clock = time.monotonic
+                 ) -> None:
         """``in_place``: the loader stays the job's (or its trainer's) own object, its
         iterators the watcher's (attach.py); ``framework``: the trainer that built it, named
         in the run and in the settings it recommends (frameworks.py); ``ahead``: a wrapper
@@ -139,6 +142,7 @@ class WatchedLoader:
         self.search: Search | None = None
         self.tune_off_because: str | None = None
         self.max_workers = max_workers
+        self.search_clock = search_clock  # the in-place search's (watch's docstring)
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
         self._logged = 0  # decisions of the search already written to the run
         # /dev/shm as the run goes (_watch_shm): the sample last judged, the latest batch
@@ -212,7 +216,8 @@ class WatchedLoader:
                               # each epoch restarts the workers unless the job keeps them
                               # (the batch sampler has a length: in_place_blocker took it)
                               None if loader.persistent_workers
-                              else len(loader.batch_sampler))  # type: ignore[arg-type]
+                              else len(loader.batch_sampler),  # type: ignore[arg-type]
+                              clock=self.search_clock)
         search: Search = alone
         if self.rank is not None and self.rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (tune/node.py).
