@@ -159,12 +159,11 @@ def test_the_other_kind_is_read_from_a_like_for_like_pair_after_the_loops_copy(m
         timer.copy(seq, torch.ones(3), "cpu", non_blocking=False)
     pairs = [entry[3] for entry in timer.pending]
     assert pairs[0] is None and pairs[2] is None
-    (same1, other1), (same3, other3) = pairs[1], pairs[3]
+    (same1, other1, _), (same3, other3, _) = pairs[1], pairs[3]
     end_of_own = timer.pending[1][2].recorded_at
     assert end_of_own < other1[0].recorded_at < same1[0].recorded_at  # own, other, same
     assert timer.pending[3][2].recorded_at < same3[0].recorded_at < other3[0].recorded_at
-    assert [e[4] for e in timer.pending] == [timer.pending[0][2], same1[1],
-                                             timer.pending[2][2], other3[1]]  # each one's last
+    assert [pairs[1].last, pairs[3].last] == [same1[1], other3[1]]  # each one's last
     done = []
     for _ in range(8):  # (each fake event is done the second time it is asked)
         done += timer.resolved()

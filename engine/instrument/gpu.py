@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dataloader_tuner.instrument.gpu_events import other_kind_ms, other_kind_twins, record_pair
+from dataloader_tuner.instrument.gpu_events import other_kind_twins, pair_ms, record_pair
 from dataloader_tuner.instrument.tensors import tensors_of
 
 NO_GPU_REASON = (
@@ -82,14 +82,12 @@ class TransferTimer:
         other = None
         self.count += 1
         if self.count % self.compare_every == 0:  # NOTE [ Comparing memory kinds ]
-            twins_first = (self.count // self.compare_every) % 2 == 1
             with torch.cuda.stream(self.stream):
-                same, twin = record_pair(lambda: torch.cuda.Event(enable_timing=True),
-                                         self.stream, tensors, other_kind_twins(tensors),
-                                         self.device, twins_first)
-            (twin if not twins_first else same)[1].synchronize()
-            other = other_kind_ms(ms, same[0].elapsed_time(same[1]),
-                                  twin[0].elapsed_time(twin[1]))
+                pair = record_pair(lambda: torch.cuda.Event(enable_timing=True), self.stream,
+                                   tensors, other_kind_twins(tensors), self.device,
+                                   self.count // self.compare_every)
+            pair.last.synchronize()
+            other = pair_ms(ms, pair)
         return ms, other, moved
 
 

@@ -35,7 +35,7 @@ NOTE [ Comparing memory kinds ]
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from dataloader_tuner.instrument.tensors import moved, tensors_of
 
@@ -99,27 +99,41 @@ def other_kind_ms(own_ms: float, same_ms: float, other_ms: float) -> float | Non
     return own_ms * other_ms / same_ms if same_ms > 0 else None
 
 
+def pair_ms(own_ms: float, pair: "Pair") -> float | None:
+    """``other_kind_ms`` read from a pair whose copies are done."""
+    return other_kind_ms(own_ms, pair.same[0].elapsed_time(pair.same[1]),
+                         pair.other[0].elapsed_time(pair.other[1]))
+
+
 def other_kind_twins(tensors: list) -> list:
     """The tensors in the other memory kind: pageable clones of pinned ones, else pinned."""
     pinned = all(t.is_pinned() for t in tensors)
     return [t.clone() if pinned else t.pin_memory() for t in tensors]
 
 
+class Pair(NamedTuple):
+    """The events of a like-for-like pair: each copy's (start, end), and the one recorded last
+    (done means both are)."""
+
+    same: tuple[Any, Any]
+    other: tuple[Any, Any]
+    last: Any
+
+
 def record_pair(make_event: Callable[[], Any], stream: Any, tensors: list, twins: list,
-                device: Any, twins_first: bool) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """Events around a copy of ``tensors`` again and one of their ``twins``, in the order asked:
-    ``((same kind start, end), (other kind start, end))``."""
+                device: Any, turn: int) -> Pair:
+    """Events around a copy of ``tensors`` again and one of their ``twins``; the other kind
+    goes first on odd turns (NOTE [ Comparing memory kinds ])."""
     timed = {}
-    order = (("other", twins), ("same", tensors)) if twins_first else (
-        ("same", tensors), ("other", twins))
-    for name, sources in order:
+    order = [("same", tensors), ("other", twins)]
+    for name, sources in order[::-1] if turn % 2 else order:
         start, end = make_event(), make_event()
         start.record(stream)
         for tensor in sources:
             tensor.to(device, non_blocking=True)
         end.record(stream)
         timed[name] = (start, end)
-    return timed["same"], timed["other"]
+    return Pair(timed["same"], timed["other"], end)
 
 
 class CopyTimes:
@@ -150,14 +164,12 @@ class CopyTimes:
         result = moved(batch, device, non_blocking)
         end.record(stream)
         self.count += 1
-        pair, last = None, end
+        pair = None
         tensors = tensors_of(batch) if self.count % COMPARE_EVERY == 0 else []
         if tensors and all(t.device.type == "cpu" for t in tensors):
-            twins_first = (self.count // COMPARE_EVERY) % 2 == 1
             pair = record_pair(self.make_event, stream, tensors, self.twins(tensors), device,
-                               twins_first)
-            last = pair[1][1] if not twins_first else pair[0][1]
-        self.pending.append((seq, start, end, pair, last))
+                               self.count // COMPARE_EVERY)
+        self.pending.append((seq, start, end, pair))
         if len(self.pending) > MAX_PENDING:
             self.pending.popleft()
         return result
@@ -166,13 +178,8 @@ class CopyTimes:
         """``(seq, copy ms, other kind's copy ms or None)`` of the copies the GPU has done."""
         done = []
         pending = self.pending
-        while pending and pending[0][4].query():
-            seq, start, end, pair, _ = pending.popleft()
+        while pending and (pending[0][3] or pending[0][1:3])[-1].query():
+            seq, start, end, pair = pending.popleft()
             own = start.elapsed_time(end)
-            other = None
-            if pair is not None:
-                (same_start, same_end), (other_start, other_end) = pair
-                other = other_kind_ms(own, same_start.elapsed_time(same_end),
-                                      other_start.elapsed_time(other_end))
-            done.append((seq, own, other))
+            done.append((seq, own, pair_ms(own, pair) if pair is not None else None))
         return done

@@ -103,7 +103,8 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
                                          and attach_blocker(loader) is None)
         watched = WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
                                 tune=tune, max_workers=max_workers, settings_out=settings_out,
-                                search_clock=search_clock, in_place=in_place, ahead=inner is not None,
+                                search_clock=search_clock, in_place=in_place,
+                                ahead=inner is not None,
                                 framework=frameworks.ACCELERATE if inner is not None else None)
         return loader if in_place else watched
     except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
@@ -145,8 +146,6 @@ class WatchedLoader:
         self.search_clock = search_clock  # the in-place search's (watch's docstring)
         self.settings_out = settings_out or f"dataloader-tuner-{self.name}.json"
         self._logged = 0  # decisions of the search already written to the run
-        # /dev/shm as the run goes (_watch_shm): the sample last judged, the latest batch
-        # size seen, and what was said (1: over half of it, 2: would not fit).
         self._saved = False  # the search's choice saved (and running from the next epoch)
         self.config = _config(loader)
         self.script = training_script()

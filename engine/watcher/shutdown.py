@@ -60,8 +60,7 @@ def closing(run: Closable) -> Iterator[None]:
         if _closing == 0 and _sigterm_pending:  # a SIGTERM came while this run ended
             _sigterm_pending = False
             try:
-                for watched in list(_watched):
-                    watched.close("stopped")
+                _stop_all()
             finally:
                 _die_of_sigterm()
 
@@ -80,8 +79,7 @@ def _end_all() -> None:
     error = None
     if failure is not None:
         error = failed_with(failure, "The training script")
-    for watched in list(_watched):
-        watched.close("error" if error else "ok", error)
+    _end_all_as("error" if error else "ok", error)
 
 
 _sigterm_owner: int | None = None  # the process whose SIGTERM handler ends its watched runs
@@ -128,10 +126,18 @@ def _stop_watched_runs(signum, frame) -> None:
     try:
         if os.getpid() == _sigterm_owner and not _stopping.is_set():
             _stopping.set()
-            for watched in list(_watched):
-                watched.close("stopped")
+            _stop_all()
     finally:
         _die_of_sigterm()
+
+
+def _end_all_as(status: str, error: dict | None = None) -> None:
+    for watched in list(_watched):  # (a copy: each close takes itself off the list)
+        watched.close(status, error)
+
+
+def _stop_all() -> None:
+    _end_all_as("stopped")
 
 
 def _die_of_sigterm() -> None:
@@ -155,8 +161,7 @@ def _backstop(read_end: int) -> None:
         if signal.SIGTERM in got and not _stopping.wait(BACKSTOP_S):
             _stopping.set()
             try:
-                for watched in list(_watched):
-                    watched.close("stopped")
+                _stop_all()
             finally:
                 os.kill(os.getpid(), signal.SIGKILL)
 
