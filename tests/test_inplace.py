@@ -270,16 +270,16 @@ def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_pat
 
 def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from dataloader_tuner.watcher.loader import WatchedLoader
+    from dataloader_tuner.watcher.in_place_tuning import TunedEpoch
 
-    real_segment = WatchedLoader._segment
+    real_segment = TunedEpoch._segment
 
-    def segment(self, search, plan, start, setting, base_seed, index):
+    def segment(self, setting):
         if setting.num_workers == 2:
             raise OSError("Too many open files")
-        return real_segment(self, search, plan, start, setting, base_seed, index)
+        return real_segment(self, setting)
 
-    monkeypatch.setattr(WatchedLoader, "_segment", segment)
+    monkeypatch.setattr(TunedEpoch, "_segment", segment)
     watched = watch_leaping(indices_loader(1), name="no-fds", db=db_path, tune=True,
                             max_workers=3)
     seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]

@@ -137,7 +137,7 @@ def test_a_loader_that_could_not_be_probed_keeps_its_persistent_workers(db_path,
     """Timed from the loop's side only (a copy with probes could not be made), a loader with
     persistent workers keeps them from epoch to epoch, as unwatched (they were shut down at the
     first epoch's end, and the second failed on a closed queue)."""
-    import dataloader_tuner.watcher.loader as watcher
+    import dataloader_tuner.watcher.epoch_iterators as watcher
 
     monkeypatch.setattr(watcher, "instrumented", lambda loader, any_class=False:
                         (None, "no copy for this test"))

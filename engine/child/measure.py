@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 from torch.utils.data import (
@@ -27,6 +27,7 @@ from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
+from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.settings import tools_worker_init
 
@@ -110,47 +111,35 @@ class Measurement:
         self.label_counts: dict[int, int] = {}
 
     def run(self) -> int:
-        """Returns the number of batches consumed.
-
-        The loop is the hot path of every measurement: with tiny in-memory batches a plain
-        loop takes ~140 us per batch, so each microsecond spent here is visible (see
-        bench/overhead.py). The per-batch bookkeeping is the ledger's (record/ledger.py);
-        sizes and worker timings come ready-made with the batch.
-        """
+        """Returns the number of batches consumed. The per-batch bookkeeping is the one loop's
+        (record/loop.py); sizes and worker timings come ready-made with the batch."""
         self.t0 = t0 = clock()
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
-        on_batch, should_stop = self.on_batch, self.should_stop
+        should_stop = self.should_stop
         self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
-        next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
+        loop = TimedLoop(ledger, self.on_batch)
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
-        h2d_ms = other_ms = gap_ms = None
         check_at = t0  # when to ask should_stop() next: every CHECK_S, not every batch
         while True:
             mark = ledger.new_epoch()
             if self.loader is None:
                 raise RunError("The measurement was closed.", type="engine_internal")
-            self.iterator = iterator = iter(self.loader)
-            while True:
-                try:
-                    (batch, meta), t_request, t_ready, seq = next_batch(iterator, mark)
-                except StopIteration:
-                    break
+            self.iterator = iter(self.loader)
+            batches: Generator[Any, None, None] = loop.epoch(
+                mark, _Measured(self.iterator, self.label_counts))
+            for batch in batches:
                 if not plain_step:
-                    h2d_ms, other_ms, gap_ms = self._consume(batch)
-                t_back = clock()
-                on_batch(row(seq, mark.epoch, t_request, t_ready, t_back, meta, h2d_ms,
-                             other_ms, gap_ms))
-                if meta.__class__ is not tuple or not mark.opened:  # a first of epoch/worker
-                    handed(mark, t_ready, meta)
-                if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
-                    count_labels(batch, samples_of(meta), self.label_counts)
-                if seq + 1 >= max_batches:
-                    return seq + 1
-                if t_back >= check_at:
-                    if t_back >= deadline or should_stop():
-                        return seq + 1
-                    check_at = t_back + CHECK_S
+                    loop.step_times = self._consume(batch)
+                if ledger.seq >= max_batches:
+                    batches.close()  # the row of this batch, written now
+                    return ledger.seq
+                now = clock()
+                if now >= check_at:
+                    if now >= deadline or should_stop():
+                        batches.close()
+                        return ledger.seq
+                    check_at = now + CHECK_S
             if not mark.opened:  # the epoch never produced a batch
                 raise RunError(
                     "The dataset produced no batches: it is empty, or drop_last=True with fewer "
@@ -180,9 +169,7 @@ class Measurement:
         next trial's forked workers and collected there, where its shutdown fails on workers
         that are not theirs ("AssertionError: can only test a child process", shown to the user
         as their code's output; jpeg_folder's tunes, 2 a tune)."""
-        shutdown = getattr(self.iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(self.iterator)
         self.iterator = None
         self.loader = None
 
@@ -222,6 +209,18 @@ CHECK_S = 0.005
 # Labels counted on some batches only: NOTE [ Measuring cost on the fastest batches ].
 LABEL_EVERY, LABEL_DENSE, LABEL_SPARSE = 8, 1024, 64
 MAX_LABEL = 100_000
+
+
+class _Measured(BatchSource):
+    """The measuring loop's batches; some have their class labels counted after their row."""
+
+    def __init__(self, iterator: Iterator[Any], label_counts: dict[int, int]) -> None:
+        super().__init__(iterator)
+        self.label_counts = label_counts
+
+    def taken(self, seq: int, batch: Any, meta: Any, t_request: float, t_back: float) -> None:
+        if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
+            count_labels(batch, samples_of(meta), self.label_counts)
 
 
 def count_labels(batch: Any, samples: int, counts: dict[int, int]) -> None:

@@ -1,0 +1,155 @@
+"""The one per-batch loop: a batch asked for, timed, handed over, and its row written when the
+loop comes back for the next. The engine's measuring loop (child/measure.py), a watched epoch
+and a tuned epoch (watcher/) all run it; what differs is where the batches come from, a
+``BatchSource``, as torch's ``_BaseDataLoaderIter.__next__`` keeps the shared bookkeeping and
+its subclasses give ``_next_data``.
+
+NOTE [ One batch, in order ]
+
+    1. ``ledger.next_batch``: the wait, from the loop's ``next()`` (or the epoch's ``iter()``,
+       or a switch of loaders: ``source.since``) to the batch;
+    2. the row held from the batch before is complete (``Handover.arrived``);
+    3. ``ledger.handed``: an epoch's or a worker's first batch is announced, outside the
+       timed windows (``ledger.seq - 1`` is the batch the loop holds);
+    4. the batch goes to the loop (``yield``); what the loop does until it asks again is its
+       step. A loop that raises or breaks off there still gets its row, with the step until
+       then;
+    5. the row is written (or held one batch, where a wrapper asks one batch ahead), and the
+       source is told (``taken``: a tuned epoch may switch loaders here, outside the timing).
+    The epoch's end closes the source (its workers, unless a loader keeps them) and then
+    lets the held row take in the end's wait.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Generator, Iterator
+
+from dataloader_tuner.record.ledger import BatchLedger, EpochMark
+from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
+
+Emit = Callable[[BatchRecord], Any]
+NO_STEP_TIMES = (None, None, None)
+
+
+class BatchSource:
+    """An epoch's batches: one iterator, its items ``(batch, meta)`` (a probed loader's).
+    Subclasses change what an item is, what happens after each batch, and the end."""
+
+    since: float | None = None  # a switch of loaders started then: the next batch waits from it
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self.iterator = iterator
+
+    def unpack(self, item: Any) -> tuple[Any, BatchMeta | UntimedMeta]:
+        return item
+
+    def recover(self, error: Exception) -> bool:
+        """The loader raised ``error``: True where the source went on from another loader
+        (the loop asks again), False to let the error through as the job's own."""
+        return False
+
+    def taken(self, seq: int, batch: Any, meta: BatchMeta | UntimedMeta, t_request: float,
+              t_back: float) -> None:
+        """The loop is back for the next batch after batch ``seq``'s row was written."""
+
+    def close(self) -> None:
+        """The epoch ran out or the loop left it."""
+
+
+class Handover:
+    """An epoch's rows on their way out. Where a wrapper asks the loader one batch ahead of
+    the loop (``ahead``: accelerate), each row is held until the next batch or the epoch's end
+    came, so that the end's wait lands on the last batch (``ended``)."""
+
+    __slots__ = ("emit", "ahead", "held")
+
+    def __init__(self, emit: Emit, ahead: bool) -> None:
+        self.emit, self.ahead = emit, ahead
+        self.held: BatchRecord | None = None
+
+    def arrived(self) -> None:
+        """The next batch came: the row held is complete."""
+        if self.held is not None:
+            self.emit(self.held)
+            self.held = None
+
+    def taken(self, row: BatchRecord) -> None:
+        """The loop is back for another batch after ``row``'s."""
+        if self.ahead:
+            self.held = row
+        else:
+            self.emit(row)
+
+    def end(self, t_end: float | None) -> None:
+        """The epoch ran out at ``t_end`` (since the run's start; None: it broke off)."""
+        if self.held is not None:
+            self.emit(ended(self.held, t_end) if t_end is not None else self.held)
+            self.held = None
+
+
+def ended(last: BatchRecord, t_end: float) -> BatchRecord:
+    """The epoch's last row, its wait taking in the epoch's end: a wrapper that asks one batch
+    ahead (accelerate) asks for the end (the workers shutting down) before it hands the last
+    batch over, inside the loop's wait (``t_end``: since the run's start)."""
+    return last._replace(wait_s=last.wait_s + max(
+        t_end - (last.t_request + last.wait_s + last.step_s), 0.0))
+
+
+class TimedLoop:
+    """Epochs of batches through one ledger, each row to ``emit`` (NOTE [ One batch, in
+    order ]). ``step_times``: what the loop measured around the last batch's step on a GPU
+    (h2d_ms, other_ms, gap_ms), set before it asks for the next."""
+
+    __slots__ = ("ledger", "emit", "ahead", "step_times")
+
+    def __init__(self, ledger: BatchLedger, emit: Emit, ahead: bool = False) -> None:
+        self.ledger, self.emit, self.ahead = ledger, emit, ahead
+        self.step_times: tuple[float | None, float | None, float | None] = NO_STEP_TIMES
+
+    def epoch(self, mark: EpochMark, source: BatchSource) -> Generator[Any, None, None]:
+        """The epoch's batches, each timed; the hot path of every measurement (a plain loop
+        over tiny batches takes ~40 us a batch: bench/overhead.py)."""
+        ledger, clock, emit = self.ledger, time.monotonic, self.emit
+        next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
+        handover = Handover(emit, self.ahead)
+        # (rows go straight out unless held: a call less per batch on the hot path)
+        put = handover.taken if self.ahead else emit
+        ran_out = False
+        try:
+            while True:
+                try:
+                    item, t_request, t_ready, seq = next_batch(source.iterator, mark,
+                                                               source.since)
+                except StopIteration:
+                    ran_out = True
+                    return
+                except Exception as exc:
+                    if exc is ledger.next_error and source.recover(exc):
+                        continue
+                    raise
+                batch, meta = source.unpack(item)
+                if handover.held is not None:
+                    handover.arrived()
+                if meta.__class__ is not tuple or not mark.opened:  # a first of epoch/worker
+                    handed(mark, t_ready, meta)
+                try:
+                    yield batch
+                except BaseException:  # also the last batch of a loop that breaks off
+                    emit(row(seq, mark.epoch, t_request, t_ready, clock(), meta,
+                             *self.step_times))
+                    raise
+                t_back = clock()
+                put(row(seq, mark.epoch, t_request, t_ready, t_back, meta, *self.step_times))
+                source.taken(seq, batch, meta, t_request, t_back)
+        finally:
+            source.close()
+            handover.end(clock() - ledger.t0 if ran_out else None)
+
+
+def stop_workers(iterator: Any) -> None:
+    """A DataLoader iterator's workers stopped now, as DataLoader does (gracefully); anything
+    else left alone."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
