@@ -20,8 +20,8 @@ import threading
 
 import streamlit as st
 
-from dataloader_tuner import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url, new_token,
-                              tokens_match)
+from dataloader_tuner.ui import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url, new_token,
+                                 tokens_match)
 
 _ADMITTED = "_dltuner_admitted"  # session_state: the token this browser session showed
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dataloader_tuner import BatchRecord, epoch_starts, timed
+from dataloader_tuner.ui import BatchRecord, epoch_starts, timed
 
 
 MAX_POINTS = 600  # per series, before binning

@@ -7,7 +7,8 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import ProfileResult, StoredRun, chrome_trace
+from dataloader_tuner import ProfileResult, StoredRun
+from dataloader_tuner.ui import chrome_trace
 
 from . import charts, views
 from .shared import get_jobs

@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dataloader_tuner import (JobView, RankSummary, RunStore, StoredRun, job_view,
-                              summary_from_batches, window_figures)
+from dataloader_tuner import RunStore, StoredRun
+from dataloader_tuner.ui import (JobView, RankSummary, job_view, summary_from_batches,
+                                 window_figures)
 
 RUNS_SHOWN = 500
 RATE_WINDOW_BATCHES = 500  # a running run's samples/s in the table: its latest batches

@@ -18,9 +18,9 @@ import time
 
 from typing import Callable, TypeVar
 
-from dataloader_tuner import (LiveRun, LoaderConfig, ProfileResult, RunHandle, RunRequest,
-                              Inspection, RunStore, TuneResult, Verification, inspect_target,
+from dataloader_tuner import (LoaderConfig, ProfileResult, RunRequest, RunStore, TuneResult,
                               recommended_settings)
+from dataloader_tuner.ui import LiveRun, RunHandle, Inspection, Verification, inspect_target
 
 R = TypeVar("R", ProfileResult, TuneResult)
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this

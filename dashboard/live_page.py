@@ -14,10 +14,10 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
-                              DEFAULT_SECONDS,
-                              DEFAULT_TIMEOUT_S, ConfigError, Inspection, RunHandle, check_claim,
-                              settings_file, shm_check, speedup_text)
+from dataloader_tuner import ConfigError, settings_file
+from dataloader_tuner.ui import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
+                                 DEFAULT_SECONDS, DEFAULT_TIMEOUT_S, Inspection, RunHandle,
+                                 check_claim, shm_check, speedup_text)
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls,

@@ -9,8 +9,9 @@ from typing import Sequence
 import psutil
 import streamlit as st
 
-from dataloader_tuner import (BatchRecord, Diagnostic, ProfileResult, SystemSnapshot, busy_timeline,
-                              counting_text, fmt, startup_text)
+from dataloader_tuner import ProfileResult
+from dataloader_tuner.ui import (BatchRecord, Diagnostic, SystemSnapshot, busy_timeline,
+                                 counting_text, fmt, startup_text)
 
 from . import charts
 

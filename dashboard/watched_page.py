@@ -7,8 +7,8 @@ import time
 
 import streamlit as st
 
-from dataloader_tuner import (InPlaceTrial, LiveRun, ProfileResult, RunStore, StoredRun,
-                              TrialRecord)
+from dataloader_tuner import ProfileResult, RunStore, StoredRun
+from dataloader_tuner.ui import InPlaceTrial, LiveRun, TrialRecord
 
 from . import job_board, views
 from .shared import get_jobs

@@ -340,7 +340,9 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
 def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     """Rank 0's history holds every rank's reports (as gathered through the job's store): the
     page shows the ranks of both nodes, each node's load, the starved rank and a lost one."""
-    from dataloader_tuner import LiveRun, RankSummary, RunStore
+    from dataloader_tuner import RunStore
+    from dataloader_tuner.analyse.ranks import RankSummary
+    from dataloader_tuner.run.live import LiveRun
 
     store = RunStore(app_env)
     rank = {"rank": 0, "world_size": 3, "local_rank": 0, "local_world_size": 2,

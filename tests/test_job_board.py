@@ -3,7 +3,8 @@ running runs, torchrun jobs grouped by job and loader, and asking a job to tune.
 
 import sqlite3
 
-from dataloader_tuner import LiveRun, RunStore, protocol
+from dataloader_tuner import RunStore, protocol
+from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.dashboard import job_board
 
 from .records import make_batches

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from dataloader_tuner import RunStore, job_view
+from dataloader_tuner import RunStore
+from dataloader_tuner.analyse.ranks import job_view
 from dataloader_tuner.watcher import job_report
 from dataloader_tuner.analyse.ranks import report_key
 from dataloader_tuner.watcher.job_report import RankReporter, job_store

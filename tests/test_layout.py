@@ -1,7 +1,7 @@
 """The package's shape: its parts import only the layers below theirs (docs/development.md,
-"Layers"), the public API (engine/__init__.py) is complete, the dashboard uses only it, the
-engine never imports the dashboard, no module imports another through a cycle, and nothing
-imports the folders by their repository names."""
+"Layers"), the public API (engine/__init__.py) is complete, the dashboard uses only it and
+dataloader_tuner.ui, the engine never imports the dashboard, no module imports another
+through a cycle, and nothing imports the folders by their repository names."""
 
 import ast
 import re
@@ -123,7 +123,7 @@ LAYERS = [
     {"run"},  # a run made and kept: recorder, sinks, the parent's view, the runner
     {"child"},  # the engine's child process: the target, the measuring loop, trials
     {"watcher"},  # a user's training job, watched and tuned in place
-    {"__init__", "demo"},  # the public API; the built-in demo dataset
+    {"__init__", "demo", "ui"},  # the public API; the demo dataset; what the dashboard shows
     {"lightning", "cli", "dashboard"},  # what users run
     {"__main__"},  # python -m dataloader_tuner: the CLI
 ]
@@ -168,12 +168,21 @@ def test_the_engine_never_imports_the_dashboard():
     assert not any(offenders.values()), offenders
 
 
-def test_the_dashboard_imports_only_the_public_api():
+def test_the_dashboard_imports_only_the_public_api_and_ui():
     graph = import_graph()
+    allowed = {PACKAGE, f"{PACKAGE}.ui"}
     internal = {module: sorted(t for t in targets if not t.startswith(f"{PACKAGE}.dashboard"))
                 for module, targets in graph.items() if module.startswith(f"{PACKAGE}.dashboard")}
-    assert all(targets in ([], [PACKAGE]) for targets in internal.values()), internal
+    assert all(set(targets) <= allowed for targets in internal.values()), internal
     assert any(internal.values())  # the scan does see the dashboard's imports
+
+
+def test_ui_lists_every_name_it_gathers():
+    from dataloader_tuner import ui
+
+    gathered = {name for name in vars(ui) if not name.startswith("_")}
+    assert gathered == set(ui.__all__), gathered ^ set(ui.__all__)
+    assert not set(ui.__all__) & set(dataloader_tuner.__all__)  # each name in one place
 
 
 def test_nothing_imports_the_folders_by_their_repository_names():

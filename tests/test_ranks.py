@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from dataloader_tuner import RunStore, job_view
+from dataloader_tuner import RunStore
+from dataloader_tuner.analyse.ranks import job_view
 from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 
 from .browser import free_port

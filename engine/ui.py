@@ -1,0 +1,38 @@
+"""What the dashboard shows, gathered from the engine's parts: the one module besides the
+public API (``dataloader_tuner``) that the dashboard imports (tests/test_layout.py keeps it
+so), so a page never reaches into the packages below. Not for users' code: the names here
+may change with the pages."""
+
+from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url,
+                                     new_token, tokens_match)
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
+from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
+                                            window_figures)
+from dataloader_tuner.analyse.report import (counting_text, fmt, shm_check, speedup_text,
+                                             startup_text)
+from dataloader_tuner.analyse.trace import chrome_trace
+from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
+                                       DEFAULT_TIMEOUT_S)
+from dataloader_tuner.record.rows import BatchRecord, timed
+from dataloader_tuner.record.trials import InPlaceTrial, TrialRecord
+from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
+from dataloader_tuner.run.verify import Verification, check_claim
+from dataloader_tuner.settings import DEFAULT_BATCH_SIZE
+from dataloader_tuner.system import SystemSnapshot
+
+__all__ = [
+    # the dashboard's token
+    "TOKEN_ENV", "NO_TOKEN_ENV", "TOKEN_QUERY", "new_token", "tokens_match", "dashboard_url",
+    # starting and following runs from the Live page
+    "Inspection", "RunHandle", "inspect_target", "LiveRun", "Verification", "check_claim",
+    "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
+    "DEFAULT_BATCH_SIZE",
+    # what a run's pages show
+    "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceTrial",
+    "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
+    "speedup_text", "startup_text",
+    # a torchrun job's ranks
+    "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
+]
