@@ -47,7 +47,7 @@ def plain_rank(target: str, pipe) -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     from torch.utils.data import DataLoader
 
-    from dataloader_tuner.instrument.probes import samples_in
+    from dataloader_tuner.instrument.tensors import samples_in
     from dataloader_tuner.child.target import resolve
     from dataloader_tuner.child.starting import starting_config
 

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from dataloader_tuner.config import LoaderConfig  # noqa: E402
 from dataloader_tuner.child.starting import starting_config  # noqa: E402
 from dataloader_tuner.config import warmup_batches  # noqa: E402
-from dataloader_tuner.instrument.probes import samples_in  # noqa: E402
+from dataloader_tuner.instrument.tensors import samples_in  # noqa: E402
 from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
 from dataloader_tuner.system import usable_cpus  # noqa: E402
 from dataloader_tuner.child.target import resolve  # noqa: E402

@@ -74,7 +74,7 @@ class StoredRun:
                 "error": self.error}
 
 # One row per process per resource sample (instrument/resources.py): the private-memory columns
-# are what worker_memory_growth judges, so a stored run can be judged again as it was live.
+# are what analyse/memory_growth.py judges, so a stored run can be judged again as it was live.
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
                     "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads",
                     "shm_used_mb", "shm_total_mb")

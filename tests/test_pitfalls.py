@@ -15,6 +15,7 @@ import pytest
 from torch.utils.data import Dataset
 
 from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.analyse.stalls import stuck_at
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
@@ -202,9 +203,9 @@ def test_growth_is_judged_from_a_workers_first_row_when_its_memory_is_read_later
     warm-up counts from the worker's first row, so a run of 10.5 s is judged as before."""
     leak = lambda t: 13 + 457 * t / 60  # noqa: E731
     rows = worker_rows(10.5, flat(1476), leak)
-    assert pitfalls.worker_memory_growth(rows)
+    assert worker_memory_growth(rows)
     late = [dict(r, uss_mb=None, dirty_mb=None) if r["t"] < 2.0 else r for r in rows]
-    assert [d.code for d in pitfalls.worker_memory_growth(late)] == ["worker_memory_growth"]
+    assert [d.code for d in worker_memory_growth(late)] == ["worker_memory_growth"]
 
 
 def test_copy_on_read_leak_is_flagged_per_worker_with_the_serialize_fix():
@@ -212,7 +213,7 @@ def test_copy_on_read_leak_is_flagged_per_worker_with_the_serialize_fix():
     leak = lambda t: 13 + 457 * t / 60  # noqa: E731
     rows = (worker_rows(60, flat(1476), leak, pid=7, worker_id=0)
             + worker_rows(60, flat(1476), leak, pid=8, worker_id=1))
-    found = pitfalls.worker_memory_growth(rows)
+    found = worker_memory_growth(rows)
     assert [d.code for d in found] == ["worker_memory_growth"]
     evidence = found[0].evidence
     assert evidence["copy_on_read"] and "copy-on-read" in found[0].message
@@ -235,48 +236,48 @@ def test_copy_on_read_leak_is_flagged_per_worker_with_the_serialize_fix():
 def test_rss_alone_never_flags():
     """File-backed pages (LMDB, np.memmap) count in RSS as they are read."""
     rising = lambda t: 200 + 40 * t  # noqa: E731
-    assert pitfalls.worker_memory_growth(worker_rows(30, rising, flat(12))) == []
+    assert worker_memory_growth(worker_rows(30, rising, flat(12))) == []
     no_private = [{k: v for k, v in r.items() if k not in ("uss_mb", "dirty_mb")}
                   for r in worker_rows(30, rising, flat(12))]
-    assert pitfalls.worker_memory_growth(no_private) == []
+    assert worker_memory_growth(no_private) == []
 
 
 def test_file_pages_in_uss_are_not_a_leak_but_uss_is_judged_without_dirty_readings():
     # np.memmap read by two workers at disjoint offsets (measured): USS +140 MB in 24 s,
     # private dirty flat at ~12 MB. The pages are clean file cache that only one worker maps.
     rss, uss = (lambda t: 170 + 10 * t), (lambda t: 19 + 6 * t)  # noqa: E731
-    assert pitfalls.worker_memory_growth(worker_rows(24, rss, flat(12), uss=uss)) == []
+    assert worker_memory_growth(worker_rows(24, rss, flat(12), uss=uss)) == []
     without_dirty = [{**r, "dirty_mb": None} for r in worker_rows(24, rss, flat(12), uss=uss)]
-    assert pitfalls.worker_memory_growth(without_dirty)[0].evidence["workers"][0][
+    assert worker_memory_growth(without_dirty)[0].evidence["workers"][0][
         "measure"] == "uss"
 
 
 def test_a_bounded_buffer_that_fills_then_stops_is_not_flagged():
     fills = lambda t: 60 + 65 * min(t, 5.0)  # noqa: E731  a shuffle buffer: 5 s, then flat
-    assert pitfalls.worker_memory_growth(worker_rows(25, lambda t: 200 + fills(t), fills)) == []
+    assert worker_memory_growth(worker_rows(25, lambda t: 200 + fills(t), fills)) == []
 
 
 def test_a_noisy_start_is_not_flagged():
     jumpy = lambda t: (40 if t < 2.0 else 380) + 3 * ((-1) ** int(t))  # noqa: E731
-    assert pitfalls.worker_memory_growth(worker_rows(30, jumpy, jumpy)) == []
+    assert worker_memory_growth(worker_rows(30, jumpy, jumpy)) == []
 
 
 def test_a_one_time_allocation_is_not_flagged():
     step = lambda t: 40 if t < 20 else 100  # noqa: E731  e.g. a lookup table built on first use
-    assert pitfalls.worker_memory_growth(worker_rows(25, flat(1476), step)) == []
+    assert worker_memory_growth(worker_rows(25, flat(1476), step)) == []
 
 
 def test_the_slow_creep_of_a_healthy_jpeg_worker_is_not_flagged():
     creep = lambda t: 32 + 4 * t / 25  # noqa: E731  measured: +4 MB in 25 s, RSS flat
-    assert pitfalls.worker_memory_growth(worker_rows(25, flat(249), creep)) == []
+    assert worker_memory_growth(worker_rows(25, flat(249), creep)) == []
 
 
 def test_a_buffer_levelling_off_is_not_flagged_but_copy_on_read_slowing_down_is():
     levels = lambda t: 400 * (1 - math.exp(-t / 6))  # noqa: E731  still +35 MB in the last half
     buffer = worker_rows(25, lambda t: 200 + levels(t), levels)  # new pages: RSS grows too
-    assert pitfalls.worker_memory_growth(buffer) == []
+    assert worker_memory_growth(buffer) == []
     # RSS flat: inherited pages turning private, until each worker has a copy of everything
-    found = pitfalls.worker_memory_growth(worker_rows(25, flat(1476), levels))
+    found = worker_memory_growth(worker_rows(25, flat(1476), levels))
     assert found[0].evidence["copy_on_read"]
 
 
@@ -284,12 +285,12 @@ def test_a_buffer_levelling_off_is_not_flagged_but_copy_on_read_slowing_down_is(
 def test_a_run_too_short_to_tell_a_leak_from_a_filling_buffer_is_not_judged(private_every):
     leak = lambda t: 13 + 10 * t  # noqa: E731
     rows = worker_rows(8, flat(1476), leak, private_every=private_every)
-    assert pitfalls.worker_memory_growth(rows) == []
+    assert worker_memory_growth(rows) == []
 
 
 def test_a_growing_cache_gets_the_cache_fix():
     cache = lambda t: 50 + 8 * t  # noqa: E731  RSS rises with private memory
-    found = pitfalls.worker_memory_growth(worker_rows(20, lambda t: 150 + cache(t), cache))
+    found = worker_memory_growth(worker_rows(20, lambda t: 150 + cache(t), cache))
     assert found and not found[0].evidence["copy_on_read"]
     assert "lru_cache" in found[0].fix and "numpy" in found[0].fix
 

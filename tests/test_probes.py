@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dataloader_tuner.instrument.probes import (BatchMeta, TimedCollate, TimedIterableDataset, TimedMapDataset,
-                           payload_bytes, samples_in, sizes_of, wrap_dataset)
+from dataloader_tuner.instrument.probes import (BatchMeta, TimedCollate, TimedIterableDataset,
+                                               TimedMapDataset, wrap_dataset)
+from dataloader_tuner.instrument.tensors import payload_bytes, samples_in, sizes_of
 
 from .datasets.small_map import SmallMap
 from .datasets.stream import Stream

@@ -134,17 +134,17 @@ def test_a_watched_job_names_a_slow_sample_with_its_worker_and_stack(db_path, wo
 def test_a_worker_stuck_before_its_first_fetch_still_offers_its_stack(tmp_path, monkeypatch):
     """A worker_init_fn that never returns: the probed loader's init offers the stack first."""
     monkeypatch.setenv("DATALOADER_TUNER_STACKS", str(tmp_path))
-    from dataloader_tuner.instrument import probes
+    from dataloader_tuner.instrument import stacks
 
     loader = DataLoader(torch.arange(8.0), batch_size=2, num_workers=1,
-                        worker_init_fn=probes.OfferingStack(_sleep_forever))
+                        worker_init_fn=stacks.OfferingStack(_sleep_forever))
     iterator = iter(loader)
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not list(tmp_path.glob("*.stack")):
             time.sleep(0.1)
         pid = iterator._workers[0].pid
-        stack = probes.worker_stack(str(tmp_path), pid, wait_s=5.0)
+        stack = stacks.worker_stack(str(tmp_path), pid, wait_s=5.0)
         assert stack is not None and "_sleep_forever" in stack
     finally:
         iterator._shutdown_workers()
@@ -157,10 +157,10 @@ def test_a_workers_stack_file_is_its_owners_only(tmp_path, monkeypatch):
     folder = stalls.new_stacks_folder()  # (names itself in the environment the workers inherit)
     try:
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-        from dataloader_tuner.instrument import probes
+        from dataloader_tuner.instrument import stacks
 
         loader = DataLoader(torch.arange(4.0), batch_size=2, num_workers=1,
-                            worker_init_fn=probes.OfferingStack(None))
+                            worker_init_fn=stacks.OfferingStack(None))
         assert len(list(loader)) == 2
         stacks = [os.path.join(folder, name) for name in os.listdir(folder)]
         assert stacks and all(stat.S_IMODE(os.stat(s).st_mode) == 0o600 for s in stacks)

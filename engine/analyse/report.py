@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
+from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.record.cards import DatasetCard
@@ -227,7 +228,7 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
         found += pitfalls.skewed_labels(live.label_counts,
                                         pitfalls.label_order(config, live.dataset),
                                         length)
-    found += pitfalls.worker_memory_growth(live.resources)
+    found += worker_memory_growth(live.resources)
     if system is not None:  # the machine as the child saw it (none if it failed first)
         shm_now = tightest_shm(live.resources, system.shm)
         found += shm_check(config, live.dataset, shm_now or system.shm, live.ranks_on_node,

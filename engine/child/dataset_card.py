@@ -8,7 +8,7 @@ from typing import Any
 
 import itertools
 
-from dataloader_tuner.instrument.probes import payload_bytes
+from dataloader_tuner.instrument.tensors import payload_bytes
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.child.target import ResolvedTarget, type_name
 

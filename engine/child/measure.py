@@ -25,6 +25,7 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
+from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
@@ -62,7 +63,7 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     if config.num_workers > 0:
         init_fn = tools_worker_init(config.worker_init_fn, config.keep_freed_memory,
                                     config.worker_threads)
-        kwargs["worker_init_fn"] = probes.OfferingStack(init_fn)
+        kwargs["worker_init_fn"] = OfferingStack(init_fn)
     if (config.num_workers > 0 and config.batch_sampler is None and config.batch_size is not None
             and not isinstance(dataset, IterableDataset)):
         # The same batches DataLoader would build from these settings, but remembered, so a

@@ -224,7 +224,7 @@ class ChildRun:
         self.events.send(ready)
         if request.kind == "inspect":  # the dashboard's check of a target: no loader
             return
-        # Workers write their stacks here when a hang report asks (probes.offer_stack).
+        # Workers write their stacks here when a hang report asks (stacks.offer_stack).
         self.stacks_dir = stalls.new_stacks_folder()
         # The heap made so far (torch, the user's dataset) out of the collector's reach: NOTE
         # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections

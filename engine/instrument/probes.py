@@ -14,24 +14,19 @@ Classes here live at module scope so spawn/forkserver workers can unpickle them 
 
 from __future__ import annotations
 
-import faulthandler
 import math
 import os
-import signal
 import sys
-import threading
 import time
-import traceback
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-import psutil
-from torch import Tensor, strided
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from dataloader_tuner.access import open_private
 from dataloader_tuner.instrument import threads
+from dataloader_tuner.instrument.stacks import offer_stack
+from dataloader_tuner.instrument.tensors import (PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET,
+                                                WALK_LIST_SAMPLE, samples_in, sizes_of)
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
 if TYPE_CHECKING:
@@ -134,95 +129,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-# A hang report names where a stuck worker is: each worker writes its Python stack to
-# <STACKS_ENV folder>/<pid>.stack when sent STACK_SIGNAL (faulthandler: it dumps even from a
-# worker blocked in C code, without the GIL).
-STACKS_ENV = "DATALOADER_TUNER_STACKS"
-STACK_SIGNAL = signal.SIGUSR2
-_stack_file: Any = None
-
-
-def offer_stack() -> None:
-    """In a DataLoader worker, once: write this process's stack when asked (see STACKS_ENV).
-    Nothing where no folder was given (a watched job's loader) or no signal can be had."""
-    global _stack_file
-    folder = os.environ.get(STACKS_ENV)
-    if _stack_file is not None or not folder or get_worker_info() is None:
-        return
-    # Named once the signal is handled (its default action ends the process), after this
-    # process and its start: a later worker given the same pid is never signalled for it.
-    path = _stack_path(folder, os.getpid())
-    if path is None:
-        return
-    try:
-        _stack_file = open_private(path + ".new")  # it names the user's code and data
-        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
-        os.rename(path + ".new", path)
-    except (OSError, ValueError, RuntimeError, AttributeError):  # no signals on this platform
-        if _stack_file is not None:
-            _stack_file.close()
-        _stack_file = None
-
-
-class OfferingStack:
-    """A worker_init_fn that offers the worker's stack before the user's own runs (which it
-    then calls): a worker stuck in its init, or in an iterable's start, can be named too."""
-
-    def __init__(self, init_fn: Callable[[int], Any] | None) -> None:
-        self.init_fn = init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        offer_stack()
-        if self.init_fn is not None:
-            self.init_fn(worker_id)
-
-
-def _stack_path(folder: str, pid: int) -> str | None:
-    """<folder>/<pid>-<its start time>.stack, or None when no such process runs."""
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-    return os.path.join(folder, f"{pid}-{int(started * 100)}.stack")
-
-
-def worker_stack(folder: str, pid: int, wait_s: float = 1.0) -> str | None:
-    """The Python stack of worker ``pid`` (most recent call first), asked for by signal; None
-    when it does not answer within ``wait_s`` (it never offered one, or it is gone). Only what
-    this request added is read: an earlier dump stays in the file before it."""
-    path = _stack_path(folder, pid)
-    if path is None or not os.path.exists(path):
-        return None
-    before = os.path.getsize(path)
-    try:
-        os.kill(pid, STACK_SIGNAL)
-    except OSError:
-        return None
-    deadline = clock() + wait_s
-    seen = ""
-    while clock() < deadline:
-        time.sleep(0.05)
-        with open(path) as f:
-            f.seek(before)
-            text = f.read()
-        if text.strip() and text == seen:  # written and no longer growing
-            # The thread the signal landed on first (the worker's main one, almost always)
-            blocks = text.strip().split("\n\n")
-            return "\n\n".join(sorted(blocks, key=lambda b: not b.startswith("Current")))
-        seen = text
-    return seen.strip() or None
-
-
-def main_thread_stack() -> str | None:
-    """The main thread's stack, most recent call first, as faulthandler writes a worker's."""
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
-    if frame is None:
-        return None
-    lines = [f'  File "{f.filename}", line {f.lineno} in {f.name}'
-             for f in reversed(traceback.extract_stack(frame))]
-    return "Main thread (most recent call first):\n" + "\n".join(lines)
 
 
 def outstanding(iterator: Any) -> list[dict]:
@@ -531,114 +437,6 @@ def wrap_dataset(dataset: Dataset) -> Dataset:
     if isinstance(dataset, IterableDataset):
         return TimedIterableDataset(dataset)
     return TimedMapDataset(dataset)
-
-
-def sizes_of(batch: Any, samples: int | None = None) -> tuple[int, int]:
-    """(samples, bytes) of a collated batch. ``samples`` is the number of items the batch was
-    made of when DataLoader batched them (exact); without auto-batching (``batch_size=None``)
-    it is read off the batch by ``samples_in``. A tuple or list of tensors, the usual
-    (inputs, labels) batch, takes a fast path."""
-    if type(batch) in (tuple, list) and batch:
-        total = 0
-        for value in batch:
-            if type(value) is not Tensor or value.layout is not strided:
-                break
-            total += value.nbytes
-        else:
-            if samples is None:
-                first = batch[0]
-                samples = first.shape[0] if first.ndim > 0 else len(batch)
-            return samples, total
-    return (samples if samples is not None else samples_in(batch)), payload_bytes(batch)
-
-
-# The walk over a batch's structure is bounded, so measuring costs the same per batch whatever
-# the batch holds (a detection batch can hold 100k polygon floats in Python lists): at most
-# WALK_BUDGET objects are visited, and of a long list only WALK_LIST_SAMPLE items, scaled up.
-WALK_BUDGET = 256
-WALK_LIST_SAMPLE = 16
-PY_SCALAR_BYTES = 8  # an int or float as it crosses the process boundary (pickled, roughly)
-
-
-def payload_bytes(value: Any) -> int:
-    """Bytes a batch or sample carries: tensor and array data, bytes and str, and 8 per Python
-    number, found by a bounded walk (long lists are sampled and scaled: an estimate)."""
-    budget = [WALK_BUDGET]
-    return int(_walk_bytes(value, budget))
-
-
-def _walk_bytes(value: Any, budget: list[int]) -> float:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return 0.0
-    if isinstance(value, Tensor):
-        return value.element_size() * value.nelement() if value.layout is strided else 0.0
-    if isinstance(value, (bytes, bytearray, str)):
-        return len(value)
-    if isinstance(value, (int, float, bool)) or value is None:
-        return PY_SCALAR_BYTES if value is not None else 0.0
-    if hasattr(value, "nbytes") and hasattr(value, "shape"):
-        return float(value.nbytes)
-    items = _children(value)
-    if items is None:
-        return 0.0
-    if len(items) <= WALK_LIST_SAMPLE:
-        return sum(_walk_bytes(v, budget) for v in items)
-    step = len(items) / WALK_LIST_SAMPLE
-    sampled = [items[int(i * step)] for i in range(WALK_LIST_SAMPLE)]
-    return sum(_walk_bytes(v, budget) for v in sampled) * step
-
-
-def _children(value: Any) -> list | None:
-    """The parts of a container: sequences, any Mapping (UserDict, BatchEncoding), dataclass-
-    or attribute-style batch objects."""
-    if isinstance(value, (list, tuple)):
-        return value if isinstance(value, list) else list(value)
-    if isinstance(value, Mapping):
-        return list(value.values())
-    fields = getattr(value, "__dataclass_fields__", None)
-    if fields is not None:
-        return [getattr(value, name, None) for name in fields]
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and not callable(value):
-        return list(attrs.values())[:WALK_LIST_SAMPLE]
-    return None
-
-
-SAMPLES_RULE = ("batch_size=None: each item is a batch; its samples are the leading dimension of "
-                "the first tensor or array in it (else the length of a list of samples, else 1)")
-
-
-def samples_in(batch: Any) -> int:
-    """Samples in a batch the dataset made itself (``batch_size=None``): see SAMPLES_RULE."""
-    found = _first_array(batch)
-    if found is not None and getattr(found, "ndim", 0) > 0:
-        return int(found.shape[0])
-    if isinstance(batch, (list, tuple)) and batch and not isinstance(batch[0], (int, float)):
-        return len(batch)
-    return 1
-
-
-def _first_array(batch: Any) -> Any:
-    """The first tensor or array, level by level (a WebDataset batch is (keys, images, labels):
-    the images are found before the walk spends itself on 256 key strings). Bounded like the
-    byte walk: WALK_BUDGET containers, WALK_LIST_SAMPLE items of each."""
-    level, budget = [batch], WALK_BUDGET
-    while level and budget > 0:
-        deeper = []
-        for value in level:
-            if hasattr(value, "shape") and hasattr(value, "dtype"):
-                return value
-            if isinstance(value, (str, bytes, bytearray, int, float)) or value is None:
-                continue
-            budget -= 1
-            items = _children(value)
-            if items:
-                deeper.extend(items[:WALK_LIST_SAMPLE])
-            if budget <= 0:
-                break
-        level = deeper
-    return None
 
 
 def counting_rules(config: "LoaderConfig") -> dict:

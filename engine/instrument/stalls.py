@@ -28,6 +28,7 @@ import psutil
 
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument import probes
+from dataloader_tuner.instrument.stacks import STACKS_ENV, main_thread_stack, worker_stack
 from dataloader_tuner.record.ledger import BatchLedger
 
 SLOW_FACTOR = 10.0
@@ -56,11 +57,11 @@ def stack_of(iterator: Any, worker_id: int, stacks_dir: str | None) -> str | Non
     """The stack of ``iterator``'s worker ``worker_id`` (-1: the main process, inside the fetch
     itself), or None where it cannot be read."""
     if worker_id < 0:
-        return probes.main_thread_stack()
+        return main_thread_stack()
     workers = getattr(iterator, "_workers", None) or []
     if stacks_dir is None or not 0 <= worker_id < len(workers):
         return None
-    return probes.worker_stack(stacks_dir, workers[worker_id].pid)
+    return worker_stack(stacks_dir, workers[worker_id].pid)
 
 
 STACKS_PREFIX = "dataloader-tuner-stacks-"  # + the pid of the process whose workers use it
@@ -69,7 +70,7 @@ STALE_AFTER_S = 3600.0  # a folder whose process is gone, left this long: the pi
 
 def new_stacks_folder() -> str:
     """A folder for this process's workers' stacks, named in the environment they inherit
-    (probes.STACKS_ENV), however they are started; made after removing those left behind by
+    (STACKS_ENV), however they are started; made after removing those left behind by
     processes killed before they could (a SIGKILLed run, a killed job)."""
     tmp = tempfile.gettempdir()
     now = time.time()
@@ -85,7 +86,7 @@ def new_stacks_folder() -> str:
         except OSError:  # gone meanwhile, or another user's
             pass
     folder = tempfile.mkdtemp(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
-    os.environ[probes.STACKS_ENV] = folder
+    os.environ[STACKS_ENV] = folder
     return folder
 
 
@@ -93,7 +94,7 @@ def made_for_this_process() -> str | None:
     """The stacks folder new_stacks_folder made in this process, if any. One named in the
     environment by a parent (a rank started by rank 0, a job launched from a watched notebook)
     is the parent's: removed when the parent exits."""
-    folder = os.environ.get(probes.STACKS_ENV)
+    folder = os.environ.get(STACKS_ENV)
     if folder and os.path.basename(folder).startswith(f"{STACKS_PREFIX}{os.getpid()}-"):
         return folder
     return None

@@ -92,7 +92,7 @@ class PeriodicChecks:
 
 def stacks_folder() -> str | None:
     """Where this job's DataLoader workers write their stacks when a late batch asks
-    (probes.offer_stack): made once a process, removed at exit; an engine child's own folder
+    (stacks.offer_stack): made once a process, removed at exit; an engine child's own folder
     where one is set already (not one a parent process named in the environment)."""
     folder = stalls.made_for_this_process()
     if folder is not None:

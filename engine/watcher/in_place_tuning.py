@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.config import LoaderConfig
-from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler,
-                                               TimedCollate, wrap_dataset)
+from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedCollate, wrap_dataset
+from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, stop_workers
 from dataloader_tuner.record.trials import InPlaceTrial

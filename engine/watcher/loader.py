@@ -28,7 +28,8 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.instrument import gpu
-from dataloader_tuner.instrument.probes import counting_rules, samples_in
+from dataloader_tuner.instrument.probes import counting_rules
+from dataloader_tuner.instrument.tensors import samples_in
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps

@@ -16,8 +16,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from dataloader_tuner.instrument.probes import (OfferingStack, RecordingBatchSampler, TimedCollate,
-                                               wrap_dataset)
+from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedCollate, wrap_dataset
+from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.config import LoaderConfig
 
 
