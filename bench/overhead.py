@@ -32,7 +32,8 @@ sys.path.insert(0, ROOT)
 from torch.utils.data import DataLoader  # noqa: E402
 
 from dataloader_tuner.config import LoaderConfig  # noqa: E402
-from dataloader_tuner.child.measure import Consumer, Measurement  # noqa: E402
+from dataloader_tuner.child.measure import Measurement  # noqa: E402
+from dataloader_tuner.record.cards import Consumer  # noqa: E402
 from dataloader_tuner.child.starting import starting_config  # noqa: E402
 from dataloader_tuner.config import warmup_batches  # noqa: E402
 from dataloader_tuner.instrument.tensors import samples_in  # noqa: E402

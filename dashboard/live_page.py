@@ -271,7 +271,8 @@ def _recommendation_block(jobs: Jobs) -> None:
         st.warning("Tuning was stopped before it reached a recommendation.")
         return
     rec = tuned.recommended
-    st.plotly_chart(charts.tune_figure(list(tuned.trials), rec.get("num_workers")),
+    st.plotly_chart(charts.tune_figure([t.to_dict() for t in tuned.trials],
+                                       rec.get("num_workers")),
                     key="tune-final")
     base = tuned.baseline or {}
     noise = tuned.uncertainty_pct

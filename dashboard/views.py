@@ -9,7 +9,7 @@ from typing import Sequence
 import psutil
 import streamlit as st
 
-from dataloader_tuner import ProfileResult
+from dataloader_tuner import EngineError, ProfileResult
 from dataloader_tuner.ui import (BatchRecord, Diagnostic, SystemSnapshot, busy_timeline,
                                  counting_text, fmt, startup_text)
 
@@ -31,8 +31,11 @@ def compact(value: float | None, unit: str = "") -> str:
     return f"{value:.3g}{unit}"
 
 
-def error_card(error: dict, output_tail: str | None = None) -> None:
-    """The headline first, the traceback only on request."""
+def error_card(error: EngineError | dict, output_tail: str | None = None) -> None:
+    """The headline first, the traceback only on request (a stored run's error is the dict
+    ``EngineError.to_dict`` wrote)."""
+    if isinstance(error, EngineError):
+        error = error.to_dict()
     st.error(f"**{error['message']}**", icon="🛑")
     details = (error.get("details") or "").strip()
     if details or output_tail:

@@ -34,8 +34,9 @@ class EngineError(Exception):
         """The error ``to_dict`` described, as its own class (EngineError if unknown)."""
         error_cls = next((c for c in ERROR_CLASSES if c.category == data.get("category")),
                          EngineError)
-        return error_cls(message=data["message"], details=data.get("details", ""),
-                         type=data["type"])
+        # (.get: an older document, or a watched job's end, may carry the message alone)
+        return error_cls(message=data.get("message", ""), details=data.get("details") or "",
+                         type=data.get("type") or "engine_error")
 
 
 class TargetError(EngineError):

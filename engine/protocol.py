@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence, Union
 
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.trials import TrialRecord, TunePlan, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
@@ -112,7 +112,7 @@ class Ready:
     dataset: DatasetCard
     config: dict[str, Any]
     snippet: str
-    consumer: dict[str, Any]
+    consumer: Consumer
     system: SystemSnapshot
     warmup_batches: int
     counting: dict[str, Any] | None = None
@@ -122,10 +122,11 @@ class Ready:
     @classmethod
     def from_wire(cls, doc: dict[str, Any]) -> "Ready":
         fields = {f.name for f in dataclasses.fields(cls)}
-        typed = ("system", "dataset")
+        typed = ("system", "dataset", "consumer")
         return cls(**{k: v for k, v in doc.items() if k in fields and k not in typed},
                    system=SystemSnapshot.from_dict(doc["system"]),
-                   dataset=DatasetCard.from_dict(doc["dataset"]))
+                   dataset=DatasetCard.from_dict(doc["dataset"]),
+                   consumer=Consumer.from_dict(doc.get("consumer") or {}))
 
 
 @dataclass(frozen=True)

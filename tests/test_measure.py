@@ -3,7 +3,8 @@
 import pytest
 
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.child.measure import Measurement
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.starting import starting_config
 from dataloader_tuner.child.target import resolve
 

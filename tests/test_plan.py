@@ -3,7 +3,7 @@ first batch and then from the cost model; the user's limit is hard."""
 
 import pytest
 
-from dataloader_tuner.child.measure import Consumer
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner

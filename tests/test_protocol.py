@@ -10,7 +10,7 @@ import pytest
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import InPlaceTrial, TrialResult, TunePlan
 from dataloader_tuner.system import SystemSnapshot
@@ -27,7 +27,7 @@ CARD = DatasetCard("data.py", "dataset", "data.Small", "map", 10, False, None, F
 
 EXAMPLES = [
     protocol.Ready(mode="profile", pid=7, dataset=CARD, config={"batch_size": 2},
-                   snippet="DataLoader(dataset)", consumer={"kind": "none"}, system=SystemSnapshot.from_dict({"cpus_usable": 2}),
+                   snippet="DataLoader(dataset)", consumer=Consumer("none"), system=SystemSnapshot.from_dict({"cpus_usable": 2}),
                    warmup_batches=1, counting={"samples": "indices"}, torch="2.13.0"),
     protocol.Batches([ROW, ROW]),
     protocol.LateTimings(gaps=[[3, 1.5]], copies=[[3, 0.25, None]]),

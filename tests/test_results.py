@@ -52,14 +52,14 @@ def test_a_tune_without_a_recommendation_is_an_error_that_says_so():
     live = folded("small_map-tune")
     live.tune_result = None
     result = live.summary("ok")
-    assert result.failed and result.error["type"] == "tune_incomplete"
+    assert result.failed and result.error.type == "tune_incomplete"
     assert result.to_dict()["recommended"] is None
 
 
 def test_a_failed_run_keeps_its_typed_error_in_the_document():
     result = folded("getitem_raises-profile").summary("error")
-    assert result.failed and result.error["type"] and result.error_message
-    assert result.to_dict()["error"] == result.error
+    assert result.failed and result.error.type and result.error_message
+    assert result.to_dict()["error"] == result.error.to_dict()
 
 
 def test_documents_saved_by_older_versions_still_read():

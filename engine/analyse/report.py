@@ -9,7 +9,7 @@ from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
@@ -31,7 +31,7 @@ class RunSoFar(Protocol):
     dataset: DatasetCard | None
     config: dict[str, Any] | None
     snippet: str | None
-    consumer: dict[str, Any] | None
+    consumer: Consumer | None
     system: SystemSnapshot | None
     torch_version: str | None
     warmup_batches: int
@@ -61,8 +61,7 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     measured = batches[live.warmup_batches:] if steady else batches
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
     idle = metrics.consumer_idle_fraction(batches, steady)
-    consumer = live.consumer or {}
-    has_consumer = bool(consumer) and consumer.get("kind") != "none"
+    has_consumer = live.consumer is not None and live.consumer.steps
     # The child reports the GPU (gpu.gpu_info) in its first event; a run that failed before
     # that has no GPU figures either. (No torch here: the parent side stays light.)
     gpu_info: dict[str, Any] = live.system.gpu if live.system is not None else {
@@ -73,7 +72,7 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     return ProfileResult(
         status=status,
         target=live.target,
-        dataset=live.dataset.to_dict() if live.dataset is not None else None,
+        dataset=live.dataset,
         config=live.config,
         snippet=live.snippet,
         torch=live.torch_version,
@@ -101,7 +100,7 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
         system=live.system,
         warnings=tuple(live.output.diagnostics()
                        + _warnings(live, steady, made, per_batch, gpu_info)),
-        error=live.error.to_dict() if live.error is not None else None,
+        error=live.error,
     )
 
 
@@ -112,17 +111,16 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
     # The fields both ways share, as keyword arguments (of several types: hence Any).
     common: dict[str, Any] = dict(
         status=status, target=live.target,
-        dataset=live.dataset.to_dict() if live.dataset is not None else None, system=live.system,
-        consumer=live.consumer, torch=live.torch_version,
-        error=live.error.to_dict() if live.error is not None else None)
+        dataset=live.dataset, system=live.system, consumer=live.consumer,
+        torch=live.torch_version, error=live.error)
     if live.tune_result is not None:
         tuned = TuneResult.from_dict({**live.tune_result, "status": status})
         return dataclasses.replace(tuned, **common, warnings=printed + tuned.warnings)
     if status == "ok":
         common.update(status="error", error=common["error"] or RunError(
             "The tuner stopped before reaching a recommendation.",
-            type="tune_incomplete").to_dict())
-    return TuneResult(**common, trials=tuple(t.to_dict() for t in live.trials), warnings=printed)
+            type="tune_incomplete"))
+    return TuneResult(**common, trials=tuple(live.trials), warnings=printed)
 
 
 def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord], timed_batches: int

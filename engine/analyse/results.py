@@ -7,8 +7,10 @@ JSON document the CLI has always printed (the contract programs read); ``from_di
 back, also one saved by an older version (missing figures become None, a diagnostic code no
 longer in the catalogue is kept as it was saved).
 
-The figures inside (per-worker rows, latency percentiles, trials) stay plain JSON objects: they
-are data to show, not seams between parts of the code.
+What crosses from one part to another is typed with the class that part uses (the dataset
+card, the consumer, the error, the system, the diagnostics, a tune's trials); the figures
+inside (per-worker rows, latency percentiles, the input wait's summary) stay plain JSON
+objects: data to show, written once and read by no code but the pages.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, Union
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.errors import EngineError
+from dataloader_tuner.record.cards import Consumer, DatasetCard
+from dataloader_tuner.record.trials import TrialRecord, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -34,12 +39,12 @@ class _Result:
 
     status: str  # "ok" | "stopped" | "error"
     target: str
-    dataset: dict[str, Any] | None = None
+    dataset: DatasetCard | None = None
     system: SystemSnapshot | None = None
-    consumer: dict[str, Any] | None = None
+    consumer: Consumer | None = None
     torch: str | None = None
     warnings: tuple[Diagnostic, ...] = ()
-    error: dict[str, Any] | None = None  # errors.EngineError.to_dict()
+    error: EngineError | None = None
     run_id: int | None = None  # where the store keeps it, once saved
 
     # Written only when set, as the documents always were.
@@ -51,9 +56,9 @@ class _Result:
             value = getattr(self, f.name)
             if f.name in self.OPTIONAL and value is None:
                 continue
-            if f.name == "warnings":
-                value = [d.to_dict() for d in value]
-            elif isinstance(value, SystemSnapshot):
+            if isinstance(value, tuple):
+                value = [v.to_dict() if hasattr(v, "to_dict") else v for v in value]
+            elif hasattr(value, "to_dict"):  # (each typed field's class writes its own)
                 value = value.to_dict()
             doc[f.name] = value
         return doc
@@ -63,8 +68,9 @@ class _Result:
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {k: v for k, v in doc.items() if k in names}
         values["warnings"] = _diagnostics(doc.get("warnings"))
-        if doc.get("system") is not None:
-            values["system"] = SystemSnapshot.from_dict(doc["system"])
+        for name, read in TYPED_FIELDS.items():
+            if isinstance(doc.get(name), dict):
+                values[name] = read(doc[name])
         values.setdefault("target", "")
         return cls(**values)
 
@@ -74,8 +80,12 @@ class _Result:
 
     @property
     def error_message(self) -> str:
-        message: str = (self.error or {}).get("message", "")
-        return message
+        return self.error.message if self.error is not None else ""
+
+
+# How each typed field of a result reads its JSON (an older document's included).
+TYPED_FIELDS: dict[str, Any] = {"dataset": DatasetCard.from_dict, "system": SystemSnapshot.from_dict,
+                                "consumer": Consumer.from_dict, "error": EngineError.from_dict}
 
 
 @dataclass(frozen=True)
@@ -107,9 +117,7 @@ class ProfileResult(_Result):
     not_measured: str | None = None  # why the GPU figures are missing
 
     def to_dict(self) -> dict[str, Any]:
-        doc = super().to_dict()
-        doc["workers"] = list(self.workers)
-        return _ordered(doc, PROFILE_KEYS)
+        return _ordered(super().to_dict(), PROFILE_KEYS)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "ProfileResult":
@@ -133,7 +141,7 @@ class TuneResult(_Result):
     expected_consumer_idle_frac: float | None = None
     uncertainty_pct: float | None = None
     baseline: dict[str, Any] | None = None  # the starting settings' rate and the claimed speedup
-    trials: tuple[dict[str, Any], ...] = ()
+    trials: tuple[TrialRecord, ...] = ()
     reasons: tuple[str, ...] = ()
     profile: dict[str, Any] | None = None  # the cost profile the search started from
     limits: dict[str, Any] | None = None
@@ -144,14 +152,13 @@ class TuneResult(_Result):
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
-        doc = super().to_dict()
-        doc["trials"], doc["reasons"] = list(self.trials), list(self.reasons)
-        return _ordered(doc, TUNE_KEYS)
+        return _ordered(super().to_dict(), TUNE_KEYS)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":
         result = super().from_dict(doc)
-        return dataclasses.replace(result, trials=tuple(doc.get("trials") or ()),
+        return dataclasses.replace(result, trials=tuple(trial_from_dict(t)
+                                                        for t in doc.get("trials") or ()),
                                    reasons=tuple(doc.get("reasons") or ()))
 
     @property

@@ -135,7 +135,8 @@ def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
     # default, as the measured loader in the engine's child does.
     multiprocessing.set_start_method(None, force=True)
 
-    from dataloader_tuner.child.measure import Consumer, Measurement
+    from dataloader_tuner.child.measure import Measurement
+    from dataloader_tuner.record.cards import Consumer
     from dataloader_tuner.child.target import resolve
     from dataloader_tuner.child.starting import starting_config
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator
 
 import torch
@@ -27,32 +26,11 @@ from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.child.target import ResolvedTarget
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.settings import tools_worker_init
-
-
-@dataclass(frozen=True)
-class Consumer:
-    """What consumes each batch: the module's ``train_step``, a simulated step, or nothing.
-
-    A simulated step sleeps (off the CPU, as a GPU step leaves the CPU free) or, on a GPU,
-    keeps the GPU busy for ``step_ms``.
-    """
-
-    kind: str = "none"  # "train_step" | "simulated" | "none"
-    step_ms: float = 0.0
-
-    @classmethod
-    def choose(cls, step_ms: float | None, has_train_step: bool) -> "Consumer":
-        """--step-ms wins; else the module's train_step; else no consumer."""
-        if step_ms is not None:
-            return cls("simulated", float(step_ms)) if step_ms > 0 else cls("none")
-        return cls("train_step") if has_train_step else cls("none")
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "step_ms": self.step_ms if self.kind == "simulated" else None}
 
 
 def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:

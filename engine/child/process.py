@@ -39,7 +39,8 @@ from dataloader_tuner.child.starting import snippet_names, starting_config
 from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
-from dataloader_tuner.child.measure import Consumer, Measurement, labels_of_dataset
+from dataloader_tuner.child.measure import Measurement, labels_of_dataset
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.instrument import gpu, stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
@@ -214,7 +215,7 @@ class ChildRun:
             snippet=config.snippet(expressions=snippet_names(resolved, config)),
             warmup_batches=config.warmup_batches,
             counting=counting_rules(config),
-            consumer=consumer.to_dict(),
+            consumer=consumer,
             system=system.snapshot(gpu.gpu_info()),
             torch=__import__("torch").__version__,
             # A node-level tune's settings run on each of its ranks: their batches share

@@ -13,7 +13,8 @@ from typing import Any, Callable
 import psutil
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.child.measure import Consumer, Measurement
+from dataloader_tuner.child.measure import Measurement
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.instrument import threads

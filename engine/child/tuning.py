@@ -26,7 +26,7 @@ from dataloader_tuner.errors import RunError
 from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
-from dataloader_tuner.child.measure import Consumer
+from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot

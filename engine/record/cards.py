@@ -1,6 +1,7 @@
-"""What a run learns of the user's dataset before measuring it (the dataset card): built in the
-engine's child (child/dataset_card.py), sent in the Ready event, kept in the run history and
-shown on the page. JSON keys as they have always been written (``class`` for the class name)."""
+"""What a run learns before measuring, sent in the Ready event, kept in the run history and
+shown on the page: the user's dataset (the dataset card, built in the engine's child by
+child/dataset_card.py) and what consumes its batches. JSON keys as they have always been
+written (``class`` for the class name)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,45 @@ class DatasetCard:
             has_dataloader_kwargs=bool(get("has_dataloader_kwargs")),
             sample=get("sample"), sample_bytes=get("sample_bytes"),
             sample_error=get("sample_error"))
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """What consumes each batch: the module's ``train_step``, a simulated step, nothing, or a
+    watched job's own training loop (``framework``: the trainer that runs it, if one does).
+
+    A simulated step sleeps (off the CPU, as a GPU step leaves the CPU free) or, on a GPU,
+    keeps the GPU busy for ``step_ms``.
+    """
+
+    kind: str = "none"  # "train_step" | "simulated" | "none" | "training_loop"
+    step_ms: float = 0.0
+    framework: str | None = None
+
+    @classmethod
+    def choose(cls, step_ms: float | None, has_train_step: bool) -> "Consumer":
+        """--step-ms wins; else the module's train_step; else no consumer."""
+        if step_ms is not None:
+            return cls("simulated", float(step_ms)) if step_ms > 0 else cls("none")
+        return cls("train_step") if has_train_step else cls("none")
+
+    @classmethod
+    def training_loop(cls, framework: str | None) -> "Consumer":
+        return cls("training_loop", framework=framework)
+
+    @property
+    def steps(self) -> bool:
+        """Something consumes the batches (the loop's idle share means something)."""
+        return self.kind != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"kind": self.kind,
+                               "step_ms": self.step_ms if self.kind == "simulated" else None}
+        if self.kind == "training_loop":
+            doc["framework"] = self.framework
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Consumer":
+        return cls(doc.get("kind") or "none", float(doc.get("step_ms") or 0.0),
+                   doc.get("framework"))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialRecord, TunePlan
 from dataloader_tuner.run.output import OutputLog
@@ -34,7 +34,7 @@ class LiveRun:
         self.dataset: DatasetCard | None = None
         self.config: dict | None = None
         self.snippet: str | None = None
-        self.consumer: dict | None = None
+        self.consumer: Consumer | None = None
         self.system: SystemSnapshot | None = None
         self.torch_version: str | None = None
         self.warmup_batches = 1

@@ -30,7 +30,7 @@ from dataloader_tuner.access import TOKEN_ENV
 from dataloader_tuner.errors import EngineError, RunError, TargetError
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.store import RunStore
 
 
@@ -388,7 +388,7 @@ class Inspection:
 
     dataset: DatasetCard | None = None
     config: dict[str, Any] | None = None  # LoaderConfig.to_json_dict of the module's settings
-    consumer: dict[str, Any] | None = None
+    consumer: Consumer | None = None
     system: dict[str, Any] | None = None
     error: dict[str, Any] | None = None  # EngineError.to_dict(): set when it failed
 
@@ -400,7 +400,9 @@ class Inspection:
         if not self.ok:
             return {"status": "error", "error": self.error}
         return {"status": "ok", "dataset": self.dataset.to_dict() if self.dataset else None,
-                "config": self.config, "consumer": self.consumer, "system": self.system}
+                "config": self.config,
+                "consumer": self.consumer.to_dict() if self.consumer else None,
+                "system": self.system}
 
 
 def inspect_target(target: str, timeout_s: float = INSPECT_TIMEOUT_S) -> Inspection:

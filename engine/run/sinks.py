@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Protocol, Sequence
 
 from dataloader_tuner import protocol
+from dataloader_tuner.errors import EngineError
 from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.store import RunStore
@@ -78,6 +79,7 @@ class HistorySink:
         self.store.record_event(self.run_id, protocol.Finished(
             "error" if status == "error" else "done", elapsed_s))
         live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
-        result = replace(live.profile_summary(status), error=error, run_id=self.run_id)
+        result = replace(live.profile_summary(status), run_id=self.run_id,
+                         error=EngineError.from_dict(error) if error else None)
         self.store.finish_run(self.run_id, status, result, error)
         return result

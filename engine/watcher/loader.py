@@ -48,7 +48,7 @@ from dataloader_tuner.watcher.epoch_iterators import EpochIterators
 from dataloader_tuner.watcher.in_place_tuning import InPlaceTuning, TunedEpoch
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.child.target import type_name
-from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.run.recorder import Recorder
 from dataloader_tuner.run.sinks import HistorySink
 
@@ -347,7 +347,7 @@ class WatchedLoader:
                 has_train_step=False, has_dataloader_kwargs=False),
             config=self.config.to_json_dict(),
             snippet=frameworks.snippet(self.framework, self.config),
-            consumer={"kind": "training_loop", "step_ms": None, "framework": self.framework},
+            consumer=Consumer.training_loop(self.framework),
             system=machine,
             warmup_batches=self.config.warmup_batches,
             counting=counting,

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_dict())
     else:
         print(render_text(result))
-    details = (result.error or {}).get("details")
+    details = result.error.details if result.error is not None else None
     if result.failed and not args.json and details:
         print("\ndetails:\n" + details.rstrip(), file=sys.stderr)
     return EXIT_RUN_FAILED if result.failed else EXIT_OK
