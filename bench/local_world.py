@@ -110,7 +110,7 @@ def tune(target: str, ranks: int, max_workers: int, budget_s: float) -> tuple[di
     started = time.monotonic()
     handle = run_to_completion(RunRequest(target=target, kind="tune", max_workers=max_workers,
                                           local_world_size=ranks, budget_s=budget_s))
-    doc = handle.live.summary(handle.state.value).to_dict()
+    doc = handle.live.result(handle.state.value).to_dict()
     if doc["status"] != "ok":
         raise SystemExit(f"{target} x{ranks}: {doc.get('error')}")
     return doc, time.monotonic() - started

@@ -122,7 +122,7 @@ def reported_rate(target: str, config: LoaderConfig, seconds: float) -> dict:
     """The engine's own figure for a real background run, and its undisturbed rate."""
     handle = run_to_completion(RunRequest(target=target, seconds=seconds,
                                           settings={"num_workers": config.num_workers}))
-    doc = handle.live.summary(handle.state.value).to_dict()
+    doc = handle.live.result(handle.state.value).to_dict()
     if doc["status"] != "ok":
         raise SystemExit(f"{target}: {doc.get('error')}")
     measured = handle.live.batches[handle.live.warmup_batches:]

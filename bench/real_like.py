@@ -159,7 +159,7 @@ def engine_run(request: RunRequest) -> dict:
     """A real engine run to its end (its child and workers reaped); its summary document."""
     handle = run_to_completion(request)
     try:
-        doc = handle.live.summary(handle.state.value).to_dict()
+        doc = handle.live.result(handle.state.value).to_dict()
     finally:
         handle.close()
     if doc.get("status") != "ok":

@@ -86,7 +86,7 @@ def tune(target: str, max_workers: int) -> tuple[dict, float]:
     started = time.monotonic()
     handle = run_to_completion(RunRequest(target=target, kind="tune", max_workers=max_workers))
     wall = time.monotonic() - started
-    doc = handle.live.summary(handle.state.value).to_dict()
+    doc = handle.live.result(handle.state.value).to_dict()
     if doc["status"] != "ok":
         raise SystemExit(f"{target}: {doc.get('error')}")
     return doc, wall

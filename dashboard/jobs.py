@@ -51,23 +51,23 @@ class Jobs:
         self._tunes: dict[RunHandle, TuneResult] = {}
         atexit.register(self.stop_all)
 
-    def profile_summary(self, handle: RunHandle) -> ProfileResult:
-        """A profile or verification run's result (see _summary)."""
-        return self._summary(handle, LiveRun.profile_summary, self._profiles)
+    def profile_result(self, handle: RunHandle) -> ProfileResult:
+        """A profile or verification run's result (see _result)."""
+        return self._result(handle, LiveRun.profile_result, self._profiles)
 
-    def tune_summary(self, handle: RunHandle) -> TuneResult:
-        """A tune's result (see _summary)."""
-        return self._summary(handle, LiveRun.tune_summary, self._tunes)
+    def tune_result(self, handle: RunHandle) -> TuneResult:
+        """A tune's result (see _result)."""
+        return self._result(handle, LiveRun.tune_result, self._tunes)
 
     @staticmethod
-    def _summary(handle: RunHandle, summarize: Callable[[LiveRun, str], R],
+    def _result(handle: RunHandle, made_by: Callable[[LiveRun, str], R],
                  done: dict[RunHandle, R]) -> R:
         """The run's result; computed once when the run is over (it is then final).
         While it runs, over its last ``LIVE_WINDOW_BATCHES`` batches only (see live_view)."""
         if not handle.state.done:
-            return summarize(live_view(handle), handle.state.value)
+            return made_by(live_view(handle), handle.state.value)
         if handle not in done:  # keyed by the handle itself: ids get reused
-            done[handle] = summarize(handle.live, handle.state.value)
+            done[handle] = made_by(handle.live, handle.state.value)
         return done[handle]
 
     # -- jobs ------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Jobs:
         tune = self.tune
         if tune is None or not tune.state.done or tune.request.target != request.target:
             return request
-        recommended = (self.tune_summary(tune).recommended or {}).get("num_workers")
+        recommended = (self.tune_result(tune).recommended or {}).get("num_workers")
         if recommended is None or request.settings.get("num_workers") != recommended:
             return request
         return dataclasses.replace(request, tuned_workers=recommended)

@@ -241,7 +241,7 @@ def _applied_block(jobs: Jobs) -> None:
                f"settings vs {views.fmt(before.samples_per_s)} before: "
                f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result.rounds} runs each, "
                f"interleaved).{idle}", icon="✅")
-    tuned = (jobs.tune_summary(jobs.tune) if jobs.tune is not None and jobs.tune.state.done
+    tuned = (jobs.tune_result(jobs.tune) if jobs.tune is not None and jobs.tune.state.done
              else None)
     verdict = check_claim(tuned.baseline if tuned is not None else None, speedup)
     if verdict:
@@ -262,7 +262,7 @@ def _recommendation_block(jobs: Jobs) -> None:
     tune = jobs.tune
     if tune is None or not tune.state.done:
         return
-    tuned = jobs.tune_summary(tune)
+    tuned = jobs.tune_result(tune)
     st.subheader("Recommendation")
     if tuned.failed:
         views.error_card(tuned.error or {"message": "The tune failed."}, tune.output_tail())
@@ -327,7 +327,7 @@ def _tune_progress(tune: RunHandle) -> None:
 
 def _run_view(jobs: Jobs, handle: RunHandle) -> None:
     state = handle.state
-    result = jobs.profile_summary(handle)
+    result = jobs.profile_result(handle)
     label = f" ({handle.request.label})" if handle.request.label else ""
     title = f"Run {handle.run_id}{label}: `{handle.request.target}`"
     if state.done:

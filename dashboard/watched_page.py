@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, RunStore, StoredRun
-from dataloader_tuner.ui import InPlaceTrial, LiveRun, TrialRecord
+from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord
 
 from . import job_board, views
 from .shared import get_jobs
@@ -36,7 +36,7 @@ def _run_view(run_id: int) -> None:
         return
     running = run.status == "running"
     live = LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES if running else None)
-    result = run.result if isinstance(run.result, ProfileResult) else live.profile_summary(
+    result = run.result if isinstance(run.result, ProfileResult) else live.profile_result(
         "ok" if run.status in ("running", "lost") else run.status)
     by = f" (built by {run.framework})" if run.framework else ""
     st.markdown(f"**{run.label or 'loader'}**{by} in `{job_board.job_of(run)}`: **{run.status}**, "
@@ -75,7 +75,7 @@ def _request_tune(store: RunStore, run: StoredRun) -> None:
 
 def _tuning_log(trials: list[TrialRecord]) -> None:
     """The in-place search's decisions, as the job logged them."""
-    decisions = [t for t in trials if isinstance(t, InPlaceTrial)]
+    decisions = [t for t in trials if isinstance(t, InPlaceDecision)]
     if not decisions:
         return
     st.markdown("**Tuning in place**")

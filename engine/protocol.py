@@ -18,7 +18,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Overdue  a batch late, who holds it (stalls.py)
     <------------------------------------------ Plan     what a tune will take (tune runs)
-    <------------------------------------------ Trial    one measured setting (tune runs)
+    <------------------------------------------ Measured  one setting measured (tune, in place)
     <------------------------------------------ Tuned    the recommendation (tune runs)
     <------------------------------------------ Labels   class counts, at the end
     <------------------------------------------ Error    what failed, typed (errors.py)
@@ -236,14 +236,15 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One measured setting: an offline tune's trial, or a watched job's in-place decision."""
+class Measured:
+    """One setting measured: an offline tune's trial, or a line of a watched job's in-place
+    search (its decision)."""
 
     kind: ClassVar[str] = "trial"
     trial: TrialRecord
 
     @classmethod
-    def from_wire(cls, doc: dict[str, Any]) -> "Trial":
+    def from_wire(cls, doc: dict[str, Any]) -> "Measured":
         return cls(trial_from_dict(doc["trial"]))
 
 
@@ -277,10 +278,10 @@ def _label(key: str) -> int | str:
 
 
 Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
-              Overdue, Plan, Trial, Tuned, Error, Finished]
+              Overdue, Plan, Measured, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Overdue, Plan,
-    Trial, Tuned, Error, Finished)}
+    Measured, Tuned, Error, Finished)}
 
 
 def to_wire(event: Event) -> dict[str, Any]:

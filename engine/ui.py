@@ -9,13 +9,13 @@ from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                             window_figures)
-from dataloader_tuner.analyse.report import (counting_text, fmt, shm_check, speedup_text,
-                                             startup_text)
+from dataloader_tuner.analyse.shm import shm_check
+from dataloader_tuner.analyse.text import counting_text, fmt, speedup_text, startup_text
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S)
 from dataloader_tuner.record.rows import BatchRecord, timed
-from dataloader_tuner.record.trials import InPlaceTrial, TrialRecord
+from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
 from dataloader_tuner.run.verify import Verification, check_claim
@@ -30,7 +30,7 @@ __all__ = [
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "DEFAULT_BATCH_SIZE",
     # what a run's pages show
-    "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceTrial",
+    "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceDecision",
     "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
     "speedup_text", "startup_text",
     # a torchrun job's ranks

@@ -153,7 +153,7 @@ def test_tune_recommends_and_apply_verifies(app_env):
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
     assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
     assert any("announced as it started" in c.value for c in at.caption)
-    recommended = get_jobs().tune_summary(get_jobs().tune).recommended
+    recommended = get_jobs().tune_result(get_jobs().tune).recommended
     button(at, "Apply recommended settings").click()
     at = at.run()
     assert at.number_input(key="ctl_num_workers").value == recommended["num_workers"]
@@ -358,7 +358,7 @@ def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     store.record_rank_reports(run_id, [(now, report(0, 0, 0.04, "ok", 30.0)),
                                        (now, report(1, 0, 0.05, "ok", 30.0)),
                                        (now - 20, report(2, 1, 0.60, "running", 99.0))])
-    store.finish_run(run_id, "stopped", LiveRun.stored(store, run_id).summary("stopped"), None)
+    store.finish_run(run_id, "stopped", LiveRun.stored(store, run_id).result("stopped"), None)
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert not at.exception
     assert any("Job `job-9`, loader train: 3 of 3 ranks, 2 node(s)" in m.value

@@ -109,7 +109,7 @@ def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
     handle = run_to_completion(RunRequest(target=dataset_path("warming_store.py"), kind="tune",
                                           max_workers=4))
     try:
-        doc = handle.live.summary(handle.state.value).to_dict()
+        doc = handle.live.result(handle.state.value).to_dict()
     finally:
         handle.close()
     assert doc["status"] == "ok", doc.get("error")

@@ -159,7 +159,8 @@ def test_the_parent_side_does_not_import_torch():
             "dataloader_tuner.dashboard.live_page, dataloader_tuner.dashboard.history_page, "
             "dataloader_tuner.protocol, dataloader_tuner.settings, dataloader_tuner.system, "
             "dataloader_tuner.run.runner, dataloader_tuner.run.live, dataloader_tuner.store, "
-            "dataloader_tuner.analyse.report, dataloader_tuner.run.verify\n"
+            "dataloader_tuner.analyse.run_results, dataloader_tuner.analyse.text, "
+            "dataloader_tuner.run.verify\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)

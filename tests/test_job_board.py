@@ -48,7 +48,7 @@ def test_the_board_reads_every_running_run_s_rate_in_one_query(tmp_path):
     store = RunStore(str(tmp_path / "runs.sqlite"))
     running = [_watched(store) for _ in range(3)]
     ended = _watched(store, period_s=0.02)
-    store.finish_run(ended, "ok", LiveRun.stored(store, ended).summary("ok"), None)
+    store.finish_run(ended, "ok", LiveRun.stored(store, ended).result("ok"), None)
     store.create_run("profile", "data.py", {})  # the engine's own runs are not on this page
     seen = _queries(store)
     board = job_board.read_board(store)

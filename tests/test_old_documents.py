@@ -75,7 +75,7 @@ def test_an_old_history_file_opens_lists_and_replays(tmp_path):
     live = LiveRun.stored(store, 1)
     assert live.consumer == Consumer("simulated", 2.0)
     assert len(live.batches) == profile.result.batches
-    again = live.profile_summary("ok")
+    again = live.profile_result("ok")
     assert again.samples_per_s == profile.result.samples_per_s
     listed = json.loads(json.dumps([run.to_dict() for run in store.list_runs()]))  # runs --json
     assert listed[-1]["summary"]["samples_per_s"] == profile.result.samples_per_s

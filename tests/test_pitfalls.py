@@ -101,7 +101,7 @@ def test_shm_pressure_counts_the_nodes_ranks_and_says_when_batches_will_not_fit(
 def test_a_full_shm_is_said_to_fit_nothing_and_a_batch_samplers_batches_are_not_guessed():
     full = pitfalls.shm_pressure(1, 2, 1 * 2**20, {"free_mb": 0.0, "total_mb": 64.0})
     assert full and full[0].evidence["will_not_fit"]
-    from dataloader_tuner.analyse.report import expected_batch_bytes
+    from dataloader_tuner.analyse.shm import expected_batch_bytes
     from dataloader_tuner.record.cards import DatasetCard
 
     card = DatasetCard(target="t", found_as="dataset", class_name="D", kind="map", length=8,

@@ -12,7 +12,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunError, TargetError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.record.trials import InPlaceTrial, TrialResult, TunePlan
+from dataloader_tuner.record.trials import InPlaceDecision, TrialResult, TunePlan
 from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
@@ -38,8 +38,8 @@ EXAMPLES = [
     protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
     protocol.Overdue(10, 0.4, 1.2, 0.002, False,
                      [{"worker_id": 0, "indices": [40, 41], "stack": "File \"d.py\", line 1"}]),
-    protocol.Trial(InPlaceTrial(2, 10.0, 0.03, "kept: 12% faster than 1 worker")),
-    protocol.Trial(TRIAL),
+    protocol.Measured(InPlaceDecision(2, 10.0, 0.03, "kept: 12% faster than 1 worker")),
+    protocol.Measured(TRIAL),
     protocol.Plan(TunePlan(0.95, 12, 190.0, 2.0, predicted_workers=2, budget_s=None)),
     protocol.Tuned({"recommended": {"num_workers": 2}}),
     protocol.Error(RunError("boom", type="getitem_error").to_dict()),
@@ -52,7 +52,7 @@ def test_a_trial_document_from_an_older_version_is_read_by_its_phase():
 
     old = trial_from_dict({"phase": "in_place", "num_workers": 3, "samples_per_s": None,
                            "rate_ci": None, "verdict": "tuning in place is off: no len()"})
-    assert old == InPlaceTrial(3, None, None, "tuning in place is off: no len()")
+    assert old == InPlaceDecision(3, None, None, "tuning in place is off: no len()")
     doc = {k: v for k, v in TRIAL.to_dict().items() if k not in ("ranks_measured", "phase")}
     assert trial_from_dict({**doc, "unknown_later_field": 1}) == TRIAL
 

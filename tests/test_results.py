@@ -26,7 +26,7 @@ def folded(name: str) -> LiveRun:
 
 
 def test_a_profile_result_round_trips_through_its_json_document():
-    result = folded("small_map-profile").summary("ok")
+    result = folded("small_map-profile").result("ok")
     assert isinstance(result, ProfileResult)
     doc = json.loads(json.dumps(result.to_dict()))
     assert tuple(doc) == tuple(k for k in PROFILE_KEYS if k not in ("error", "run_id"))
@@ -38,7 +38,7 @@ def test_a_profile_result_round_trips_through_its_json_document():
 
 
 def test_a_tune_result_carries_the_recommendation_and_round_trips():
-    result = folded("small_map-tune").summary("ok")
+    result = folded("small_map-tune").result("ok")
     assert isinstance(result, TuneResult) and result.status == "ok"
     assert result.recommended["num_workers"] in (0, 1, 2)
     assert result.headline_samples_per_s == result.expected_samples_per_s > 0
@@ -50,14 +50,14 @@ def test_a_tune_result_carries_the_recommendation_and_round_trips():
 
 def test_a_tune_without_a_recommendation_is_an_error_that_says_so():
     live = folded("small_map-tune")
-    live.tune_result = None
-    result = live.summary("ok")
+    live.tune_document = None
+    result = live.result("ok")
     assert result.failed and result.error.type == "tune_incomplete"
     assert result.to_dict()["recommended"] is None
 
 
 def test_a_failed_run_keeps_its_typed_error_in_the_document():
-    result = folded("getitem_raises-profile").summary("error")
+    result = folded("getitem_raises-profile").result("error")
     assert result.failed and result.error.type and result.error_message
     assert result.to_dict()["error"] == result.error.to_dict()
 
@@ -75,7 +75,7 @@ def test_documents_saved_by_older_versions_still_read():
 
 def test_the_store_gives_back_typed_runs(tmp_path):
     store = RunStore(str(tmp_path / "runs.sqlite"))
-    result = folded("small_map-profile").summary("ok")
+    result = folded("small_map-profile").result("ok")
     run_id = store.create_run("profile", result.target, {})
     assert store.get_run(run_id).result is None  # still running
     store.finish_run(run_id, "ok", result, None)
@@ -102,13 +102,13 @@ def test_settings_and_config_follow_one_rule(recommended):
 def test_copy_times_without_batch_sizes_give_no_rate_not_a_crash():
     """Sizes are read on some batches only: copies timed on batches none of which had its bytes
     read still give their times (once, this divided by None)."""
-    from dataloader_tuner.analyse import report
+    from dataloader_tuner.analyse import run_results
 
     from .records import make_batches
 
     timed = [b._replace(nbytes=None) for b in make_batches(20, h2d_ms=2.0)]
-    transfer = report._transfer(timed)
+    transfer = run_results._transfer(timed)
     assert transfer is not None and transfer["copy_ms"]["p50"] == 2.0
     assert transfer["gb_per_s"] is None
-    sized = report._transfer(make_batches(20, h2d_ms=2.0))  # 4096 bytes in 2 ms
+    sized = run_results._transfer(make_batches(20, h2d_ms=2.0))  # 4096 bytes in 2 ms
     assert sized is not None and sized["gb_per_s"] == pytest.approx(4096 / 1e9 / 0.002)

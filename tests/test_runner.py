@@ -30,7 +30,7 @@ def test_run_with_workers_streams_and_summarises(db_path):
     handle = run_to_completion(request, store,
                                on_event=lambda e: seen.append(e.kind))
     assert handle.state is RunState.FINISHED
-    doc = handle.live.summary("ok").to_dict()  # the JSON contract
+    doc = handle.live.result("ok").to_dict()  # the JSON contract
     assert doc["samples_per_s"] > 0 and doc["batches"] > doc["warmup_batches"] == 4
     assert [w["id"] for w in doc["workers"]] == [0, 1]
     assert all(w["rss_mb"] > 0 and w["batches"] > 0 for w in doc["workers"]), doc["workers"]
@@ -139,9 +139,9 @@ def test_hang_times_out_with_a_clear_message():
 @pytest.mark.slow  # 5 s
 def test_iterable_and_train_step_runs():
     stream = run_to_completion(_request("stream.py", seconds=1.0, num_workers=2, batch_size=5))
-    assert stream.state is RunState.FINISHED and stream.live.summary("ok").batches > 0
+    assert stream.state is RunState.FINISHED and stream.live.result("ok").batches > 0
     stepped = run_to_completion(_request("with_step.py", seconds=1.5))
-    doc = stepped.live.summary("ok").to_dict()
+    doc = stepped.live.result("ok").to_dict()
     assert doc["consumer"]["kind"] == "train_step"
     assert 0.0 <= doc["consumer_idle_frac"] <= 1.0 and doc["input_bound"]
 

@@ -1,11 +1,11 @@
 """The finished result of a run, typed: what ``--json`` prints, the store keeps and the history
 page shows.
 
-A profile (or verification) run ends as a ``ProfileResult``, a tune as a ``TuneResult``; both are
-built once, from the run's events (report.py), and never changed after. ``to_dict`` writes the
-JSON document the CLI has always printed (the contract programs read); ``from_dict`` reads one
-back, also one saved by an older version (missing figures become None, a diagnostic code no
-longer in the catalogue is kept as it was saved).
+A profile (or verification) run ends as a ``ProfileResult``, a tune as a ``TuneResult``; both
+are built once, from the run's events (run_results.py), and never changed after. ``to_dict``
+writes the JSON document the CLI has always printed (the contract programs read);
+``from_dict`` reads one back, also one saved by an older version (missing figures become None,
+a diagnostic code no longer in the catalogue is kept as it was saved).
 
 What crosses from one part to another is typed with the class that part uses (the dataset
 card, the consumer, the error, the system, the diagnostics, a tune's trials); the figures

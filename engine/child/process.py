@@ -259,7 +259,7 @@ class ChildRun:
 
         def on_trial(trial) -> None:
             self.last_progress = time.monotonic()
-            self.events.send(protocol.Trial(trial))
+            self.events.send(protocol.Measured(trial))
 
         def on_batch(row) -> None:  # a trial of slow batches is progress, not a hang
             self.last_progress = time.monotonic()

@@ -23,7 +23,7 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
-                                         TARGET_CI, interval_block, summarize_trial)
+                                         TARGET_CI, interval_block, trial_from_batches)
 
 TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
               "worker_threads", "keep_freed_memory")
@@ -156,7 +156,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             if measurement is not None:
                 measurement.close()
     seconds = time.monotonic() - clock.started
-    trial = summarize_trial(
+    trial = trial_from_batches(
         records, warmup,
         num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
         persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,

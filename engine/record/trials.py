@@ -1,6 +1,6 @@
-"""The trials a search measures, as they travel (the Trial event) and are kept: an offline
-trial of the engine's tune (``TrialResult``, from tune/trials.py) and a decision of the search
-inside a watched job (``InPlaceTrial``, from tune/in_place.py)."""
+"""The trials a search measures, as they travel (the Measured event) and are kept: an offline
+trial of the engine's tune (``TrialResult``, measured by child/trial_run.py) and a decision of
+the search inside a watched job (``InPlaceDecision``, from tune/in_place.py)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class TrialResult:
 
 
 @dataclass(frozen=True)
-class InPlaceTrial:
+class InPlaceDecision:
     """A line of a watched job's search log: the setting tried, what the job's own loop
     measured with it, and the decision (tune/in_place.py)."""
 
@@ -92,19 +92,19 @@ class InPlaceTrial:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "InPlaceTrial":
+    def from_dict(cls, doc: dict[str, Any]) -> "InPlaceDecision":
         return cls(num_workers=doc["num_workers"], samples_per_s=doc.get("samples_per_s"),
                    rate_ci=doc.get("rate_ci"), verdict=doc.get("verdict") or "",
                    prefetch_factor=doc.get("prefetch_factor"))
 
 
-TrialRecord = Union[TrialResult, InPlaceTrial]
+TrialRecord = Union[TrialResult, InPlaceDecision]
 
 
 def trial_from_dict(doc: dict[str, Any]) -> TrialRecord:
     """The trial a JSON document stands for, by its phase."""
     if doc.get("phase") == "in_place":
-        return InPlaceTrial.from_dict(doc)
+        return InPlaceDecision.from_dict(doc)
     return TrialResult.from_dict(doc)
 
 

@@ -17,7 +17,7 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialRecord, TunePlan
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.analyse.report import summarize, summarize_tune
+from dataloader_tuner.analyse import run_results
 from dataloader_tuner.analyse.results import ProfileResult, Result, TuneResult
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class LiveRun:
         self.elapsed_s = 0.0
         self.mode = mode
         self.trials: list[TrialRecord] = []  # each measured setting (tunes, in-place searches)
-        self.tune_result: dict | None = None
+        self.tune_document: dict | None = None
         self.plan: TunePlan | None = None  # a tune's latest plan (tune/plan.py)
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.overdue: list[protocol.Overdue] = []  # batches reported late (instrument/stalls.py)
@@ -81,10 +81,10 @@ class LiveRun:
             self.ranks_on_node = event.ranks_on_node
         elif isinstance(event, protocol.Plan):
             self.plan = event.plan
-        elif isinstance(event, protocol.Trial):
+        elif isinstance(event, protocol.Measured):
             self.trials.append(event.trial)
         elif isinstance(event, protocol.Tuned):
-            self.tune_result = event.result
+            self.tune_document = event.result
         elif isinstance(event, protocol.Epoch):
             self.epochs.append({"epoch": event.epoch, "t": event.t, "startup_s": event.startup_s})
         elif isinstance(event, protocol.WarningCaught):  # its workers' go to the log
@@ -152,14 +152,14 @@ class LiveRun:
         view.resources = [r for r in self.resources if r["t"] >= since]
         return view
 
-    def profile_summary(self, status: str) -> ProfileResult:
+    def profile_result(self, status: str) -> ProfileResult:
         """The figures of a run that measured one setting (profile, verify, a watched loader)."""
-        return summarize(self, status)
+        return run_results.profile_result(self, status)
 
-    def tune_summary(self, status: str) -> TuneResult:
+    def tune_result(self, status: str) -> TuneResult:
         """A tune's trials and recommendation."""
-        return summarize_tune(self, status)
+        return run_results.tune_result(self, status)
 
-    def summary(self, status: str) -> "Result":
+    def result(self, status: str) -> "Result":
         """Either, by the run's kind: for what shows any run (the history, the pages)."""
-        return self.tune_summary(status) if self.mode == "tune" else self.profile_summary(status)
+        return self.tune_result(status) if self.mode == "tune" else self.profile_result(status)

@@ -318,7 +318,7 @@ class RunHandle:
             self._state = RunState.FINISHED
         if self.store is not None and self.run_id is not None:
             status = self._state.value
-            self.store.finish_run(self.run_id, status, self.live.summary(status),
+            self.store.finish_run(self.run_id, status, self.live.result(status),
                                   self.live.error.to_dict() if self.live.error else None)
         self._done.set()
 

@@ -79,7 +79,7 @@ class HistorySink:
         self.store.record_event(self.run_id, protocol.Finished(
             "error" if status == "error" else "done", elapsed_s))
         live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
-        result = replace(live.profile_summary(status), run_id=self.run_id,
+        result = replace(live.profile_result(status), run_id=self.run_id,
                          error=EngineError.from_dict(error) if error else None)
         self.store.finish_run(self.run_id, status, result, error)
         return result

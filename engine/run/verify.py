@@ -88,7 +88,7 @@ class Verification:
         final = not self._thread.is_alive() and self.state != "running"
         arms = {}
         for arm in ARMS:
-            results = [h.live.profile_summary(h.state.value) for a, h in self.runs
+            results = [h.live.profile_result(h.state.value) for a, h in self.runs
                        if a == arm and h.state is RunState.FINISHED]
             rates = [r.samples_per_s for r in results if r.samples_per_s]
             idles = [r.consumer_idle_frac for r in results if r.consumer_idle_frac is not None]

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
-from dataloader_tuner.record.trials import InPlaceTrial
+from dataloader_tuner.record.trials import InPlaceDecision
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
 from dataloader_tuner.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
@@ -133,7 +133,7 @@ class Search(Protocol):
     @property
     def best(self) -> Trial | None: ...
     @property
-    def decisions(self) -> Sequence[InPlaceTrial]: ...
+    def decisions(self) -> Sequence[InPlaceDecision]: ...
     @property
     def measured(self) -> Sequence[Trial]: ...
 
@@ -157,7 +157,7 @@ class InPlaceSearch:
         self.best: Trial | None = None
         self.trial = self._trial(start)
         self.direction = "up"
-        self.decisions: list[InPlaceTrial] = []  # the search's log, as the run keeps it
+        self.decisions: list[InPlaceDecision] = []  # the search's log, as the run keeps it
         self.measured: list[Trial] = []
         self.failed: set[Setting] = set()
         self.finished = False
@@ -318,9 +318,9 @@ class InPlaceSearch:
 
 
 def log_line(setting: Setting, samples_per_s: float | None, rate_ci: float | None,
-             verdict: str) -> InPlaceTrial:
+             verdict: str) -> InPlaceDecision:
     """A line of the search's log: what was measured with ``setting`` and what it led to."""
-    return InPlaceTrial(setting.num_workers, samples_per_s, rate_ci, verdict,
+    return InPlaceDecision(setting.num_workers, samples_per_s, rate_ci, verdict,
                         setting.prefetch_factor)
 
 

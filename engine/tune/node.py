@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from dataloader_tuner.record.trials import InPlaceTrial
+from dataloader_tuner.record.trials import InPlaceDecision
 from dataloader_tuner.tune.in_place import InPlaceSearch, Setting, Trial, log_line
 from dataloader_tuner.analyse.ranks import report_key
 
@@ -166,7 +166,7 @@ class LeaderSearch(_StoreThread):
         return self.search.finished and self.pending is None
 
     @property
-    def decisions(self) -> list[InPlaceTrial]:
+    def decisions(self) -> list[InPlaceDecision]:
         return self.search.decisions
 
     @property
@@ -287,7 +287,7 @@ class FollowerSearch(_StoreThread):
         self.latest: NodePlan | None = None  # the newest plan read from the store
         self.applied = 0  # the version of the plan running
         self._running = baseline
-        self.decisions: list[InPlaceTrial] = []
+        self.decisions: list[InPlaceDecision] = []
         self.measured: list[Trial] = []
         self.finished = False
         self.best: Trial | None = None

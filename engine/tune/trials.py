@@ -33,7 +33,7 @@ def interval_block(records: list[BatchRecord], warmup: int, num_workers: int) ->
     return block
 
 
-def summarize_trial(
+def trial_from_batches(
     records: list[BatchRecord],
     warmup: int,
     *,

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from dataloader_tuner import protocol
 from dataloader_tuner.analyse import pitfalls
-from dataloader_tuner.analyse.report import tightest_shm
+from dataloader_tuner.analyse.shm import tightest_shm
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.run.recorder import Recorder

@@ -20,7 +20,7 @@ from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedColla
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, stop_workers
-from dataloader_tuner.record.trials import InPlaceTrial
+from dataloader_tuner.record.trials import InPlaceDecision
 from dataloader_tuner.tune.in_place import Clock, InPlaceSearch, Search, Setting
 from dataloader_tuner.tune.in_place_choice import choice_result, save_choice
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
@@ -63,7 +63,7 @@ class InPlaceTuning:
         self.off_because = in_place_blocker(loader, probed)
         if self.off_because:
             say(f"{name}: tuning in place is off: {self.off_because}")
-            self.events.append(protocol.Trial(InPlaceTrial(
+            self.events.append(protocol.Measured(InPlaceDecision(
                 loader.num_workers, None, None, f"tuning in place is off: {self.off_because}")))
             return
         workers = loader.num_workers
@@ -99,7 +99,7 @@ class InPlaceTuning:
         search = self.search
         assert search is not None
         for decision in search.decisions[self.logged:]:
-            self.events.append(protocol.Trial(decision))
+            self.events.append(protocol.Measured(decision))
             rate = (f"{decision.samples_per_s:.1f} samples/s" if decision.samples_per_s
                     else "no rate")
             ci = f" ±{decision.rate_ci:.0%}" if decision.rate_ci is not None else ""

@@ -36,7 +36,7 @@ def profile(name: str) -> dict:
     if name not in _runs:
         handle = run_to_completion(RunRequest(target=target(name),
                                               seconds=SECONDS.get(name, 3.0)))
-        doc = handle.live.summary(handle.state.value).to_dict()
+        doc = handle.live.result(handle.state.value).to_dict()
         doc["records"] = list(handle.live.batches)
         _runs[name] = doc
     return _runs[name]

@@ -8,7 +8,8 @@ import time
 from dataclasses import replace
 
 from dataloader_tuner import protocol
-from dataloader_tuner.analyse.report import render_text, shm_check
+from dataloader_tuner.analyse.shm import shm_check
+from dataloader_tuner.analyse.text import profile_text
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, error_doc, non_negative_float,
@@ -65,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=sys.stderr.isatty())
     handle = run_to_completion(request, store, on_event=progress.on_event)
     progress.done()
-    result = replace(handle.live.profile_summary(handle.state.value), run_id=handle.run_id)
+    result = replace(handle.live.profile_result(handle.state.value), run_id=handle.run_id)
     if args.json:
         print_json(result.to_dict())
     else:
-        print(render_text(result))
+        print(profile_text(result))
     details = result.error.details if result.error is not None else None
     if result.failed and not args.json and details:
         print("\ndetails:\n" + details.rstrip(), file=sys.stderr)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from dataloader_tuner.access import open_private
 from dataloader_tuner import protocol
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.analyse.report import speedup_text
+from dataloader_tuner.analyse.text import speedup_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, positive_float, positive_int,
@@ -76,7 +76,7 @@ class _TrialProgress:
             sys.stderr.write("tuning: dataset loaded, measuring...\n")
         elif isinstance(event, protocol.Plan):
             sys.stderr.write(f"tuning: {event.plan.text()}\n")
-        elif isinstance(event, protocol.Trial) and isinstance(event.trial, TrialResult):
+        elif isinstance(event, protocol.Measured) and isinstance(event.trial, TrialResult):
             t = event.trial
             idle = t.consumer_idle_frac
             extra = f", consumer idle {idle:.0%}" if idle is not None else ""
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     )
     store = RunStore(args.db)
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
-    result = replace(handle.live.tune_summary(handle.state.value), run_id=handle.run_id)
+    result = replace(handle.live.tune_result(handle.state.value), run_id=handle.run_id)
     if args.out and result.recommended:
         with open_private(args.out) as handle_out:
             json.dump(settings_file(result), handle_out, indent=2)

@@ -1,4 +1,5 @@
-"""A run's result, built from its events (results.py has the types), and its text form."""
+"""A run's result made from what it recorded (results.py has the types): ``profile_result``
+and ``tune_result``, for LiveRun (run/live.py), which folds the run's events."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
-from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
+from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.shm import shm_check, tightest_shm
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
@@ -44,7 +46,7 @@ class RunSoFar(Protocol):
     finished_reason: str | None
     elapsed_s: float
     trials: list[TrialRecord]
-    tune_result: dict[str, Any] | None
+    tune_document: dict[str, Any] | None  # the child's tune result, as sent
     probes: list[dict[str, Any]]
     overdue: list[Overdue]
     label_counts: dict[Any, int]  # protocol.Labels.counts
@@ -55,7 +57,7 @@ class RunSoFar(Protocol):
     def output(self) -> PrintedOutput: ...
 
 
-def summarize(live: RunSoFar, status: str) -> ProfileResult:
+def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     batches = list(live.batches)
     steady = metrics.steady_state(batches, live.warmup_batches)
     measured = batches[live.warmup_batches:] if steady else batches
@@ -104,7 +106,7 @@ def summarize(live: RunSoFar, status: str) -> ProfileResult:
     )
 
 
-def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
+def tune_result(live: RunSoFar, status: str) -> TuneResult:
     """The tune's result: the child's recommendation plus what the parent knows (status,
     errors, what the user's code printed)."""
     printed = tuple(live.output.diagnostics())
@@ -113,8 +115,8 @@ def summarize_tune(live: RunSoFar, status: str) -> TuneResult:
         status=status, target=live.target,
         dataset=live.dataset, system=live.system, consumer=live.consumer,
         torch=live.torch_version, error=live.error)
-    if live.tune_result is not None:
-        tuned = TuneResult.from_dict({**live.tune_result, "status": status})
+    if live.tune_document is not None:
+        tuned = TuneResult.from_dict({**live.tune_document, "status": status})
         return dataclasses.replace(tuned, **common, warnings=printed + tuned.warnings)
     if status == "ok":
         common.update(status="error", error=common["error"] or RunError(
@@ -241,125 +243,3 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
     found += overdue_batches(live.overdue, live.batches)
     return found
-
-
-def shm_check(config: dict[str, Any], dataset: DatasetCard | None, shm: dict[str, Any] | None,
-              ranks: int = 1, batch_bytes: float | None = None, in_use: bool = False
-              ) -> list[Diagnostic]:
-    """/dev/shm against the batches these settings keep in flight: from the batches measured,
-    or before any is made from sample 0 (a run about to start, the dashboard's settings).
-    ``in_use``: ``shm`` was read during the run, these batches in it."""
-    workers = config.get("num_workers") or 0
-    prefetch = config.get("prefetch_factor") or (2 if workers else 0)
-    estimated = batch_bytes is None
-    if estimated:
-        batch_bytes = expected_batch_bytes(dataset, config)
-    return pitfalls.shm_pressure(workers, prefetch, batch_bytes, shm, ranks, estimated, in_use)
-
-
-def tightest_shm(resources: list[dict[str, Any]], at_start: dict[str, Any] | None
-                 ) -> dict[str, Any] | None:
-    """/dev/shm at its fullest in the run's resource samples (their main process's rows), in
-    shm_usage's form (the rehearsed size kept from the start), or None before one is taken:
-    space taken while the run goes on (another job, leaked segments) is judged as it climbs,
-    and a run that came close is told so after it has passed."""
-    fullest = max((row for row in resources
-                   if row.get("role") == "main" and row.get("shm_total_mb")),
-                  key=lambda row: row["shm_used_mb"] or 0.0, default=None)
-    if fullest is None:
-        return None
-    used, total = fullest["shm_used_mb"] or 0.0, fullest["shm_total_mb"]
-    return {"used_mb": used, "total_mb": total, "free_mb": max(total - used, 0.0),
-            "rehearsed": bool(at_start and at_start.get("rehearsed"))}
-
-
-def expected_batch_bytes(dataset: DatasetCard | None, config: dict[str, Any]) -> float | None:
-    """A batch's bytes before any is made: sample 0's times the batch size (a dataset that
-    yields whole batches, batch_size=None, yields one per item), or None when not known."""
-    if dataset is None or not dataset.sample_bytes or "batch_sampler" in config:
-        return None  # (a batch sampler's batch size is its own)
-    if "batch_size" in config and config["batch_size"] is None:
-        return float(dataset.sample_bytes)
-    return float(dataset.sample_bytes) * (config.get("batch_size") or 1)
-
-
-def fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:
-    """A figure, or "n/a" where it was not measured (the CLI's text and the dashboard's)."""
-    return "n/a" if value is None else f"{value:{spec}}{unit}"
-
-
-def render_text(result: ProfileResult) -> str:
-    """A short human-readable summary of a profile run."""
-    if result.failed:
-        lines = [f"ERROR: {result.error_message}"]
-        if result.batches:
-            lines.append(f"(after {result.batches} batches)")
-        return "\n".join(lines)
-    lat = result.batch_latency_ms or {}
-    lines = [
-        f"{result.snippet or ''}",
-        f"status: {result.status}   {result.batches} batches in {result.seconds:.1f} s "
-        f"({result.epochs} epoch(s), {result.warmup_batches} warm-up)",
-        f"throughput: {fmt(result.samples_per_s)} samples/s, "
-        f"{fmt(result.batches_per_s)} batches/s (steady state)",
-        f"batch wait: p50 {fmt(lat.get('p50'), '.2f', ' ms')}, "
-        f"p95 {fmt(lat.get('p95'), '.2f', ' ms')}, max {fmt(lat.get('max'), '.2f', ' ms')}",
-    ]
-    if result.counting:
-        lines.append(counting_text(result.counting))
-    if result.input_wait is not None:
-        lines.append(f"input wait: {result.input_wait['share']:.1%} of the loop's time, epoch "
-                     f"start-ups included ({result.input_bound})")
-        startup = startup_text(result.input_wait)
-        if startup:
-            lines.append(f"epoch start-up: {startup}")
-    if result.consumer_idle_frac is not None:
-        lines.append(f"steady state: the loop waited {result.consumer_idle_frac * 100:.1f}% of "
-                     f"its time after the first {result.warmup_batches} batch(es)")
-    for w in result.workers:
-        lines.append(
-            f"  worker {w['id']} pid {w['pid']}: busy {fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
-            f"cpu {fmt(w['cpu_percent'], '.0f', '%')}, rss {fmt(w['rss_mb'], '.0f', ' MB')}, "
-            f"{w['batches']} batches"
-        )
-    if result.not_measured:
-        lines.append(f"GPU: not measured: {result.not_measured}.")
-    elif result.transfer:
-        lines.append(f"host-to-device copy: p50 "
-                     f"{fmt(result.transfer['copy_ms']['p50'], '.3f', ' ms')}")
-    for d in result.warnings:
-        lines.append(f"{d.severity} [{d.code}]: {d.message}")
-        if d.fix:
-            lines += ["    fix: " + line for line in d.fix.splitlines()]
-        if d.evidence.get("stack"):
-            lines += ["    " + line for line in d.evidence["stack"].splitlines()]
-    return "\n".join(lines)
-
-
-def counting_text(counting: dict[str, Any]) -> str:
-    """"samples counted: exact: ...; making timed on ...; CPU time and bytes read on ..."."""
-    return (f"samples counted: {counting['samples']}; making timed on "
-            f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
-            f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
-
-
-def startup_text(wait: dict[str, Any]) -> str | None:
-    """"12.0% of the loop's time; 3 start(s): 0.40 s the first, 0.38 s each later (median)",
-    or None when no epoch started among the batches."""
-    starts = wait.get("epochs_started") or 0
-    if not starts:
-        return None
-    later = wait.get("startup_later_median_s")
-    each = (f"{seconds_text(wait['startup_first_s'])} the first, {seconds_text(later)} each "
-            "later (median)" if later is not None else seconds_text(wait["startup_first_s"]))
-    return f"{wait['startup_share']:.1%} of the loop's time; {starts} start(s): {each}"
-
-
-def speedup_text(baseline: dict[str, Any]) -> str:
-    """``1.84x ±6%``, or the reason no speedup is claimed."""
-    if baseline.get("speedup") is None:
-        return baseline.get("speedup_note") or "no speedup claimed"
-    pct = baseline.get("speedup_pct")
-    note = baseline.get("speedup_note")
-    return (f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
-            + (f" ({note})" if note else ""))

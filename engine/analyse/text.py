@@ -1,0 +1,90 @@
+"""A result in words: the CLI's text, and the phrases the pages share with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataloader_tuner.analyse.diagnostic import seconds_text
+from dataloader_tuner.analyse.results import ProfileResult
+
+
+def fmt(value: float | None, spec: str = ".1f", unit: str = "") -> str:
+    """A figure, or "n/a" where it was not measured (the CLI's text and the dashboard's)."""
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def profile_text(result: ProfileResult) -> str:
+    """A profile run as the CLI prints it, in a few lines."""
+    if result.failed:
+        lines = [f"ERROR: {result.error_message}"]
+        if result.batches:
+            lines.append(f"(after {result.batches} batches)")
+        return "\n".join(lines)
+    lat = result.batch_latency_ms or {}
+    lines = [
+        f"{result.snippet or ''}",
+        f"status: {result.status}   {result.batches} batches in {result.seconds:.1f} s "
+        f"({result.epochs} epoch(s), {result.warmup_batches} warm-up)",
+        f"throughput: {fmt(result.samples_per_s)} samples/s, "
+        f"{fmt(result.batches_per_s)} batches/s (steady state)",
+        f"batch wait: p50 {fmt(lat.get('p50'), '.2f', ' ms')}, "
+        f"p95 {fmt(lat.get('p95'), '.2f', ' ms')}, max {fmt(lat.get('max'), '.2f', ' ms')}",
+    ]
+    if result.counting:
+        lines.append(counting_text(result.counting))
+    if result.input_wait is not None:
+        lines.append(f"input wait: {result.input_wait['share']:.1%} of the loop's time, epoch "
+                     f"start-ups included ({result.input_bound})")
+        startup = startup_text(result.input_wait)
+        if startup:
+            lines.append(f"epoch start-up: {startup}")
+    if result.consumer_idle_frac is not None:
+        lines.append(f"steady state: the loop waited {result.consumer_idle_frac * 100:.1f}% of "
+                     f"its time after the first {result.warmup_batches} batch(es)")
+    for w in result.workers:
+        lines.append(
+            f"  worker {w['id']} pid {w['pid']}: busy {fmt((w['busy_frac'] or 0) * 100, '.0f', '%')}, "
+            f"cpu {fmt(w['cpu_percent'], '.0f', '%')}, rss {fmt(w['rss_mb'], '.0f', ' MB')}, "
+            f"{w['batches']} batches"
+        )
+    if result.not_measured:
+        lines.append(f"GPU: not measured: {result.not_measured}.")
+    elif result.transfer:
+        lines.append(f"host-to-device copy: p50 "
+                     f"{fmt(result.transfer['copy_ms']['p50'], '.3f', ' ms')}")
+    for d in result.warnings:
+        lines.append(f"{d.severity} [{d.code}]: {d.message}")
+        if d.fix:
+            lines += ["    fix: " + line for line in d.fix.splitlines()]
+        if d.evidence.get("stack"):
+            lines += ["    " + line for line in d.evidence["stack"].splitlines()]
+    return "\n".join(lines)
+
+
+def counting_text(counting: dict[str, Any]) -> str:
+    """"samples counted: exact: ...; making timed on ...; CPU time and bytes read on ..."."""
+    return (f"samples counted: {counting['samples']}; making timed on "
+            f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
+            f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
+
+
+def startup_text(wait: dict[str, Any]) -> str | None:
+    """"12.0% of the loop's time; 3 start(s): 0.40 s the first, 0.38 s each later (median)",
+    or None when no epoch started among the batches."""
+    starts = wait.get("epochs_started") or 0
+    if not starts:
+        return None
+    later = wait.get("startup_later_median_s")
+    each = (f"{seconds_text(wait['startup_first_s'])} the first, {seconds_text(later)} each "
+            "later (median)" if later is not None else seconds_text(wait["startup_first_s"]))
+    return f"{wait['startup_share']:.1%} of the loop's time; {starts} start(s): {each}"
+
+
+def speedup_text(baseline: dict[str, Any]) -> str:
+    """``1.84x ±6%``, or the reason no speedup is claimed."""
+    if baseline.get("speedup") is None:
+        return baseline.get("speedup_note") or "no speedup claimed"
+    pct = baseline.get("speedup_pct")
+    note = baseline.get("speedup_note")
+    return (f"{baseline['speedup']:.2f}x" + (f" ±{pct:.0f}%" if pct is not None else "")
+            + (f" ({note})" if note else ""))
