@@ -30,15 +30,7 @@ class RunSoFar(Protocol):
 
     target: str
     tuned_workers: int | None
-    dataset: DatasetCard | None
-    config: dict[str, Any] | None
-    snippet: str | None
-    consumer: Consumer | None
-    system: SystemSnapshot | None
-    torch_version: str | None
     warmup_batches: int
-    counting: dict[str, Any] | None
-    ranks_on_node: int
     batches: list[BatchRecord]
     resources: list[dict[str, Any]]
     epochs: list[dict[str, Any]]
@@ -52,7 +44,23 @@ class RunSoFar(Protocol):
     label_counts: dict[Any, int]  # protocol.Labels.counts
     label_source: str
 
-    # Read-only (a property): a mutable protocol attribute would need exactly PrintedOutput.
+    # Read-only (properties): what the run's Ready event said, and the output it printed.
+    @property
+    def dataset(self) -> DatasetCard | None: ...
+    @property
+    def config(self) -> dict[str, Any] | None: ...
+    @property
+    def snippet(self) -> str | None: ...
+    @property
+    def consumer(self) -> Consumer | None: ...
+    @property
+    def system(self) -> SystemSnapshot | None: ...
+    @property
+    def torch_version(self) -> str | None: ...
+    @property
+    def counting(self) -> dict[str, Any] | None: ...
+    @property
+    def ranks_on_node(self) -> int: ...
     @property
     def output(self) -> PrintedOutput: ...
 

@@ -8,7 +8,7 @@ by ``report``; the live object and the result are different things.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
@@ -31,15 +31,10 @@ class LiveRun:
         still summarised as a tune); Ready confirms it."""
         self.target = target
         self.tuned_workers = tuned_workers  # a count the tuner measured to pay (pitfalls.py)
-        self.dataset: DatasetCard | None = None
-        self.config: dict | None = None
-        self.snippet: str | None = None
-        self.consumer: Consumer | None = None
-        self.system: SystemSnapshot | None = None
-        self.torch_version: str | None = None
-        self.warmup_batches = 1
-        self.counting: dict | None = None  # how samples and bytes are counted (child.py)
-        self.ranks_on_node = 1  # loaders sharing this machine's /dev/shm (a torchrun job's)
+        # What the run said of itself before its first batch: the dataset card, the settings,
+        # the consumer, the machine, how samples are counted (properties below read it)
+        self.ready: protocol.Ready | None = None
+        self.warmup_batches = 1  # (a window of the last batches starts its own: recent())
         self.batches: list[BatchRecord] = []
         self.resources: list[dict] = []  # flat rows: t, pid, role, worker_id, cpu_percent, rss_mb
         self.gpu_samples: list[dict] = []
@@ -72,13 +67,8 @@ class LiveRun:
             if event.gpu:
                 self.gpu_samples.append({"t": event.t, **event.gpu})
         elif isinstance(event, protocol.Ready):
-            self.dataset, self.config = event.dataset, event.config
-            self.snippet, self.consumer = event.snippet, event.consumer
-            self.system, self.torch_version = event.system, event.torch
+            self.ready, self.mode = event, event.mode
             self.warmup_batches = event.warmup_batches
-            self.counting = event.counting
-            self.mode = event.mode
-            self.ranks_on_node = event.ranks_on_node
         elif isinstance(event, protocol.Plan):
             self.plan = event.plan
         elif isinstance(event, protocol.Measured):
@@ -101,6 +91,40 @@ class LiveRun:
         elif isinstance(event, protocol.Finished):
             self.finished_reason = event.reason
             self.elapsed_s = max(self.elapsed_s, event.t)
+
+    @property
+    def dataset(self) -> DatasetCard | None:
+        return self.ready.dataset if self.ready else None
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return self.ready.config if self.ready else None
+
+    @property
+    def snippet(self) -> str | None:
+        return self.ready.snippet if self.ready else None
+
+    @property
+    def consumer(self) -> Consumer | None:
+        return self.ready.consumer if self.ready else None
+
+    @property
+    def system(self) -> SystemSnapshot | None:
+        return self.ready.system if self.ready else None
+
+    @property
+    def torch_version(self) -> str | None:
+        return self.ready.torch if self.ready else None
+
+    @property
+    def counting(self) -> dict[str, Any] | None:
+        """How samples and bytes are counted (child/process.py)."""
+        return self.ready.counting if self.ready else None
+
+    @property
+    def ranks_on_node(self) -> int:
+        """Loaders sharing this machine's /dev/shm (a torchrun job's)."""
+        return self.ready.ranks_on_node if self.ready else 1
 
     def _set_late_timings(self, event: protocol.LateTimings) -> None:
         """Onto their batches, found by number (rows arrive in order, numbered from the first)."""
