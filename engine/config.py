@@ -252,3 +252,39 @@ def _is_json_scalar(value: Any) -> bool:
 def supports_in_order(torch_version: str) -> bool:
     major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 6)
+
+
+@dataclass(frozen=True)
+class TunedSettings:
+    """The settings a tune decides, one value wherever they cross parts: each step of the
+    in-place search and a node's plans (tune/in_place.py, tune/node.py), the settings the
+    companions of a trial run (child/companions.py), a chosen setting made a settings file.
+    The rest of a LoaderConfig stays the user's. (At the JSON edges, a recommendation's and a
+    run request's settings are DataLoader keyword documents, where a key left out and a key
+    set to None differ: ``prefetch_factor=None`` must be said with 0 workers.)"""
+
+    num_workers: int
+    prefetch_factor: int | None = None  # None: DataLoader's default (2) with workers
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    in_order: bool = True
+    worker_threads: int | None = None  # 1: each worker's pools limited to one thread
+    keep_freed_memory: bool = False
+
+    @classmethod
+    def of(cls, config: LoaderConfig) -> "TunedSettings":
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+    def applied_to(self, config: LoaderConfig) -> LoaderConfig:
+        """``config`` with these settings."""
+        return config.replace(**dataclasses.asdict(self))
+
+    @property
+    def warmup_batches(self) -> int:
+        """Batches that come back to back from the prefetch after a switch: not timed."""
+        return max(1, self.num_workers * (self.prefetch_factor or 2))
+
+    def workers_and_prefetch(self) -> dict[str, Any]:
+        """What the in-place search changes, as its documents write it (the job's other
+        settings stay its own there)."""
+        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}

@@ -13,20 +13,21 @@ import torch
 from torch.utils.data import DataLoader
 
 from dataloader_tuner import watch
-from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
+from dataloader_tuner.config import TunedSettings
+from dataloader_tuner.tune.in_place import InPlaceSearch
 
 from .clocks import LeapingClock, SimulatedClock
 from .conftest import ROOT
 from .test_watch import Indices
 
 
-def searching(start: Setting, max_workers: int, epoch_batches: int | None = None
+def searching(start: TunedSettings, max_workers: int, epoch_batches: int | None = None
               ) -> InPlaceSearch:
     """A search on simulated time: ``feed`` moves its clock by each batch's cycle."""
     return InPlaceSearch(start, max_workers, epoch_batches, clock=SimulatedClock())
 
 
-def feed(search: InPlaceSearch, samples: int, cycle_s: float) -> Setting | None:
+def feed(search: InPlaceSearch, samples: int, cycle_s: float) -> TunedSettings | None:
     """One batch the loop took ``cycle_s`` for, as the job's clock sees it."""
     search.clock.advance(cycle_s)
     return search.after_batch(samples, cycle_s)
@@ -41,7 +42,7 @@ def watch_leaping(loader: DataLoader, **kwargs):
 
 
 def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
-          limit: int = 20_000) -> Setting:
+          limit: int = 20_000) -> TunedSettings:
     """Feed the search batches whose loop time follows ``rate_of(num_workers)``."""
     rng = random.Random(4)
     for _ in range(limit):
@@ -55,8 +56,8 @@ def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
 
 def test_an_in_memory_loader_goes_down_to_no_workers():
     # Worker processes only add transfer costs: 0 workers is fastest (as tiny_in_memory).
-    search = searching(Setting(2), max_workers=8)
-    assert drive(search, lambda n: 20_000 / (1 + 0.3 * n)) == Setting(0)
+    search = searching(TunedSettings(2), max_workers=8)
+    assert drive(search, lambda n: 20_000 / (1 + 0.3 * n)) == TunedSettings(0)
     verdicts = [d.verdict for d in search.decisions]
     assert verdicts[0].startswith("measured as the starting point")
     assert any(v.startswith("rolled back") for v in verdicts)  # 3 workers: worse, left at once
@@ -65,7 +66,7 @@ def test_an_in_memory_loader_goes_down_to_no_workers():
 
 def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
     # Each worker makes 100 samples/s; the step caps the loop at 700: 7 workers feed it.
-    search = searching(Setting(0), max_workers=32)
+    search = searching(TunedSettings(0), max_workers=32)
     chosen = drive(search, lambda n: min(100 * max(n, 0.5), 700))
     assert 7 <= chosen.num_workers <= 9  # the first count at the cap on the grow path (1,2,3,4,6,9)
     tried = [t.setting.num_workers for t in search.measured]
@@ -73,11 +74,11 @@ def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
 
 
 def test_fewer_workers_within_tolerance_are_preferred():
-    search = searching(Setting(6), max_workers=8)
+    search = searching(TunedSettings(6), max_workers=8)
     assert drive(search, lambda n: 1000 if n >= 2 else 400).num_workers == 2
 
 
-def drive_epochs(search: InPlaceSearch, cycle_of, startup_of, epoch_batches: int) -> Setting:
+def drive_epochs(search: InPlaceSearch, cycle_of, startup_of, epoch_batches: int) -> TunedSettings:
     """Like ``drive``, with each epoch (and each switch) starting the loader anew: its first
     batch's cycle carries the setting's start-up."""
     taken = 0
@@ -105,25 +106,25 @@ def test_each_setting_is_charged_its_start_up_as_the_job_pays_it():
     def startup(n):
         return 1.0 if n else 0.0
 
-    charged = searching(Setting(0), max_workers=2, epoch_batches=50)
-    assert drive_epochs(charged, cycle, startup, 50) == Setting(0)
+    charged = searching(TunedSettings(0), max_workers=2, epoch_batches=50)
+    assert drive_epochs(charged, cycle, startup, 50) == TunedSettings(0)
     tried = {t.setting.num_workers: t for t in charged.measured}
     # (0 workers: no start-up, or none seen: its first batches fell in the job's PREWARM_S)
     assert tried[1].startup_s() == pytest.approx(1.0) and tried[0].startup_s() in (0.0, None)
     assert tried[1].to_dict()["startup_ms"] == pytest.approx(1000.0)
-    kept = searching(Setting(0), max_workers=2)  # persistent workers: paid once, not charged
+    kept = searching(TunedSettings(0), max_workers=2)  # persistent workers: paid once, not charged
     assert drive_epochs(kept, cycle, startup, 50).num_workers > 0
 
 
 def test_a_failing_setting_is_dropped_for_the_best_so_far():
-    search = searching(Setting(2), max_workers=8)
+    search = searching(TunedSettings(2), max_workers=8)
     rng = random.Random(1)
-    while search.current == Setting(2):
+    while search.current == TunedSettings(2):
         feed(search, 32, 0.01 * (1 + rng.uniform(-0.01, 0.01)))
     trying = search.current
     assert trying.num_workers == 3
-    assert search.setting_failed(trying, "worker killed") == Setting(2)
-    assert search.finished and search.current == Setting(2)
+    assert search.setting_failed(trying, "worker killed") == TunedSettings(2)
+    assert search.finished and search.current == TunedSettings(2)
     assert "failed and dropped (worker killed)" in search.decisions[-1].verdict
 
 
@@ -263,7 +264,7 @@ def test_a_failing_setting_falls_back_without_stopping_training(db_path, tmp_pat
     watched.close()
     unwatched = loader()
     assert seen == [[int(i) for b in unwatched for i in b.flatten()] for _ in range(2)]
-    assert Setting(3) in watched.search.failed
+    assert TunedSettings(3) in watched.search.failed
     assert watched.search.best.setting.num_workers < 3
     assert "failed and dropped" in capfd.readouterr().err
 
@@ -285,7 +286,7 @@ def test_a_setting_that_cannot_start_falls_back_too(db_path, tmp_path, monkeypat
     seen = [[int(i) for b in watched for i in b.flatten()] for _ in range(2)]
     watched.close()
     assert seen == seen_unwatched(2)
-    assert Setting(2) in watched.search.failed
+    assert TunedSettings(2) in watched.search.failed
 
 
 class BadSample(Indices):
@@ -330,16 +331,16 @@ def test_loaders_that_cannot_be_planned_are_watched_untuned(db_path):
 def test_the_best_failing_while_another_setting_is_tried_falls_back_to_the_measured_own():
     """A node's follower reports that the node's best failed while the leader tries another
     count: the search goes on against the job's own, measured, instead of a rate it lacks."""
-    search = searching(Setting(1), max_workers=8)
+    search = searching(TunedSettings(1), max_workers=8)
     rates = {1: 500.0, 2: 1000.0, 3: 1100.0, 4: 1150.0}
-    while search.best is None or search.best.setting != Setting(2):
+    while search.best is None or search.best.setting != TunedSettings(2):
         feed(search, 32, 32 / rates[search.current.num_workers])
-    assert search.current == Setting(3)
-    search.setting_failed(Setting(2), "worker killed on rank 1")
-    assert search.best is not None and search.best.setting == Setting(1)
+    assert search.current == TunedSettings(3)
+    search.setting_failed(TunedSettings(2), "worker killed on rank 1")
+    assert search.best is not None and search.best.setting == TunedSettings(1)
     assert search.best.samples_per_s is not None
     for _ in range(5000):  # the trial of 3 is judged against 1's rate: no crash
         if search.finished:
             break
         feed(search, 32, 32 / rates.get(search.current.num_workers, 1000.0))
-    assert search.finished and search.best.setting != Setting(2)
+    assert search.finished and search.best.setting != TunedSettings(2)

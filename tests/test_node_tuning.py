@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from dataloader_tuner.tune.in_place import InPlaceSearch, Setting
+from dataloader_tuner.config import TunedSettings
+from dataloader_tuner.tune.in_place import InPlaceSearch
 from dataloader_tuner.tune.node import UNHEARD_EPOCHS, FollowerSearch, LeaderSearch, NodePlan
 
 from .clocks import SimulatedClock
@@ -21,10 +22,10 @@ def store():
 
 
 def node(store, local_world_size=2):
-    leader = LeaderSearch(InPlaceSearch(Setting(0), 8, clock=SimulatedClock()), "train", 0,
+    leader = LeaderSearch(InPlaceSearch(TunedSettings(0), 8, clock=SimulatedClock()), "train", 0,
                           local_world_size,
                           lambda: store)
-    followers = [FollowerSearch(Setting(0), "train", 0, r, lambda: store)
+    followers = [FollowerSearch(TunedSettings(0), "train", 0, r, lambda: store)
                  for r in range(1, local_world_size)]
     return leader, followers
 
@@ -60,15 +61,15 @@ def test_the_node_switches_together_at_the_announced_batch(store):
 
 
 def test_a_plan_learnt_late_applies_at_once_or_from_the_next_epoch(store):
-    follower = FollowerSearch(Setting(0), "train", 0, 1, lambda: store)
+    follower = FollowerSearch(TunedSettings(0), "train", 0, 1, lambda: store)
     follower.epoch_started(0)
     for _ in range(10):
         assert follower.after_batch(8, 0.01) is None
-    follower.latest = NodePlan(1, 0, 5, Setting(2), False)  # announced for batch 5: past
-    assert follower.after_batch(8, 0.01) == Setting(2)
-    follower.latest = NodePlan(2, 0, 50, Setting(4), False)  # batch 50, but the epoch ends
+    follower.latest = NodePlan(1, 0, 5, TunedSettings(2), False)  # announced for batch 5: past
+    assert follower.after_batch(8, 0.01) == TunedSettings(2)
+    follower.latest = NodePlan(2, 0, 50, TunedSettings(4), False)  # batch 50, but the epoch ends
     follower.epoch_started(1)
-    assert follower.current == Setting(4)
+    assert follower.current == TunedSettings(4)
 
 
 def test_a_setting_that_fails_on_a_follower_is_dropped_for_the_node(store):
@@ -82,13 +83,13 @@ def test_a_setting_that_fails_on_a_follower_is_dropped_for_the_node(store):
     tried = follower.current
     assert tried.num_workers > 0
     assert follower.setting_failed(tried, "DataLoader worker (pid 1) is killed by signal") \
-        == Setting(0)
+        == TunedSettings(0)
     follower.exchange(store)  # tells the leader
     leader.exchange(store)
     step(leader, [follower], store, 0.01)
     assert tried in leader.search.failed
     assert "on local rank 1" in leader.decisions[-1].verdict
-    assert leader.current == Setting(0) and follower.current == Setting(0)
+    assert leader.current == TunedSettings(0) and follower.current == TunedSettings(0)
 
 
 def test_the_node_is_judged_by_its_slowest_rank(store):
@@ -113,12 +114,12 @@ def test_the_node_is_judged_by_its_slowest_rank(store):
 def test_a_follower_that_hears_no_plan_stops_following(store):
     """No store, or local rank 0 not tuning: after UNHEARD_EPOCHS the rank runs its own
     setting untuned (not a plan-holding tuned loader for the rest of the job)."""
-    follower = FollowerSearch(Setting(2), "train", 0, 1, lambda: None)
+    follower = FollowerSearch(TunedSettings(2), "train", 0, 1, lambda: None)
     for epoch in range(UNHEARD_EPOCHS):
         follower.epoch_started(epoch)
         assert not follower.finished
     follower.epoch_started(UNHEARD_EPOCHS)
-    assert follower.finished and follower.current == Setting(2) and follower.done()
+    assert follower.finished and follower.current == TunedSettings(2) and follower.done()
     assert "no plan from the node's local rank 0" in follower.decisions[-1].verdict
 
 
@@ -128,10 +129,10 @@ def test_a_late_failure_of_a_setting_measured_before_only_bars_it(store):
     leader, (follower,) = node(store)
     leader.epoch_started(0)
     follower.epoch_started(0)
-    leader._failures.append((Setting(6), "on local rank 1: worker killed"))
+    leader._failures.append((TunedSettings(6), "on local rank 1: worker killed"))
     running = leader.current
     assert leader.after_batch(8, 0.01) is None and leader.current == running
-    assert Setting(6) in leader.search.failed
+    assert TunedSettings(6) in leader.search.failed
     assert "not tried again" in leader.decisions[-1].verdict
 
 
@@ -139,11 +140,11 @@ def test_the_store_threads_start_and_stop(store):
     leader, (follower,) = node(store)
     leader.start()
     follower.start()
-    leader._outbox.append(NodePlan(1, 0, 3, Setting(2), False))
+    leader._outbox.append(NodePlan(1, 0, 3, TunedSettings(2), False))
     deadline = time.monotonic() + 5
     while follower.latest is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert follower.latest == NodePlan(1, 0, 3, Setting(2), False)
+    assert follower.latest == NodePlan(1, 0, 3, TunedSettings(2), False)
     leader.close()
     follower.close()
 

@@ -26,13 +26,13 @@ from dataloader_tuner.errors import RunError
 if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
     from dataloader_tuner.child import measure
     from dataloader_tuner.child.target import ResolvedTarget
-    from dataloader_tuner.config import LoaderConfig
+    from dataloader_tuner.config import LoaderConfig, TunedSettings
     from dataloader_tuner.record.rows import BatchRecord
 
 START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
 LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
 
-# What goes over a pipe: (kind, body), the body's type set by the kind ("run": the settings,
+# What goes over a pipe: (kind, body), the body's type set by the kind ("run": TunedSettings,
 # "rows": (time, samples) per batch, "error": the traceback, else None).
 Message = tuple[str, Any]
 
@@ -70,9 +70,9 @@ class Companions:
             self.close()
             raise
 
-    def start(self, tuned: dict[str, Any]) -> None:
-        """Every companion runs these settings (num_workers, pin_memory, prefetch_factor,
-        persistent_workers over the target's own); returns once each has its first batch."""
+    def start(self, tuned: TunedSettings) -> None:
+        """Every companion runs these settings over the target's own; returns once each has
+        its first batch."""
         for pipe in self.pipes:
             pipe.send(("run", tuned))
         for pipe in self.pipes:
@@ -149,7 +149,7 @@ def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
             order, tuned = pipe.recv()
             if order != "run":
                 return
-            rows = _run_until_stopped(resolved, base.replace(**tuned), consumer, pipe,
+            rows = _run_until_stopped(resolved, tuned.applied_to(base), consumer, pipe,
                                       Measurement)
             if rows is None:  # told to exit mid-trial
                 return

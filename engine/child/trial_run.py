@@ -16,7 +16,7 @@ from dataloader_tuner.analyse import metrics
 from dataloader_tuner.child.measure import Measurement
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
-from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.instrument import threads
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
@@ -25,8 +25,6 @@ from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
                                          TARGET_CI, interval_block, trial_from_batches)
 
-TUNED_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order",
-              "worker_threads", "keep_freed_memory")
 PREWARM_S = 0.4
 MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
 # ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
@@ -128,7 +126,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     running: Companions | None = None  # the companions, once they run this trial's settings
     try:
         if companions is not None:
-            companions.start({key: getattr(config, key) for key in TUNED_KEYS})
+            companions.start(TunedSettings.of(config))
             running = companions
         clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s, limit_s)
         cpu_before = time.process_time()

@@ -21,10 +21,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
+from dataloader_tuner.config import TunedSettings
 from dataloader_tuner.record.trials import InPlaceDecision
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
@@ -42,22 +43,11 @@ PREWARM_S = 2.0
 Clock = Callable[[], float]  # seconds, monotonic: time.monotonic, or a test's simulated time
 
 
-@dataclass(frozen=True)
-class Setting:
-    num_workers: int
-    prefetch_factor: int | None = None  # None: DataLoader's default (2) with workers
-
-    @property
-    def warmup_batches(self) -> int:
-        """Batches that come back to back from the prefetch after a switch: not timed."""
-        return max(1, self.num_workers * (self.prefetch_factor or 2))
-
-
 @dataclass
 class Trial:
     """One setting's measurement: the loop's time and samples per steady batch."""
 
-    setting: Setting
+    setting: TunedSettings
     clock: Clock = field(default=time.monotonic, repr=False, compare=False)
     started: float = field(init=False)  # when its clock started (from the clock)
     seen: int = 0  # batches since its loader started (a switch, an epoch), warm-up included
@@ -112,7 +102,7 @@ class Trial:
     def to_dict(self) -> dict[str, Any]:
         rate, ci = self.samples_per_s, self.interval()
         startup = self.startup_s()
-        return {**asdict(self.setting), "samples_per_s": rate, "batches": len(self.cycles),
+        return {**self.setting.workers_and_prefetch(), "samples_per_s": rate, "batches": len(self.cycles),
                 "startup_ms": 1000 * startup if startup is not None else None,
                 "startup_charged": bool(self.epoch_batches) and startup is not None,
                 "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
@@ -125,9 +115,9 @@ class Search(Protocol):
     own, or a node's ``LeaderSearch`` / ``FollowerSearch`` (tune/node.py)."""
 
     @property
-    def baseline(self) -> Setting: ...
+    def baseline(self) -> TunedSettings: ...
     @property
-    def current(self) -> Setting: ...
+    def current(self) -> TunedSettings: ...
     @property
     def finished(self) -> bool: ...
     @property
@@ -139,13 +129,13 @@ class Search(Protocol):
 
     def epoch_started(self, epoch: int) -> None: ...
     def loader_started(self) -> None: ...
-    def after_batch(self, samples: int, cycle_s: float) -> Setting | None: ...
-    def setting_failed(self, setting: Setting, why: str) -> Setting: ...
+    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None: ...
+    def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings: ...
     def close(self) -> None: ...
 
 
 class InPlaceSearch:
-    def __init__(self, start: Setting, max_workers: int, epoch_batches: int | None = None,
+    def __init__(self, start: TunedSettings, max_workers: int, epoch_batches: int | None = None,
                  clock: Clock = time.monotonic) -> None:
         """``epoch_batches``: the job's epoch restarts its loader's workers every so many
         batches (persistent_workers=False): each setting is charged its start-up that often.
@@ -159,12 +149,12 @@ class InPlaceSearch:
         self.direction = "up"
         self.decisions: list[InPlaceDecision] = []  # the search's log, as the run keeps it
         self.measured: list[Trial] = []
-        self.failed: set[Setting] = set()
+        self.failed: set[TunedSettings] = set()
         self.finished = False
         self.measuring_from: float | None = None  # PREWARM_S after the first batch
 
     @property
-    def current(self) -> Setting:
+    def current(self) -> TunedSettings:
         return self.trial.setting if not self.finished else self._best().setting
 
     def epoch_started(self, epoch: int) -> None:
@@ -179,7 +169,7 @@ class InPlaceSearch:
         self.trial.seen = 0
         self.trial.fresh = True
 
-    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
         """Feed one batch the loop took under ``current``; returns a setting to switch to
         now, or None to go on."""
         if self.finished:
@@ -206,7 +196,7 @@ class InPlaceSearch:
             return None
         return self._decide()
 
-    def setting_failed(self, setting: Setting, why: str) -> Setting:
+    def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings:
         """A setting could not run (its workers failed to start, or crashed): never again; the
         job goes on with the best setting measured, or its own."""
         self.failed.add(setting)
@@ -224,10 +214,10 @@ class InPlaceSearch:
                 self.finished = True
         return self._fallback()
 
-    def _trial(self, setting: Setting) -> Trial:
+    def _trial(self, setting: TunedSettings) -> Trial:
         return Trial(setting, clock=self.clock, epoch_batches=self.epoch_batches)
 
-    def _fallback(self) -> Setting:
+    def _fallback(self) -> TunedSettings:
         return self.best.setting if self.best is not None else self.baseline
 
     def _best(self) -> Trial:
@@ -235,7 +225,7 @@ class InPlaceSearch:
         assert self.best is not None, "no setting measured yet"
         return self.best
 
-    def _decide(self) -> Setting | None:
+    def _decide(self) -> TunedSettings | None:
         trial, best = self.trial, self.best
         self.measured.append(trial)
         rate = trial.samples_per_s or 0.0
@@ -288,12 +278,12 @@ class InPlaceSearch:
         drift: each within the tolerance of the last, yet far below the fastest."""
         return max((t.samples_per_s or 0.0) for t in self.measured)
 
-    def _next_setting(self) -> Setting | None:
+    def _next_setting(self) -> TunedSettings | None:
         best = self._best().setting
         n = best.num_workers
         while self.direction in ("up", "down"):
             candidate = grow(n) if self.direction == "up" else shrink(n)
-            setting = Setting(candidate, best.prefetch_factor)
+            setting = TunedSettings(candidate, best.prefetch_factor)
             tried = tried_or_failed(self)
             if 0 <= candidate <= self.max_workers and candidate != n and setting not in tried:
                 return setting
@@ -304,29 +294,30 @@ class InPlaceSearch:
         # Loading in the loop itself has no transfer cost at all: the climb can miss it from
         # above (1 worker slower than 2, yet 0 the fastest: small in-memory samples), so it is
         # always measured, as the offline tuner's probe does.
-        zero = Setting(0)
+        zero = TunedSettings(0)
         if self.direction == "done" and n > 0 and zero not in tried_or_failed(self):
             self.direction = "zero"
             return zero
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"baseline": asdict(self.baseline), "finished": self.finished,
-                "chosen": asdict(self.best.setting) if self.finished and self.best else None,
+        return {"baseline": self.baseline.workers_and_prefetch(), "finished": self.finished,
+                "chosen": (self.best.setting.workers_and_prefetch()
+                           if self.finished and self.best else None),
                 "trials": [t.to_dict() for t in self.measured],
                 "decisions": [d.to_dict() for d in self.decisions]}
 
 
-def log_line(setting: Setting, samples_per_s: float | None, rate_ci: float | None,
+def log_line(setting: TunedSettings, samples_per_s: float | None, rate_ci: float | None,
              verdict: str) -> InPlaceDecision:
     """A line of the search's log: what was measured with ``setting`` and what it led to."""
     return InPlaceDecision(setting.num_workers, samples_per_s, rate_ci, verdict,
                         setting.prefetch_factor)
 
 
-def tried_or_failed(search: InPlaceSearch) -> set[Setting]:
+def tried_or_failed(search: InPlaceSearch) -> set[TunedSettings]:
     return {t.setting for t in search.measured} | search.failed
 
 
-def _name(setting: Setting) -> str:
+def _name(setting: TunedSettings) -> str:
     return f"num_workers={setting.num_workers}"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Any, Callable
 
 from dataloader_tuner.access import open_private
@@ -37,7 +36,7 @@ def choice_result(search: Search, config: LoaderConfig, target: str,
         snippet=snippet(config.replace(**recommended)),
         expected_samples_per_s=best.samples_per_s if best is not None else None,
         uncertainty_pct=100 * interval if interval else None,
-        baseline={"source": "the job's own settings", **asdict(search.baseline)},
+        baseline={"source": "the job's own settings", **search.baseline.workers_and_prefetch()},
         reasons=tuple(d.verdict for d in search.decisions))
 
 

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from dataloader_tuner.record.trials import InPlaceDecision
-from dataloader_tuner.tune.in_place import InPlaceSearch, Setting, Trial, log_line
+from dataloader_tuner.config import TunedSettings
+from dataloader_tuner.tune.in_place import InPlaceSearch, Trial, log_line
 from dataloader_tuner.analyse.ranks import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from
@@ -43,7 +44,7 @@ class NodePlan:
     version: int  # one more with each announcement
     epoch: int  # the loader's epoch ...
     from_batch: int  # ... and its batch from which ``setting`` runs
-    setting: Setting
+    setting: TunedSettings
     finished: bool  # the search is over: this is the node's choice
 
     def to_json(self) -> str:
@@ -52,7 +53,7 @@ class NodePlan:
     @classmethod
     def from_json(cls, text: str | bytes) -> "NodePlan":
         data = json.loads(text)
-        return cls(**{**data, "setting": Setting(**data["setting"])})
+        return cls(**{**data, "setting": TunedSettings(**data["setting"])})
 
 
 class NodeStore(Protocol):
@@ -144,7 +145,7 @@ class LeaderSearch(_StoreThread):
         self.pending: NodePlan | None = None  # announced, not yet reached
         self.version = 0
         self._outbox: list[NodePlan] = []
-        self._failures: list[tuple[Setting, str]] = []  # reported by followers
+        self._failures: list[tuple[TunedSettings, str]] = []  # reported by followers
         self._seen_failures: set[str] = set()
         self._running = search.current  # what this rank's loader runs now
         self._cycles: list[float] = []
@@ -154,11 +155,11 @@ class LeaderSearch(_StoreThread):
     # -- what loader.py asks ----------------------------------------------------------------
 
     @property
-    def current(self) -> Setting:
+    def current(self) -> TunedSettings:
         return self._running
 
     @property
-    def baseline(self) -> Setting:
+    def baseline(self) -> TunedSettings:
         return self.search.baseline
 
     @property
@@ -186,7 +187,7 @@ class LeaderSearch(_StoreThread):
         self.search.loader_started()
         self.pace.seen = 0
 
-    def _switch(self, plan: NodePlan) -> Setting:
+    def _switch(self, plan: NodePlan) -> TunedSettings:
         self._running, self.pending = plan.setting, None
         self.pace.restart(plan.version)
         return self._running
@@ -201,7 +202,7 @@ class LeaderSearch(_StoreThread):
             return 1.0
         return max(1.0, max(theirs) / own)
 
-    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
         self.index += 1
         self._cycles.append(cycle_s)
         del self._cycles[:-32]
@@ -234,20 +235,20 @@ class LeaderSearch(_StoreThread):
             self._announce(switch)
         return None
 
-    def setting_failed(self, setting: Setting, why: str) -> Setting:
+    def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings:
         fallback = self.search.setting_failed(setting, why)
         self._switch(self._publish(fallback))  # from now on, on every rank of the node
         return fallback
 
     # -- announcing ------------------------------------------------------------------------
 
-    def _announce(self, setting: Setting) -> None:
+    def _announce(self, setting: TunedSettings) -> None:
         """A switch for the whole node, PLAN_LEAD_S ahead."""
         per_batch = sum(self._cycles) / len(self._cycles) if self._cycles else 0.0
         lead = max(2, round(PLAN_LEAD_S / per_batch)) if per_batch > 0 else 2
         self.pending = self._publish(setting, lead)
 
-    def _publish(self, setting: Setting, lead: int = 0) -> NodePlan:
+    def _publish(self, setting: TunedSettings, lead: int = 0) -> NodePlan:
         self.version += 1
         plan = NodePlan(self.version, self.epoch, self.index + lead, setting,
                         self.search.finished)
@@ -272,14 +273,14 @@ class LeaderSearch(_StoreThread):
                 if text not in self._seen_failures:
                     self._seen_failures.add(text)
                     report = json.loads(text)
-                    self._failures.append((Setting(**report["setting"]),
+                    self._failures.append((TunedSettings(**report["setting"]),
                                            f"on local rank {local_rank}: {report['why']}"))
 
 
 class FollowerSearch(_StoreThread):
     """Any other rank of the node: runs what the node's plan says, when it says."""
 
-    def __init__(self, baseline: Setting, loader: str, node: int, local_rank: int,
+    def __init__(self, baseline: TunedSettings, loader: str, node: int, local_rank: int,
                  connect: Callable[[], NodeStore | None]) -> None:
         super().__init__(connect, "dataloader-tuner-node-follower")
         self.baseline, self.loader, self.node, self.local_rank = baseline, loader, node, local_rank
@@ -297,7 +298,7 @@ class FollowerSearch(_StoreThread):
         self._pace_sent: tuple[int, int, float] | None = None
 
     @property
-    def current(self) -> Setting:
+    def current(self) -> TunedSettings:
         return self._running
 
     def epoch_started(self, epoch: int) -> None:
@@ -317,7 +318,7 @@ class FollowerSearch(_StoreThread):
     def loader_started(self) -> None:
         self.pace.seen = 0
 
-    def after_batch(self, samples: int, cycle_s: float) -> Setting | None:
+    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
         self.index += 1
         self.pace.add(cycle_s, self._running.warmup_batches)
         plan = self.latest
@@ -327,7 +328,7 @@ class FollowerSearch(_StoreThread):
             return None
         return self._apply(plan)
 
-    def setting_failed(self, setting: Setting, why: str) -> Setting:
+    def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings:
         self._outbox.append(json.dumps({"setting": asdict(setting), "why": why}))
         self.decisions.append(log_line(setting, None, None,
                                        f"failed on this rank ({why}); back to the job's own "
@@ -335,7 +336,7 @@ class FollowerSearch(_StoreThread):
         self._running = self.baseline
         return self.baseline
 
-    def _apply(self, plan: NodePlan) -> Setting | None:
+    def _apply(self, plan: NodePlan) -> TunedSettings | None:
         self.applied = plan.version
         self.pace.restart(plan.version)
         changed = plan.setting != self._running

@@ -14,10 +14,10 @@ from typing import Any, Callable
 from dataloader_tuner import protocol
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.shm import tightest_shm
+from dataloader_tuner.config import TunedSettings
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.run.recorder import Recorder
-from dataloader_tuner.tune.in_place import Setting
 
 
 def say(text: str) -> None:
@@ -28,7 +28,7 @@ def say(text: str) -> None:
 
 class PeriodicChecks:
     def __init__(self, name: str, recorder: Recorder, t0: float,
-                 running: Callable[[], Setting], iterator: Callable[[], Any],
+                 running: Callable[[], TunedSettings], iterator: Callable[[], Any],
                  ranks_on_node: int) -> None:
         """``running``: the setting the job's batches come from now; ``iterator``: the one the
         loop takes them from (who holds a late batch); ``ranks_on_node``: loaders sharing this

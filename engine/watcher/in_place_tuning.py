@@ -15,13 +15,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from dataloader_tuner import protocol, system
-from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedCollate, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, stop_workers
 from dataloader_tuner.record.trials import InPlaceDecision
-from dataloader_tuner.tune.in_place import Clock, InPlaceSearch, Search, Setting
+from dataloader_tuner.tune.in_place import Clock, InPlaceSearch, Search
 from dataloader_tuner.tune.in_place_choice import choice_result, save_choice
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher import frameworks
@@ -70,7 +70,7 @@ class InPlaceTuning:
         prefetch = loader.prefetch_factor if workers and loader.prefetch_factor != 2 else None
         # The node's CPUs are shared by its ranks' loaders (each rank searches on its own).
         sharing = rank.local_world_size if rank else 1
-        start = Setting(workers, prefetch)
+        start = TunedSettings(workers, prefetch)
         alone = InPlaceSearch(start, self.max_workers
                               or max(2, 2 * system.usable_cpus() // max(sharing, 1)),
                               # each epoch restarts the workers unless the job keeps them
@@ -208,7 +208,7 @@ class TunedEpoch(BatchSource):
         if self.tuning.log_decisions():
             self.on_finished()
 
-    def _switch(self, setting: Setting, since: float) -> None:
+    def _switch(self, setting: TunedSettings, since: float) -> None:
         self.since = since
         stop_workers(self.iterator)
         self.opened = time.monotonic()
@@ -216,7 +216,7 @@ class TunedEpoch(BatchSource):
         self.segment += 1
         self.iterator = self._open(setting)
 
-    def _open(self, setting: Setting) -> Iterator[Any]:
+    def _open(self, setting: TunedSettings) -> Iterator[Any]:
         """``_segment``, and if a tried setting cannot even start, the best one so far (or the
         job's own) instead: tuning must never be what stops training."""
         while True:
@@ -231,7 +231,7 @@ class TunedEpoch(BatchSource):
             self.on_open(iterator)
             return iterator
 
-    def _segment(self, setting: Setting) -> Iterator[Any]:
+    def _segment(self, setting: TunedSettings) -> Iterator[Any]:
         """An iterator over the plan's batches not yet taken with ``setting``, probed like the
         watched copy."""
         loader, start = self.loader, self.taken_count

@@ -30,11 +30,11 @@ from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.instrument import gpu
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.instrument.tensors import samples_in
-from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
-from dataloader_tuner.tune.in_place import Clock, Search, Setting
+from dataloader_tuner.tune.in_place import Clock, Search
 from dataloader_tuner.watcher import frameworks, shutdown
 from dataloader_tuner.watcher.checks import PeriodicChecks, say as _say
 from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
@@ -319,11 +319,11 @@ class WatchedLoader:
 
     # -- once, on the recorder's thread ------------------------------------------------------
 
-    def _running_setting(self) -> Setting:
+    def _running_setting(self) -> TunedSettings:
         """The setting the job's batches come from now: the search's, or the loader's own."""
         if self.search is not None:
             return self.search.current
-        return Setting(self.loader.num_workers, self.loader.prefetch_factor)
+        return TunedSettings(self.loader.num_workers, self.loader.prefetch_factor)
 
     def _ready(self) -> protocol.Ready:
         dataset = self.loader.dataset
