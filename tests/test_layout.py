@@ -229,3 +229,46 @@ def test_every_note_referred_to_by_name_is_written_once():
                     referred.add(name)
     assert defined and all(count == 1 for count in defined.values()), defined
     assert referred <= set(defined), referred - set(defined)
+
+
+MAX_MODULE_LINES = 500
+MAX_INSTANCE_ATTRIBUTES = 15
+# Over the limit, and why (docs/development.md, "Habits"): keep this list short.
+LARGER_CLASSES = {
+    # a fold of a run's event stream: one attribute per kind of event it keeps
+    "dataloader_tuner.run.live.LiveRun": 19,
+    # the measuring thread's queues (rows, events, gaps, copies, workers) and the writer's state
+    "dataloader_tuner.run.recorder.Recorder": 19,
+}
+
+
+def instance_attributes(path: str) -> dict[str, set[str]]:
+    """Each class of a module: the ``self.x`` its methods assign."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            found[node.name] = {
+                target.attr for target in ast.walk(node)
+                if isinstance(target, ast.Attribute) and isinstance(target.ctx, ast.Store)
+                and isinstance(target.value, ast.Name) and target.value.id == "self"}
+    return found
+
+
+def test_no_module_is_longer_than_a_newcomer_reads_at_once():
+    with_lines = {}
+    for module, path in package_modules().items():
+        with open(path) as f:
+            with_lines[module] = sum(1 for _ in f)
+    assert with_lines[f"{PACKAGE}.watcher.loader"] > 100  # the count does read the files
+    assert {m: n for m, n in with_lines.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_no_class_holds_more_than_a_few_things():
+    sizes = {f"{module}.{cls}": len(attrs) for module, path in package_modules().items()
+             for cls, attrs in instance_attributes(path).items()}
+    assert sizes[f"{PACKAGE}.watcher.loader.WatchedLoader"] > 5  # the count does see them
+    over = {name: n for name, n in sizes.items()
+            if n > LARGER_CLASSES.get(name, MAX_INSTANCE_ATTRIBUTES)}
+    assert over == {}

@@ -41,8 +41,6 @@ class RunSoFar(Protocol):
     tune_document: dict[str, Any] | None  # the child's tune result, as sent
     probes: list[dict[str, Any]]
     overdue: list[Overdue]
-    label_counts: dict[Any, int]  # protocol.Labels.counts
-    label_source: str
 
     # Read-only (properties): what the run's Ready event said, and the output it printed.
     @property
@@ -61,6 +59,10 @@ class RunSoFar(Protocol):
     def counting(self) -> dict[str, Any] | None: ...
     @property
     def ranks_on_node(self) -> int: ...
+    @property
+    def label_counts(self) -> dict[Any, int]: ...  # protocol.Labels.counts
+    @property
+    def label_source(self) -> str: ...
     @property
     def output(self) -> PrintedOutput: ...
 

@@ -80,23 +80,27 @@ class Measurement:
         self.resolved, self.config, self.consumer = resolved, config, consumer
         self.seconds, self.max_batches = seconds, max_batches
         self.on_batch, self.should_stop = on_batch, should_stop
-        self.on_epoch, self.on_worker = on_epoch, on_worker
         self.loader: DataLoader[Any] | None = build_loader(resolved.dataset, config)
         self.transfer = gpu.TransferTimer.create()
         self.gaps = gpu.GapTimer.create()
-        self.t0 = 0.0
         self.iterator: Iterator[Any] | None = None
-        self.ledger: BatchLedger | None = None  # the running loop's (a stall watch reads it)
+        # The loop's bookkeeping (a stall watch reads it); its clock starts with run()
+        self.ledger = BatchLedger(0.0, on_epoch, on_worker)
         self.label_counts: dict[int, int] = {}
+
+    @property
+    def t0(self) -> float:
+        """When the first iterator was made: the rows' times count from here."""
+        return self.ledger.t0
 
     def run(self) -> int:
         """Returns the number of batches consumed. The per-batch bookkeeping is the one loop's
         (record/loop.py); sizes and worker timings come ready-made with the batch."""
-        self.t0 = t0 = clock()
+        self.ledger.t0 = t0 = clock()
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         should_stop = self.should_stop
-        self.ledger = ledger = BatchLedger(t0, self.on_epoch, self.on_worker)
+        ledger = self.ledger
         loop = TimedLoop(ledger, self.on_batch)
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
         check_at = t0  # when to ask should_stop() next: every CHECK_S, not every batch

@@ -48,8 +48,7 @@ class LiveRun:
         self.plan: TunePlan | None = None  # a tune's latest plan (tune/plan.py)
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.overdue: list[protocol.Overdue] = []  # batches reported late (instrument/stalls.py)
-        self.label_counts: dict = {}
-        self.label_source = "batches"  # or "dataset": its own targets/labels list, all of it
+        self.labels: protocol.Labels | None = None  # the class counts, sent at the end
         self.output = OutputLog()  # what the user's code printed (fed by the runner)
 
     def apply(self, event: protocol.Event) -> None:
@@ -85,7 +84,7 @@ class LiveRun:
         elif isinstance(event, protocol.Overdue):
             self.overdue.append(event)
         elif isinstance(event, protocol.Labels):
-            self.label_counts, self.label_source = event.counts, event.source
+            self.labels = event
         elif isinstance(event, protocol.Error):
             self.error = EngineError.from_dict(event.error)
         elif isinstance(event, protocol.Finished):
@@ -120,6 +119,15 @@ class LiveRun:
     def counting(self) -> dict[str, Any] | None:
         """How samples and bytes are counted (child/process.py)."""
         return self.ready.counting if self.ready else None
+
+    @property
+    def label_counts(self) -> dict[Any, int]:
+        return self.labels.counts if self.labels else {}
+
+    @property
+    def label_source(self) -> str:
+        """"batches", or "dataset": its own targets/labels list, all of it."""
+        return self.labels.source if self.labels else "batches"
 
     @property
     def ranks_on_node(self) -> int:

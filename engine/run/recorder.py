@@ -63,15 +63,15 @@ class Recorder:
         self._lock = threading.Lock()  # one flush at a time (the thread's, or stop's)
         self._failed = False
         self._sampler: ResourceSampler | None = None
-        self._thread = threading.Thread(target=self._loop, name="dataloader-tuner-recorder",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None  # the writer, once started
 
     def start(self, first: Callable[[], protocol.Event] | None = None,
               on_tick: Callable[[], bool] | None = None) -> "Recorder":
         """``first`` runs on the thread and is written before anything else (reading the
         machine for a Ready takes ~0.2 s, not the job's); ``on_tick()`` runs before each flush,
         and returning True ends the thread (the child's watchdog fired)."""
-        self._first, self._on_tick = first, on_tick
+        self._thread = threading.Thread(target=self._loop, args=(first, on_tick),
+                                        name="dataloader-tuner-recorder", daemon=True)
         self._thread.start()
         return self
 
@@ -88,16 +88,17 @@ class Recorder:
 
     # -- the background thread ----------------------------------------------------------------
 
-    def _loop(self) -> None:
-        if self._first is not None:
+    def _loop(self, first: Callable[[], protocol.Event] | None,
+              on_tick: Callable[[], bool] | None) -> None:
+        if first is not None:
             try:
                 with self._lock:
-                    self.sink.write([self._first()])
+                    self.sink.write([first()])
             except Exception:  # noqa: BLE001
                 self.report_failure()
         flushes = 0
         while not self._stop.wait(FLUSH_S):
-            if self._on_tick is not None and self._on_tick():
+            if on_tick is not None and on_tick():
                 return
             if not self.streaming:
                 continue
@@ -167,6 +168,7 @@ class Recorder:
         if self._stop.is_set():
             return
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(5.0)
         self.flush(sample=sample)

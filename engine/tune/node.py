@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -283,13 +283,15 @@ class FollowerSearch(_StoreThread):
     def __init__(self, baseline: TunedSettings, loader: str, node: int, local_rank: int,
                  connect: Callable[[], NodeStore | None]) -> None:
         super().__init__(connect, "dataloader-tuner-node-follower")
-        self.baseline, self.loader, self.node, self.local_rank = baseline, loader, node, local_rank
+        self.baseline = baseline
+        # Its keys in the store: where it reports a failure and its pace, where it reads plans
+        self._keys = (failure_key(loader, node, local_rank), pace_key(loader, node, local_rank),
+                      plan_key(loader, node))
         self.epoch, self.index = 0, 0
         self.latest: NodePlan | None = None  # the newest plan read from the store
         self.applied = 0  # the version of the plan running
         self._running = baseline
         self.decisions: list[InPlaceDecision] = []
-        self.measured: list[Trial] = []
         self.finished = False
         self.best: Trial | None = None
         self._outbox: list[str] = []
@@ -300,6 +302,11 @@ class FollowerSearch(_StoreThread):
     @property
     def current(self) -> TunedSettings:
         return self._running
+
+    @property
+    def measured(self) -> Sequence[Trial]:
+        """Nothing: the node's leader measures, for every rank."""
+        return ()
 
     def epoch_started(self, epoch: int) -> None:
         self.epoch, self.index = epoch, 0
@@ -354,16 +361,15 @@ class FollowerSearch(_StoreThread):
         return self.finished and not self._outbox
 
     def exchange(self, store: NodeStore) -> None:
+        failure, pace_at, plan_at = self._keys
         while self._outbox:
-            store.set(failure_key(self.loader, self.node, self.local_rank), self._outbox[0])
+            store.set(failure, self._outbox[0])
             self._outbox.pop(0)
         pace = (self.pace.version, self.pace.batches, round(self.pace.seconds, 6))
         if pace != self._pace_sent and not self.finished:
-            store.set(pace_key(self.loader, self.node, self.local_rank),
-                      json.dumps(dict(zip(("version", "batches", "seconds"), pace))))
+            store.set(pace_at, json.dumps(dict(zip(("version", "batches", "seconds"), pace))))
             self._pace_sent = pace
-        key = plan_key(self.loader, self.node)
-        if store.check([key]):
-            plan = NodePlan.from_json(store.get(key))
+        if store.check([plan_at]):
+            plan = NodePlan.from_json(store.get(plan_at))
             if self.latest is None or plan.version > self.latest.version:
                 self.latest = plan

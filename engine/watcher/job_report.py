@@ -65,12 +65,10 @@ class RankReporter:
                  stalls: StallWatch | None = None) -> None:
         self.identity, self.loader, self.recorder = identity, loader, recorder
         self.stalls = stalls  # the watcher's: where a batch reported overdue is being made
-        self.history, self.run_id, self.connect = history, run_id, connect
-        self.collects = identity.rank == COLLECTOR_RANK
+        self.connect = connect
         self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
-        self.seen: dict[int, int] = {}  # rank -> seq of its last report written to the history
-        self.series_at: dict[int, float] = {}  # rank -> when its last report joined the series
-        self.latest: dict[int, RankSummary] = {}
+        self.gatherer = (JobGatherer(history, run_id, self.keys)
+                         if identity.rank == COLLECTOR_RANK else None)
         self._store = None
         self._seq = 0
         self._failed = False
@@ -97,8 +95,8 @@ class RankReporter:
                 return
             self._seq += 1
             store.set(self.keys[self.identity.rank], self.summary(status).to_json())
-            if self.collects:
-                self.gather(store)
+            if self.gatherer is not None:
+                self.gatherer.gather(store)
         except Exception as exc:  # noqa: BLE001 - reporting is never the job's problem
             self._store = None  # reconnect next round
             if not self._failed:
@@ -108,27 +106,9 @@ class RankReporter:
                                  "is still recorded in its own history\n")
 
     def gather(self, store) -> None:
-        received = time.time()
-        fresh, series = [], []
-        if len(self.latest) == len(self.keys) and hasattr(store, "multi_get"):
-            # Every rank has reported once (its key stays): one round trip for all, where the
-            # store has multi_get, not two per rank.
-            texts = dict(enumerate(store.multi_get(self.keys)))
-        else:
-            texts = {rank: store.get(key) for rank, key in enumerate(self.keys)
-                     if rank in self.latest or store.check([key])}  # else: still starting
-        for rank, text in texts.items():
-            summary = RankSummary.from_json(text)
-            self.latest[rank] = summary
-            if self.seen.get(rank) != summary.seq:
-                self.seen[rank] = summary.seq
-                fresh.append((received, summary))
-                if (summary.status in FINAL
-                        or received - self.series_at.get(rank, 0.0) >= SERIES_EVERY_S):
-                    self.series_at[rank] = received
-                    series.append((received, summary))
-        if fresh:
-            self.history.record_rank_reports(self.run_id, fresh, series)
+        """Rank 0: every rank's newest report into the history (JobGatherer.gather)."""
+        if self.gatherer is not None:
+            self.gatherer.gather(store)
 
     def summary(self, status: str) -> RankSummary:
         recorder = self.recorder
@@ -175,18 +155,57 @@ class RankReporter:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(STORE_TIMEOUT_S)
         self.report(status)
-        if not self.collects:
+        gatherer = self.gatherer
+        if gatherer is None:
             return
         deadline = time.monotonic() + FINAL_WAIT_S
         while time.monotonic() < deadline and self._store is not None:
-            if (len(self.latest) == len(self.keys)
-                    and all(s.status in FINAL for s in self.latest.values())):
+            if gatherer.all_final():
                 break
             time.sleep(0.2)
             try:
-                self.gather(self._store)
+                gatherer.gather(self._store)
             except Exception:  # noqa: BLE001
                 break
         # Rank 0's last report, again: its time is when gathering ended (the page judges the
         # other ranks' silence against it, ranks.rank_states).
         self.report(status)
+
+
+class JobGatherer:
+    """Rank 0's share: each rank's newest report read from the store and written to the
+    history (run ``run_id``), the series of them kept every SERIES_EVERY_S."""
+
+    def __init__(self, history: RunStore, run_id: int, keys: list[str]) -> None:
+        self.history, self.run_id, self.keys = history, run_id, keys
+        self.seen: dict[int, int] = {}  # rank -> seq of its last report written to the history
+        self.series_at: dict[int, float] = {}  # rank -> when its last report joined the series
+        self.latest: dict[int, RankSummary] = {}
+
+    def all_final(self) -> bool:
+        """Every rank has sent its final report."""
+        return (len(self.latest) == len(self.keys)
+                and all(s.status in FINAL for s in self.latest.values()))
+
+    def gather(self, store) -> None:
+        received = time.time()
+        fresh, series = [], []
+        if len(self.latest) == len(self.keys) and hasattr(store, "multi_get"):
+            # Every rank has reported once (its key stays): one round trip for all, where the
+            # store has multi_get, not two per rank.
+            texts = dict(enumerate(store.multi_get(self.keys)))
+        else:
+            texts = {rank: store.get(key) for rank, key in enumerate(self.keys)
+                     if rank in self.latest or store.check([key])}  # else: still starting
+        for rank, text in texts.items():
+            summary = RankSummary.from_json(text)
+            self.latest[rank] = summary
+            if self.seen.get(rank) != summary.seq:
+                self.seen[rank] = summary.seq
+                fresh.append((received, summary))
+                if (summary.status in FINAL
+                        or received - self.series_at.get(rank, 0.0) >= SERIES_EVERY_S):
+                    self.series_at[rank] = received
+                    series.append((received, summary))
+        if fresh:
+            self.history.record_rank_reports(self.run_id, fresh, series)
