@@ -195,15 +195,22 @@ MAX_LABEL = 100_000
 
 
 class _Measured(BatchSource):
-    """The measuring loop's batches; some have their class labels counted after their row."""
+    """The measuring loop's batches; some have their class labels counted after their row
+    (the batch kept for that: the measuring loop holds it anyway)."""
 
     def __init__(self, iterator: Iterator[Any], label_counts: dict[int, int]) -> None:
         super().__init__(iterator)
         self.label_counts = label_counts
+        self.last: Any = None
 
-    def taken(self, seq: int, batch: Any, meta: Any, t_request: float, t_back: float) -> None:
+    def unpack(self, item: Any) -> Any:
+        self.last = item[0]
+        return item
+
+    def taken(self, seq: int, meta: Any, t_request: float, t_back: float) -> None:
         if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
-            count_labels(batch, samples_of(meta), self.label_counts)
+            count_labels(self.last, samples_of(meta), self.label_counts)
+        self.last = None
 
 
 def count_labels(batch: Any, samples: int, counts: dict[int, int]) -> None:

@@ -185,7 +185,7 @@ class TunedEpoch(BatchSource):
         self._switch(fallback, self.since or time.monotonic())
         return True
 
-    def taken(self, seq: int, batch: Any, meta: Any, t_request: float, t_back: float) -> None:
+    def taken(self, seq: int, meta: Any, t_request: float, t_back: float) -> None:
         self.taken_count += 1
         # (not the old loader's shutdown: the job with one setting never pays that)
         switch = self.search.after_batch(samples_of(meta), t_back - (self.opened or t_request))
