@@ -41,8 +41,7 @@ from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inne
 from dataloader_tuner.watcher.job_report import RankReporter
 from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 from dataloader_tuner.watcher.rebuild import config_of
-from dataloader_tuner.record.ledger import EpochMark, unprobed_meta
-from dataloader_tuner.record.ledger import BatchLedger
+from dataloader_tuner.record.ledger import BatchLedger, EpochMark, unprobed_meta
 from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
 from dataloader_tuner.watcher.epoch_iterators import EpochIterators
 from dataloader_tuner.watcher.in_place_tuning import InPlaceTuning, TunedEpoch
@@ -141,26 +140,27 @@ class WatchedLoader:
                                  own_workers_only=True, keep_recent=True)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.rows.append, ahead)
         self._ended: tuple[ProfileResult | None] | None = None  # (its result,) once it ended
-        # (the iterator the loop takes batches from now: who holds a late batch, stalls.py)
-        self.checks = PeriodicChecks(self.name, self.recorder, t0, self._running_setting,
-                                     lambda: self.iterators.current,
-                                     self.rank.local_world_size if self.rank else 1)
-        self.recorder.start(self._ready, on_tick=self.checks.tick)
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
         # loaders in the same order), and two loaders both called "loader" kept apart.
         taken = _names_taken[self.name] = _names_taken.get(self.name, 0) + 1
         job_key = self.name if taken == 1 else f"{self.name}#{taken}"
+        # The in-place search, once asked for (``tune=True`` or the dashboard's button); made
+        # before the recorder's thread starts, whose checks ask for the running setting
+        self.tuning = InPlaceTuning(self.name, self.recorder.events, self.rank, job_key,
+                                    max_workers, search_clock,
+                                    settings_out or f"dataloader-tuner-{self.name}.json",
+                                    script, framework)
+        # (the iterator the loop takes batches from now: who holds a late batch, stalls.py)
+        self.checks = PeriodicChecks(self.name, self.recorder, t0, self._running_setting,
+                                     lambda: self.iterators.current,
+                                     self.rank.local_world_size if self.rank else 1)
+        self.recorder.start(self._ready, on_tick=self.checks.tick)
         self.reporter = (RankReporter(self.rank, job_key, self.recorder, store,
                                       run_id, stalls=self.checks.stalls).start()
                          if self.rank else None)
         if in_place:
             attach(loader, self.__iter__)
-        # The in-place search, once asked for (``tune=True`` or the dashboard's button)
-        self.tuning = InPlaceTuning(self.name, self.recorder.events, self.rank, job_key,
-                                    max_workers, search_clock,
-                                    settings_out or f"dataloader-tuner-{self.name}.json",
-                                    script, framework)
         if tune:
             self._start_tuning()
         self.copies = CopyTimes.create()  # None without CUDA
