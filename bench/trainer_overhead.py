@@ -163,7 +163,7 @@ def end_watched_runs() -> None:
     """The runs a training watched end with it, as the Trainer's and Lightning's do: the
     trials share one process, and a run left open keeps its recorder thread sampling every
     later trial, plain or watched. (A script's runs end at its exit: the same call.)"""
-    from dataloader_tuner.watcher.loader import _end_all
+    from dataloader_tuner.watcher.shutdown import _end_all
 
     _end_all()
 

@@ -30,7 +30,7 @@ def training(watched: bool, db: str) -> dict[str, float]:
     import torch
 
     import dataloader_tuner
-    from dataloader_tuner.watcher.loader import _end_all
+    from dataloader_tuner.watcher.shutdown import _end_all
 
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
