@@ -282,7 +282,7 @@ class TunedSettings:
     @property
     def warmup_batches(self) -> int:
         """Batches that come back to back from the prefetch after a switch: not timed."""
-        return max(1, self.num_workers * (self.prefetch_factor or 2))
+        return warmup_batches(self.num_workers, self.prefetch_factor or 2)
 
     def workers_and_prefetch(self) -> dict[str, Any]:
         """What the in-place search changes, as its documents write it (the job's other

@@ -156,9 +156,14 @@ class TimedLoop:
             handover.end(clock() - ledger.t0 if ran_out else None)
 
 
-def stop_workers(iterator: Any) -> None:
+def stop_workers(iterator: Any, ledger: BatchLedger | None = None) -> None:
     """A DataLoader iterator's workers stopped now, as DataLoader does (gracefully); anything
-    else left alone."""
+    else left alone. With ``ledger``, the time it took is told to it (an epoch's end the next
+    epoch may wait for: ``BatchLedger.closed``)."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    if shutdown is None:
+        return
+    started = time.monotonic()
+    shutdown()
+    if ledger is not None:
+        ledger.closed(time.monotonic() - started)

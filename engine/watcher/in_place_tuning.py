@@ -16,8 +16,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.config import LoaderConfig, TunedSettings
-from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedCollate, wrap_dataset
-from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, stop_workers
 from dataloader_tuner.record.trials import InPlaceDecision
@@ -28,7 +26,7 @@ from dataloader_tuner.watcher import frameworks
 from dataloader_tuner.watcher.checks import say
 from dataloader_tuner.watcher.job_report import job_store
 from dataloader_tuner.watcher.rank_identity import RankIdentity
-from dataloader_tuner.watcher.rebuild import copy_kwargs
+from dataloader_tuner.watcher.rebuild import copy_kwargs, with_probes
 
 MAX_PLANNED_BATCHES = 2_000_000  # an epoch's index lists held in memory while tuning
 
@@ -200,9 +198,7 @@ class TunedEpoch(BatchSource):
             self._switch(switch, time.monotonic())
 
     def close(self) -> None:
-        t_close = time.monotonic()
-        stop_workers(self.iterator)
-        self.ledger.closed(time.monotonic() - t_close)
+        stop_workers(self.iterator, self.ledger)
 
     def _log(self) -> None:
         if self.tuning.log_decisions():
@@ -240,18 +236,12 @@ class TunedEpoch(BatchSource):
         kwargs = copy_kwargs(loader, setting.num_workers, setting.prefetch_factor, False,
                              torch.Generator().manual_seed(self.base_seed
                                                            + 1_000_003 * self.segment))
-        # (remembered by position with workers: a late batch's indices, stalls.py)
-        kwargs.update(batch_sampler=RecordingBatchSampler(
-            self.plan[start:], setting.num_workers * (setting.prefetch_factor or 2))
-            if setting.num_workers else self.plan[start:],
-            collate_fn=TimedCollate(loader.collate_fn, True))
-        if setting.num_workers:  # a worker stuck before its first fetch is named too
-            kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
+        kwargs["batch_sampler"] = self.plan[start:]
         self.search.loader_started()
         with warnings.catch_warnings():  # torch's "suggested max number of worker": the
             # search tries such counts on purpose and judges them by the loop's own rate
             warnings.filterwarnings("ignore", message=".*suggested max number of worker")
-            return iter(DataLoader(wrap_dataset(loader.dataset), **kwargs))
+            return iter(with_probes(loader, kwargs))
 
 
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:

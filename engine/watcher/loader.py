@@ -372,9 +372,7 @@ class _WatchedEpoch(BatchSource):
         if iterators.current is iterator:
             iterators.current = None
         if not iterators.kept(iterator):  # (its workers are gone already if it ran out)
-            t_close = time.monotonic()
-            stop_workers(iterator)
-            self.watched.ledger.closed(time.monotonic() - t_close)
+            stop_workers(iterator, self.watched.ledger)
 
 
 def _unprobed(item: Any) -> tuple[Any, Any]:

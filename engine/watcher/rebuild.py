@@ -30,28 +30,37 @@ def instrumented(loader: DataLoader, any_class: bool = False
         return None, (f"{type(loader).__name__} is not a plain DataLoader (a subclass or a "
                       "loader of another library): the watcher times your loop's side only "
                       "(waits, steps, samples), not the workers'")
-    auto_collation = loader.batch_sampler is not None
     kwargs = copy_kwargs(loader, loader.num_workers, loader.prefetch_factor,
                          loader.persistent_workers, loader.generator)
-    kwargs["collate_fn"] = TimedCollate(loader.collate_fn, auto_collation)
-    if loader.num_workers:  # a worker stuck before its first fetch is named too
-        kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
     if isinstance(loader.dataset, IterableDataset):
         # DataLoader batches an iterable itself (an endless placeholder sampler underneath).
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
     elif loader.batch_sampler is not None:  # batches DataLoader makes
-        # The very object (same indices, same order), remembered by position with workers: a
-        # late batch's indices (instrument/stalls.py).
-        kwargs["batch_sampler"] = (RecordingBatchSampler(
-            loader.batch_sampler, loader.num_workers * (loader.prefetch_factor or 2))
-            if loader.num_workers else loader.batch_sampler)
+        # The very object (same indices, same order)
+        kwargs["batch_sampler"] = loader.batch_sampler
     else:
         kwargs.update(batch_size=None, sampler=loader.sampler)
     try:
-        return DataLoader(wrap_dataset(loader.dataset), **kwargs), None
+        return with_probes(loader, kwargs), None
     except Exception as exc:  # noqa: BLE001 - never break the user's job: time the loop only
         return None, (f"the loader could not be rebuilt with probes ({type(exc).__name__}: "
                       f"{exc}): the watcher times your loop's side only")
+
+
+def with_probes(loader: DataLoader, kwargs: dict[str, Any]) -> DataLoader:
+    """A DataLoader over ``loader``'s dataset with ``kwargs`` (copy_kwargs'), its dataset and
+    collate function timed, each worker offering its stack, and its batch sampler's batches
+    remembered by position with workers: a late batch's indices (instrument/stalls.py)."""
+    workers = kwargs["num_workers"]
+    batches = kwargs.get("batch_sampler")
+    if batches is not None and workers:
+        kwargs["batch_sampler"] = RecordingBatchSampler(
+            batches, workers * (kwargs.get("prefetch_factor") or 2))
+    auto_collation = batches is not None or kwargs.get("batch_size", 1) is not None
+    kwargs["collate_fn"] = TimedCollate(loader.collate_fn, auto_collation)
+    if workers:  # a worker stuck before its first fetch is named too
+        kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
+    return DataLoader(wrap_dataset(loader.dataset), **kwargs)
 
 
 def copy_kwargs(loader: DataLoader, num_workers: int, prefetch_factor: int | None,
