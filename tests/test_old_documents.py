@@ -30,7 +30,8 @@ def test_an_old_profile_document_reads_as_typed_values_and_writes_back_the_same(
     doc = old_json("profile-2026-11-23.json")
     result = result_from_dict("profile", doc)
     assert isinstance(result, ProfileResult) and result.status == "ok"
-    assert isinstance(result.dataset, DatasetCard) and result.dataset.class_name.endswith("SmallMap")
+    assert isinstance(result.dataset, DatasetCard)
+    assert result.dataset.class_name.endswith("SmallMap")
     assert result.consumer == Consumer("simulated", 2.0)
     assert result.samples_per_s == doc["samples_per_s"] > 0
     written = result.to_dict()

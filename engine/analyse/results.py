@@ -84,7 +84,8 @@ class _Result:
 
 
 # How each typed field of a result reads its JSON (an older document's included).
-TYPED_FIELDS: dict[str, Any] = {"dataset": DatasetCard.from_dict, "system": SystemSnapshot.from_dict,
+TYPED_FIELDS: dict[str, Any] = {"dataset": DatasetCard.from_dict,
+                                "system": SystemSnapshot.from_dict,
                                 "consumer": Consumer.from_dict, "error": EngineError.from_dict}
 
 

@@ -102,7 +102,8 @@ class Trial:
     def to_dict(self) -> dict[str, Any]:
         rate, ci = self.samples_per_s, self.interval()
         startup = self.startup_s()
-        return {**self.setting.workers_and_prefetch(), "samples_per_s": rate, "batches": len(self.cycles),
+        return {**self.setting.workers_and_prefetch(), "samples_per_s": rate,
+                "batches": len(self.cycles),
                 "startup_ms": 1000 * startup if startup is not None else None,
                 "startup_charged": bool(self.epoch_batches) and startup is not None,
                 "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
