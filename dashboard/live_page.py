@@ -300,9 +300,9 @@ def _recommendation_block(jobs: Jobs) -> None:
         right.download_button("Download settings file",
                               json.dumps(settings_file(tuned), indent=2),
                               file_name="dataloader_settings.json", mime="application/json")
-    announced = (tuned.plan or {}).get("announced_s")
+    announced = tuned.announced()
     st.caption(f"Tuned in {tuned.tuning_seconds:.1f} s with {len(tuned.trials)} measured trials"
-               + (f" (announced as it started: ~{announced:.0f} s)" if announced else "")
+               + (f" (announced as it started: {announced})" if announced else "")
                + ". Load the file with `dataloader_tuner.load_settings(path, worker_init_fn=<yours, if any>)`.")
 
 

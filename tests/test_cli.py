@@ -221,6 +221,19 @@ def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_
     assert doc["baseline"]["speedup"] is None or doc["baseline"]["speedup"] == 1.0
 
 
+@pytest.mark.slow  # a real tune of ~13 s
+def test_a_tune_of_fast_batches_ends_within_what_it_announced(db_path):
+    # ~0.045 ms batches, the module's 2 workers against 0: its 1-worker trials run to the trial
+    # clock's 4 s cap (NOTE [ A budget in batches ]); announced at most ~5 s before, took 12-15
+    noisy = os.path.join(os.path.dirname(__file__), "real", "noisy_worker.py")
+    result = cli("tune", noisy, "--json", db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    made = doc["plan"]
+    assert made["announced_s"] <= made["announced_at_most_s"], made
+    assert doc["tuning_seconds"] <= made["announced_at_most_s"], (doc["tuning_seconds"], made)
+
+
 @pytest.mark.slow  # a real tune of ~25 s
 def test_a_tune_without_a_limit_measures_the_count_its_model_predicts(db_path):
     result = cli("tune", dataset_path("slow_batches.py"), "--max-workers", "6", "--json",

@@ -9,6 +9,7 @@ from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
+from dataloader_tuner.tune.trials import CAP_BATCHES, MAX_TRIAL_S
 
 
 def test_a_trial_is_its_warm_up_and_twenty_steady_batches_at_most_its_caps_thirty():
@@ -51,6 +52,36 @@ def test_after_the_probes_each_count_is_estimated_at_its_predicted_rate():
     same = plan.plan_tune(batch_s, 0.1, 2.0, [], 0, base, 5.0, 2, None, known=True)
     assert same.trials == 2 + plan.CONFIRM_TRIALS  # the user's own count: no claim to measure
     assert "predicts loading in the main process" in same.text()
+
+
+def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
+    # ~0.045 ms batches (noisy_worker): each trial settles after its 0.6 s window, or runs to
+    # the trial clock's 4 s where the rate drifts; a tune announced at ~5 s took 12-15 s when
+    # "at most" still counted 30 batches a trial
+    base = plan.Baseline(num_workers=2, persistent_workers=False, epoch_batches=None)
+    predicted, counts = plan.first_counts(2.0, 32)
+    made = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts + [1],
+                          predicted, base, spent_s=0.5, measured=0, budget_s=None, known=False,
+                          spawned=1)
+    # 0, 1, 2, 3, 1 fresh, 2 confirmed twice; the user's own count predicted: no claim
+    trials, with_workers = 5 + plan.CONFIRM_TRIALS, 4 + plan.CONFIRM_TRIALS
+    assert made.estimated_s == pytest.approx(
+        0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S)
+    assert made.at_most_s == pytest.approx(0.5 + plan.SPAWN_S + trials * MAX_TRIAL_S)
+    assert "if every trial runs to its cap" in made.text()
+
+
+def test_the_trial_clock_and_the_plan_cut_a_trial_at_the_same_time():
+    from dataloader_tuner.child.trial_run import TrialClock
+    from tests.records import make_batches
+
+    rows = make_batches(40, workers=2)
+    clock = TrialClock(rows, 4, 2, MAX_TRIAL_S)
+    assert clock.cap(0.004) == MAX_TRIAL_S  # 0.1 ms batches: the 4 s cap
+    assert clock.cap(40.0) == pytest.approx(1.0 * (4 + CAP_BATCHES))  # 1 s batches: 34 of them
+    assert plan.capped_trial_seconds(1.0, 2) == pytest.approx(
+        (4 + CAP_BATCHES) * 1.0 + plan.FORK_S)
+    assert plan.capped_trial_seconds(1e-4, 2) == MAX_TRIAL_S
 
 
 def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
@@ -105,3 +136,14 @@ def test_a_trial_over_short_epochs_is_known_by_whole_epochs():
     assert by_epoch < 0.01 < 0.1 < by_round  # every block one epoch start: the same rate
     # long epochs (fewer than three in the window): a round of workers, as before
     assert interval_block(_short_epochs(2, 20, 2, 1.0, 0.1), 4, 2) == 2
+
+
+def test_the_tune_says_what_it_announced_as_it_started():
+    from dataloader_tuner.analyse.results import TuneResult
+
+    def said(plan):
+        return TuneResult.from_dict({"status": "ok", "plan": plan}).announced()
+
+    assert said({"announced_s": 5.2, "announced_at_most_s": 31.0}) == "~5 s, at most ~31 s"
+    assert said({"announced_s": 5.2}) == "~5 s"  # a document from before "at most" was kept
+    assert said(None) is None

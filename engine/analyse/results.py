@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar, Union
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
-from dataloader_tuner.record.trials import TrialRecord, trial_from_dict
+from dataloader_tuner.record.trials import TrialRecord, duration, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -148,12 +148,23 @@ class TuneResult(_Result):
     limits: dict[str, Any] | None = None
     tuning_seconds: float | None = None
     trial_seconds: float | None = None
-    # the last plan (tune/plan.py's TunePlan fields), "announced_s" the first one's estimate
+    # the last plan (tune/plan.py's TunePlan fields); "announced_s" and "announced_at_most_s"
+    # the first one's estimate and its at most
     plan: dict[str, Any] | None = None
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
         return _ordered(super().to_dict(), TUNE_KEYS)
+
+    def announced(self) -> str | None:
+        """What the tune said it would take as it started: "~5 s, at most ~30 s"."""
+        plan = self.plan or {}
+        expected, most = plan.get("announced_s"), plan.get("announced_at_most_s")
+        if not expected:
+            return None
+        return f"~{duration(expected)}" + (
+            f", at most ~{duration(most)}" if most and duration(most) != duration(expected)
+            else "")
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":

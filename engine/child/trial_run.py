@@ -22,14 +22,11 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
-from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
-                                         TARGET_CI, interval_block, trial_from_batches)
+from dataloader_tuner.tune.trials import (HARD_CAP_S, MAX_TRIAL_S, MIN_STEADY_BATCHES,
+                                         MIN_WINDOW_S, TARGET_CI, interval_block, trial_cap_s,
+                                         trial_from_batches)
 
 PREWARM_S = 0.4
-MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
-# ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
-# NOTE [ A budget in batches ], plan.py)...
-HARD_CAP_S = 120.0  # ...leaving room for CAP_BATCHES after warm-up (trials.py)
 
 
 def workers_private_mb() -> float | None:
@@ -97,10 +94,8 @@ class TrialClock:
     def cap(self, elapsed: float) -> float:
         if self.max_trial_s <= PREWARM_S or not self.records:
             return self.max_trial_s
-        per_batch = elapsed / len(self.records)
-        # Room for the interval's three blocks of a worker round each, too (metrics.py).
-        room = self.warmup + max(CAP_BATCHES, 3 * self.block)
-        return min(max(self.max_trial_s, per_batch * room), HARD_CAP_S)
+        return trial_cap_s(elapsed / len(self.records), self.warmup, self.block,
+                           self.max_trial_s)
 
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,

@@ -37,8 +37,8 @@ from dataloader_tuner.settings import recommended_config
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult, TunePlan
-from dataloader_tuner.child.trial_run import HARD_CAP_S, TrialRunner
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.child.trial_run import TrialRunner
+from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import (NoSteadyState, Tuner, TrialSpec, floor_count,
@@ -66,10 +66,10 @@ class Planner:
         floor = floor_count(counts[-1], self.limits.max_workers)
         if self.has_consumer and floor > counts[-1]:
             counts.append(floor)
-        if self.fresh_check and self.limits.max_workers >= 1:
-            counts.append(1)
+        spawned = int(self.fresh_check and self.limits.max_workers >= 1)
+        counts += [1] * spawned
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
-                       predicted, 0, known=False)
+                       predicted, 0, known=False, spawned=spawned)
 
     def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
                      measured: int) -> None:
@@ -77,10 +77,11 @@ class Planner:
                        predicted, measured, known=True)
 
     def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
-                  counts: list[int], predicted: int, measured: int, known: bool) -> None:
+                  counts: list[int], predicted: int, measured: int, known: bool,
+                  spawned: int = 0) -> None:
         made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
                               self.base, self.time_limit.spent(), measured,
-                              self.time_limit.budget_s, known)
+                              self.time_limit.budget_s, known, spawned)
         self.plans.append(made)
         self.on_plan(made)
 
@@ -89,7 +90,7 @@ class Planner:
         if not self.plans:
             return None
         return {**self.plans[-1].to_dict(), "announced_s": self.plans[0].estimated_s,
-                "text": self.plans[-1].text()}
+                "announced_at_most_s": self.plans[0].at_most_s, "text": self.plans[-1].text()}
 
 
 def epoch_batches(config: LoaderConfig, items: int | None) -> int | None:

@@ -129,18 +129,18 @@ class TunePlan:
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
         ~3 min (12 trials)"."""
-        most = (f", ~{_duration(self.at_most_s)} if every trial runs to its cap"
-                if self.at_most_s and _duration(self.at_most_s) != _duration(self.estimated_s)
+        most = (f", ~{duration(self.at_most_s)} if every trial runs to its cap"
+                if self.at_most_s and duration(self.at_most_s) != duration(self.estimated_s)
                 else "")
-        line = (f"each batch takes ~{_duration(self.seconds_per_batch, fine=True)} in the main "
-                f"process; this tune needs ~{_duration(self.estimated_s)}{most} "
+        line = (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
+                f"process; this tune needs ~{duration(self.estimated_s)}{most} "
                 f"({self.trials} trials"
                 + (f", reaching {self.predicted_workers} workers, the count the cost model "
                    "predicts" if self.predicted_workers else
                    ": the cost model predicts loading in the main process"
                    if self.predicted_workers == 0 else "") + ")")
         if self.cut_short:
-            line += (f"; your limit of {_duration(self.budget_s or 0.0)} will cut it short "
+            line += (f"; your limit of {duration(self.budget_s or 0.0)} will cut it short "
                      "(the pick then says what it did not reach)")
         return line
 
@@ -153,7 +153,7 @@ class TunePlan:
         return cls(**{k: v for k, v in doc.items() if k in names})
 
 
-def _duration(seconds: float, fine: bool = False) -> str:
+def duration(seconds: float, fine: bool = False) -> str:
     """``0.95 s``, ``40 s``, ``3 min``, ``1.5 h``: as a person says a wait."""
     if fine and seconds < 10:
         return f"{seconds:.2g} s" if seconds >= 0.01 else f"{seconds * 1000:.2g} ms"

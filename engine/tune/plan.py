@@ -18,7 +18,11 @@ NOTE [ A budget in batches ]
       batch's time, then again from the model once the probes have measured (each count at
       its predicted rate), and announced (the Plan event: the CLI's line, the page's progress)
       as a range: trials that settle at MIN_STEADY_BATCHES and two pairs at the end, and at
-      most every trial at its cap and the end's widest claim (MAX_CLAIM_PAIRS).
+      most every trial at its cap and the end's widest claim (MAX_CLAIM_PAIRS). A trial's cap
+      is the trial clock's (trials.trial_cap_s): CAP_BATCHES, but never under 4 s, where fast
+      batches whose rate drifts on a busy machine run (a tune of 0.045 ms batches was
+      announced at ~5 s and took 12-15 s: its 1-worker trials ran 4 s each). The freed-memory
+      check's workers start in a fresh interpreter (SPAWN_S each).
     - Without a limit the search runs to its end: the plan is what it will take.
     - A limit the user sets (--budget-s) is a hard ceiling over everything, the end's claim
       included: a trial starts only where its estimate fits the time left, and is cut at the
@@ -36,10 +40,17 @@ from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S
+from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
+                                         trial_cap_s)
 
 CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
 FORK_S = 0.1  # a worker process started before it makes its first batch
+# A worker started in a fresh interpreter (the freed-memory check's spawned workers, heap_check.py)
+# imports torch and the dataset's module first: 1.1 s on the 2-core machine for a small module.
+SPAWN_S = 1.5
+
+# A trial's seconds: (batch_s, workers, restarts, restart_s) -> seconds
+TrialTime = Callable[[float, int, int, float], float]
 
 
 def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0,
@@ -51,6 +62,16 @@ def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: fl
     batches = warmup_batches(workers, 2 if workers else 0) + steady
     start = FORK_S if workers else 0.0
     return max(batches * batch_s, MIN_WINDOW_S) + start + restarts * restart_s
+
+
+def capped_trial_seconds(batch_s: float, workers: int, restarts: int = 0,
+                         restart_s: float = 0.0) -> float:
+    """A trial that never settles, so runs to its cap: CAP_BATCHES steady batches, and never
+    less than the trial clock's time cap (trials.trial_cap_s: 4 s for fast batches, where a
+    rate that drifts on a busy machine runs there rather than settling after 0.6 s)."""
+    at_cap = trial_seconds(batch_s, workers, restarts, restart_s, steady=CAP_BATCHES)
+    warmup = warmup_batches(workers, 2 if workers else 0)
+    return max(at_cap, trial_cap_s(batch_s, warmup, max(workers, 1)))
 
 
 def guessed_batch_s(serial_batch_s: float, cores: float) -> Callable[[int], float]:
@@ -81,44 +102,47 @@ class Baseline:
 
 def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
                   serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
+                  trial: TrialTime = trial_seconds,
                   steady: float = MIN_STEADY_BATCHES) -> float:
     """The end's claim: the pick and the user's settings, ``pairs`` trials each. Workers
-    restarted each epoch pay their start again at every epoch the trial crosses."""
+    restarted each epoch pay their start again at every epoch the trial crosses (of
+    ``steady`` batches after its warm-up)."""
     n = base.num_workers
     restarts, restart_s = 0, 0.0
     if n and not base.persistent_workers and base.epoch_batches:
-        trial_batches = warmup_batches(n, 2) + steady
-        restarts = math.ceil(trial_batches / base.epoch_batches)
+        restarts = math.ceil((warmup_batches(n, 2) + steady) / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return pairs * (trial_seconds(batch_s(pick), pick, steady=steady)
-                    + trial_seconds(batch_s(n), n, restarts, restart_s, steady))
+    return pairs * (trial(batch_s(pick), pick, 0, 0.0)
+                    + trial(batch_s(n), n, restarts, restart_s))
 
 
 def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: float,
               to_measure: Iterable[int], predicted: int, base: Baseline, spent_s: float,
-              measured: int, budget_s: float | None, known: bool) -> TunePlan:
+              measured: int, budget_s: float | None, known: bool, spawned: int = 0
+              ) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
-    ``spent_s``. ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected
-    with trials that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with
-    every trial at its cap and MAX_CLAIM_PAIRS."""
+    ``spent_s``; ``spawned`` of the counts start their workers in a fresh interpreter (SPAWN_S).
+    ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected with trials
+    that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with every trial at
+    its cap and MAX_CLAIM_PAIRS."""
     counts = list(to_measure)
     claims = predicted != base.num_workers  # the user's own count picked: no claim at the end
 
-    def total(steady: float, pairs: int) -> float:
-        search = sum(trial_seconds(batch_s(n), n, steady=steady) for n in counts)
-        confirm = CONFIRM_TRIALS * trial_seconds(batch_s(predicted), predicted, steady=steady)
+    def total(trial: TrialTime, steady: float, pairs: int) -> float:
+        search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S
+        confirm = CONFIRM_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
-                            steady) if claims else 0.0
+                            trial, steady) if claims else 0.0
         return spent_s + search + confirm + end
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
         trials=measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims,
-        estimated_s=total(MIN_STEADY_BATCHES, CLAIM_PAIRS),
+        estimated_s=total(trial_seconds, MIN_STEADY_BATCHES, CLAIM_PAIRS),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
-        at_most_s=total(CAP_BATCHES, MAX_CLAIM_PAIRS if claims else 0))
+        at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS if claims else 0))
 
 
 def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:

@@ -15,6 +15,19 @@ MIN_STEADY_BATCHES = 20  # a rate from fewer batches is not shown as a claim
 TARGET_CI = 0.04  # a trial runs until its samples/s is known to +-4% (95% confidence)
 MIN_WINDOW_S = 0.6  # ...over a steady window of at least this long
 CAP_BATCHES = 1.5 * MIN_STEADY_BATCHES  # a trial's time cap leaves room for this many
+MAX_TRIAL_S = 4.0  # a trial's time cap for fast batches...
+# ...which grows with the batch time up to this (a batch of ~4 s still gets its 20 steady ones:
+# NOTE [ A budget in batches ], plan.py)...
+HARD_CAP_S = 120.0  # ...leaving room for CAP_BATCHES after warm-up
+
+
+def trial_cap_s(per_batch_s: float, warmup: int, block: int,
+                max_trial_s: float = MAX_TRIAL_S) -> float:
+    """When a trial whose rate never settles to TARGET_CI is cut: at ``max_trial_s``, or later
+    where its batches (``per_batch_s`` each) need it for its warm-up and CAP_BATCHES, and for
+    the interval's three blocks of ``block`` batches (metrics.rate_interval)."""
+    room = warmup + max(CAP_BATCHES, 3 * block)
+    return min(max(max_trial_s, per_batch_s * room), HARD_CAP_S)
 
 
 def interval_block(records: list[BatchRecord], warmup: int, num_workers: int) -> int:

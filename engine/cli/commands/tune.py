@@ -58,9 +58,9 @@ def render_tune_text(result: TuneResult) -> str:
                      + speedup_text(base))
     if base.get("claimed_from"):
         lines.append(f"claimed from: {base['claimed_from']}")
-    planned = (result.plan or {}).get("announced_s")
+    announced = result.announced()
     lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials"
-                 + (f" (announced: ~{planned:.0f} s)" if planned else ""))
+                 + (f" (announced: {announced})" if announced else ""))
     lines.append("")
     lines += [f"- {reason}" for reason in result.reasons]
     for warning in result.warnings:
