@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar, Union
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
-from dataloader_tuner.record.trials import TrialRecord, duration, trial_from_dict
+from dataloader_tuner.record.trials import TrialRecord, spoken_range, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -162,9 +162,8 @@ class TuneResult(_Result):
         expected, most = plan.get("announced_s"), plan.get("announced_at_most_s")
         if not expected:
             return None
-        return f"~{duration(expected)}" + (
-            f", at most ~{duration(most)}" if most and duration(most) != duration(expected)
-            else "")
+        said, said_most = spoken_range(expected, most)
+        return f"~{said}" + (f", at most ~{said_most}" if said_most else "")
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":

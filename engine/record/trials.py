@@ -129,12 +129,11 @@ class TunePlan:
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
         ~3 min (12 trials)"."""
-        most = (f", ~{duration(self.at_most_s)} if every trial runs to its cap"
-                if self.at_most_s and duration(self.at_most_s) != duration(self.estimated_s)
-                else "")
+        expected, most = spoken_range(self.estimated_s, self.at_most_s)
         line = (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
-                f"process; this tune needs ~{duration(self.estimated_s)}{most} "
-                f"({self.trials} trials"
+                f"process; this tune needs ~{expected}"
+                + (f", ~{most} if every trial runs to its cap" if most else "")
+                + f" ({self.trials} trials"
                 + (f", reaching {self.predicted_workers} workers, the count the cost model "
                    "predicts" if self.predicted_workers else
                    ": the cost model predicts loading in the main process"
@@ -151,6 +150,14 @@ class TunePlan:
     def from_dict(cls, doc: dict[str, Any]) -> "TunePlan":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def spoken_range(expected_s: float, at_most_s: float | None) -> tuple[str, str | None]:
+    """A plan's estimate and its at most as said (``duration``); the at most None where it
+    says the same."""
+    expected = duration(expected_s)
+    most = duration(at_most_s) if at_most_s else None
+    return expected, most if most != expected else None
 
 
 def duration(seconds: float, fine: bool = False) -> str:

@@ -313,7 +313,7 @@ def log_line(setting: TunedSettings, samples_per_s: float | None, rate_ci: float
              verdict: str) -> InPlaceDecision:
     """A line of the search's log: what was measured with ``setting`` and what it led to."""
     return InPlaceDecision(setting.num_workers, samples_per_s, rate_ci, verdict,
-                        setting.prefetch_factor)
+                           setting.prefetch_factor)
 
 
 def tried_or_failed(search: InPlaceSearch) -> set[TunedSettings]:
