@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from dataloader_tuner.config import LoaderConfig  # noqa: E402
 from dataloader_tuner.child.measure import Measurement  # noqa: E402
+from dataloader_tuner.record.columns import BatchColumns  # noqa: E402
 from dataloader_tuner.record.cards import Consumer  # noqa: E402
 from dataloader_tuner.child.starting import starting_config  # noqa: E402
 from dataloader_tuner.config import warmup_batches  # noqa: E402
@@ -79,17 +80,19 @@ class Stopwatch:
         self.times: list[float] = []
         self.sizes: list[int] = []
 
-    def tick(self, samples: int) -> None:
+    def tick(self, samples: int, at: float | None = None) -> None:
+        """A batch of ``samples`` ended now (or ``at``, time.monotonic)."""
+        now = time.monotonic() if at is None else at
         self.count += 1
         if self.count == self.warmup:
-            self.start = time.monotonic()
+            self.start = now
         elif self.count > self.warmup:
             self.samples += samples
-            self.times.append(time.monotonic())
+            self.times.append(now)
             self.sizes.append(samples)
 
     def rates(self) -> dict:
-        return {"rate": self.samples / (time.monotonic() - self.start),
+        return {"rate": self.samples / (self.times[-1] - self.start),
                 "undisturbed": undisturbed_rate(self.times, self.sizes)}
 
 
@@ -110,9 +113,11 @@ def plain_rate(resolved, config: LoaderConfig, seconds: float) -> dict:
 def instrumented_rate(resolved, config: LoaderConfig, seconds: float) -> dict:
     watch = Stopwatch(warmup_batches(config.num_workers, config.effective_prefetch_factor))
     consumer = Consumer.choose(None, resolved.train_step is not None)
-    measurement = Measurement(resolved, config, consumer, seconds,
-                              on_batch=lambda record: watch.tick(record.samples))
+    columns = BatchColumns()
+    measurement = Measurement(resolved, config, consumer, seconds, columns)
     measurement.run()
+    for record in columns.rows():
+        watch.tick(record.samples, record.t_ready + record.step_s + columns.t0)
     rates = watch.rates()
     del measurement
     return rates

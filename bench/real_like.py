@@ -52,7 +52,7 @@ process tree (engine children, plain loops, their workers):
 
     ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--slow] [--seconds 3]
         [--min-batches 20] [--pairs 3] [--repeats 3] [--passes 3] [--budget-s S] [--quick]
-        [--fast] [--json PATH]
+        [--fast] [--profile-only] [--json PATH]
 
 --only NAME: the modules whose name contains NAME; --slow: only the SLOW pipelines; --fast: all
 but them.
@@ -405,6 +405,8 @@ def bench_module(name: str, args) -> dict:
           flush=True)
     try:
         row["profile"] = reported_vs_plain(target, row["samples_per_batch"], args)
+        if args.profile_only:
+            return row
         row["tunes"] = []
         for number in range(1, args.repeats + 1):
             row["tunes"].append(tune_and_verify(target, own, args, with_step))
@@ -512,6 +514,8 @@ def parse_args() -> argparse.Namespace:
                         help="smoke run: 1 pair, 1 repeat, 1 grid pass over 0, 2, 4 (each also "
                              f"persistent) and the pick, {MIN_BATCHES_QUICK} batches per loop, "
                              "unless given")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="1. and 2. only: the reported rate against plain loops, no tunes")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
     default = 1 if args.quick else 3

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence, Union
 
 from dataloader_tuner.record.cards import Consumer, DatasetCard
+from dataloader_tuner.record.columns import BatchColumns, rows_from_wire
 from dataloader_tuner.record.trials import TrialRecord, TunePlan, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
@@ -131,16 +132,28 @@ class Ready:
 
 @dataclass(frozen=True)
 class Batches:
-    """Rows of record.rows.BatchRecord fields, as plain tuples (packed on the wire)."""
+    """Rows of record.rows.BatchRecord fields, as plain tuples (packed on the wire).
+
+    The engine's child sends its loop's columns as they are (``of_columns``: ``rows`` empty
+    there); they arrive as rows (NOTE [ Rows built off the loop ], record/columns.py)."""
 
     kind: ClassVar[str] = "batches"
     rows: list[tuple[Any, ...]]
+    columns: BatchColumns | None = None
+
+    @classmethod
+    def of_columns(cls, columns: BatchColumns) -> "Batches":
+        return cls([], columns)
 
     def to_wire(self) -> dict[str, Any]:
+        if self.columns is not None:
+            return {"e": self.kind, "columns": self.columns.to_wire()}
         return {"e": self.kind, **pack_rows(self.rows)}
 
     @classmethod
     def from_wire(cls, doc: dict[str, Any]) -> "Batches":
+        if "columns" in doc:
+            return cls(rows_from_wire(doc["columns"]))
         return cls(unpack_rows(doc))
 
 
@@ -311,7 +324,8 @@ def from_wire(doc: dict[str, Any]) -> Event:
 def encode(event: Event) -> bytes:
     """One line for the event pipe."""
     doc = to_wire(event)
-    if isinstance(event, Batches):  # base64 needs no escaping: spare json its scan of ~400 KB
+    if isinstance(event, Batches) and event.columns is None:
+        # base64 needs no escaping: spare json its scan of ~400 KB
         return f'{{"e": "{event.kind}", "n": {doc["n"]}, "rows": "{doc["rows"]}"}}\n'.encode()
     return (json.dumps(doc, default=str) + "\n").encode()
 

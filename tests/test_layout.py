@@ -237,8 +237,9 @@ MAX_INSTANCE_ATTRIBUTES = 15
 LARGER_CLASSES = {
     # a fold of a run's event stream: one attribute per kind of event it keeps
     "dataloader_tuner.run.live.LiveRun": 19,
-    # the measuring thread's queues (rows, events, gaps, copies, workers) and the writer's state
-    "dataloader_tuner.run.recorder.Recorder": 19,
+    # the measuring thread's queues (rows or columns, events, gaps, copies, workers) and the
+    # writer's state
+    "dataloader_tuner.run.recorder.Recorder": 20,
 }
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.child.measure import Measurement
+from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.starting import starting_config
 from dataloader_tuner.child.target import resolve
@@ -14,10 +15,10 @@ from .conftest import dataset_path
 def _measure(target, settings, consumer=Consumer(), seconds=30.0, max_batches=None):
     resolved = resolve(dataset_path(target))
     config = starting_config(resolved, settings)
-    records, epochs = [], []
-    Measurement(resolved, config, consumer, seconds, records.append,
+    columns, epochs = BatchColumns(), []
+    Measurement(resolved, config, consumer, seconds, columns,
                 on_epoch=lambda *a: epochs.append(a), max_batches=max_batches).run()
-    return records, epochs
+    return columns.rows(), epochs
 
 
 def test_zero_workers_crosses_epochs_until_max_batches():

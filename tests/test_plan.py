@@ -73,10 +73,9 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
 
 def test_the_trial_clock_and_the_plan_cut_a_trial_at_the_same_time():
     from dataloader_tuner.child.trial_run import TrialClock
-    from tests.records import make_batches
+    from tests.records import columns_of, make_batches
 
-    rows = make_batches(40, workers=2)
-    clock = TrialClock(rows, 4, 2, MAX_TRIAL_S)
+    clock = TrialClock(columns_of(make_batches(40, workers=2)), 4, 2, MAX_TRIAL_S)
     assert clock.cap(0.004) == MAX_TRIAL_S  # 0.1 ms batches: the 4 s cap
     assert clock.cap(40.0) == pytest.approx(1.0 * (4 + CAP_BATCHES))  # 1 s batches: 34 of them
     assert plan.capped_trial_seconds(1.0, 2) == pytest.approx(

@@ -43,21 +43,23 @@ def where() -> list[dict]:
 
 def test_a_batch_is_overdue_at_many_times_the_usual_and_reported_once():
     watch_ = stalls.StallWatch(0.0)
-    watch_.observe([row(i, 0.004, 0.001) for i in range(100)])  # 5 ms a batch
+    # 5 ms a batch
+    watch_.observe(stalls.batch_seconds([row(i, 0.004, 0.001) for i in range(100)]))
     assert watch_.usual_s == pytest.approx(0.005)
     assert watch_.check(waiting_ledger(100, 0.5), time.monotonic(), where) is None  # < 1 s
     report = watch_.check(waiting_ledger(100, 1.2), time.monotonic(), where)
     assert report is not None and report.seq == 100 and report.waited_s >= 1.2
     assert report.outstanding[0]["indices"] == [40, 41] and not report.opening
     assert watch_.check(waiting_ledger(100, 3.0), time.monotonic(), where) is None  # once
-    watch_.observe([row(i, 0.2) for i in range(10)])  # slower batches: a higher bar
+    # slower batches: a higher bar
+    watch_.observe(stalls.batch_seconds([row(i, 0.2) for i in range(10)]))
     assert watch_.check(waiting_ledger(101, 1.5), time.monotonic(), where) is None
     assert watch_.check(waiting_ledger(101, 2.1), time.monotonic(), where) is not None
 
 
 def test_an_epochs_first_batch_has_its_start_up_allowed_and_reports_are_capped():
     watch_ = stalls.StallWatch(0.0)
-    watch_.observe([row(i, 0.001) for i in range(100)])
+    watch_.observe(stalls.batch_seconds([row(i, 0.001) for i in range(100)]))
     assert watch_.check(waiting_ledger(100, 5.0, opening=True), time.monotonic(), where) is None
     late = watch_.check(waiting_ledger(100, stalls.STARTUP_MIN_S + 1, opening=True),
                         time.monotonic(), where)

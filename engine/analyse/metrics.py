@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Iterable, Sequence
 
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed, timed_scale
@@ -102,6 +103,14 @@ def block_rate_interval(samples: Sequence[int], seconds: Sequence[float],
                         block_batches: int = 1) -> float | None:
     """``rate_interval`` from each steady batch's samples and the time it took (for a loop
     measured batch by batch, such as a watched job's)."""
+    return ends_rate_interval(samples, [0.0, *accumulate(seconds)], block_batches)
+
+
+def ends_rate_interval(samples: Sequence[int], ends: Sequence[float],
+                       block_batches: int = 1) -> float | None:
+    """``rate_interval`` from each steady batch's samples and when each ended (``ends``: one
+    more, the warm-up's end first): O(blocks) but for the sums, which run in C (a trial's
+    clock asks while it measures: trial_run.TrialClock)."""
     blocks = min(MAX_BLOCKS, len(samples) // max(block_batches, 1))
     if blocks < 3:
         return None
@@ -109,7 +118,7 @@ def block_rate_interval(samples: Sequence[int], seconds: Sequence[float],
     rates = []
     for i in range(blocks):
         lo, hi = round(i * size), round((i + 1) * size)
-        elapsed = sum(seconds[lo:hi])
+        elapsed = ends[hi] - ends[lo]
         if elapsed <= 0:
             return None
         rates.append(sum(samples[lo:hi]) / elapsed)

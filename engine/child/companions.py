@@ -22,12 +22,12 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from dataloader_tuner.errors import RunError
+from dataloader_tuner.record.columns import BatchColumns
 
 if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
     from dataloader_tuner.child import measure
     from dataloader_tuner.child.target import ResolvedTarget
     from dataloader_tuner.config import LoaderConfig, TunedSettings
-    from dataloader_tuner.record.rows import BatchRecord
 
 START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
 LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
@@ -167,27 +167,26 @@ def _run_until_stopped(resolved: ResolvedTarget, config: LoaderConfig,
                        consumer: measure.Consumer, pipe: Connection[Message, Message],
                        Measurement: type[measure.Measurement]
                        ) -> list[tuple[float, int]] | None:
-    rows: list[tuple[float, int]] = []
+    columns = BatchColumns()
     started = [False]
     next_look = [0.0]
 
-    def on_batch(record: BatchRecord) -> None:
-        rows.append((measurement.t0 + record.t_request + record.wait_s, record.samples))
-        if not started[0]:
+    def should_stop() -> bool:
+        if not started[0] and measurement.ledger.seq:  # its first batch came
             started[0] = True
             pipe.send(("started", None))
-
-    def should_stop() -> bool:
         now = time.monotonic()
         if now < next_look[0]:
             return False
         next_look[0] = now + 0.01  # a pipe poll per batch would load tiny batches
         return pipe.poll()
 
-    measurement = Measurement(resolved, config, consumer, 24 * 3600.0, on_batch, should_stop)
+    measurement = Measurement(resolved, config, consumer, 24 * 3600.0, columns, should_stop)
     try:
         measurement.run()
     finally:
         measurement.close()
     order, _ = pipe.recv()  # "stop", or "exit" if the tune is ending
-    return rows if order == "stop" else None
+    # (when each batch was handed over, its samples)
+    return ([(measurement.t0 + row.t_ready, row.samples) for row in columns.rows()]
+            if order == "stop" else None)

@@ -2,7 +2,8 @@
 
 This runs in the engine's child process (see runner.py), but it is plain in-process code so
 tests and benchmarks can drive it directly. It knows nothing about pipes or databases: each
-batch goes to a ``sink`` callable as a ``BatchRecord``.
+batch goes into the ``BatchColumns`` it is given (NOTE [ Rows built off the loop ]), whose
+``rows()`` are the batches' ``BatchRecord`` rows.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.record.ledger import BatchLedger, samples_of
-from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.columns import BatchColumns, samples_of_meta
+from dataloader_tuner.record.ledger import BatchLedger
+from dataloader_tuner.record.loop import BatchSource, ColumnLoop, stop_workers
 from dataloader_tuner.settings import tools_worker_init
 
 
@@ -60,7 +61,7 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
 class Measurement:
     """Runs the loader epoch after epoch until ``seconds`` pass or ``should_stop()`` is true.
 
-    ``on_batch`` receives each ``BatchRecord``; ``on_epoch(epoch, t, startup_s)`` the start of
+    Each batch goes into ``columns``; ``on_epoch(epoch, t, startup_s)`` receives the start of
     each epoch with the time its first batch took; ``on_worker(pid, worker_id)`` each worker as
     it is first seen. Times are relative to the moment the first iterator was created.
     """
@@ -71,7 +72,7 @@ class Measurement:
         config: LoaderConfig,
         consumer: Consumer,
         seconds: float,
-        on_batch: Callable[[BatchRecord], None],
+        columns: BatchColumns,
         should_stop: Callable[[], bool] = lambda: False,
         on_epoch: Callable[[int, float, float], None] = lambda *a: None,
         on_worker: Callable[[int, int, dict | None], None] = lambda *a: None,
@@ -79,7 +80,7 @@ class Measurement:
     ) -> None:
         self.resolved, self.config, self.consumer = resolved, config, consumer
         self.seconds, self.max_batches = seconds, max_batches
-        self.on_batch, self.should_stop = on_batch, should_stop
+        self.columns, self.should_stop = columns, should_stop
         self.loader: DataLoader[Any] | None = build_loader(resolved.dataset, config)
         self.transfer = gpu.TransferTimer.create()
         self.gaps = gpu.GapTimer.create()
@@ -94,14 +95,15 @@ class Measurement:
         return self.ledger.t0
 
     def run(self) -> int:
-        """Returns the number of batches consumed. The per-batch bookkeeping is the one loop's
-        (record/loop.py); sizes and worker timings come ready-made with the batch."""
-        self.ledger.t0 = t0 = clock()
+        """Returns the number of batches consumed. The per-batch bookkeeping is the engine's
+        loop's (record/loop.ColumnLoop); sizes and worker timings come ready-made with the
+        batch."""
+        self.ledger.t0 = self.columns.t0 = t0 = clock()
         deadline = t0 + self.seconds
         max_batches = self.max_batches if self.max_batches is not None else float("inf")
         should_stop = self.should_stop
         ledger = self.ledger
-        loop = TimedLoop(ledger, self.on_batch)
+        loop = ColumnLoop(ledger, self.columns)
         plain_step = self.transfer is None and self.gaps is None and self.consumer.kind == "none"
         check_at = t0  # when to ask should_stop() next: every CHECK_S, not every batch
         while True:
@@ -195,22 +197,18 @@ MAX_LABEL = 100_000
 
 
 class _Measured(BatchSource):
-    """The measuring loop's batches; some have their class labels counted after their row
-    (the batch kept for that: the measuring loop holds it anyway)."""
+    """The measuring loop's batches; some have their class labels counted as they arrive,
+    outside their wait."""
+
+    look_every = LABEL_EVERY
 
     def __init__(self, iterator: Iterator[Any], label_counts: dict[int, int]) -> None:
         super().__init__(iterator)
         self.label_counts = label_counts
-        self.last: Any = None
 
-    def unpack(self, item: Any) -> Any:
-        self.last = item[0]
-        return item
-
-    def taken(self, seq: int, meta: Any, t_request: float, t_back: float) -> None:
-        if seq % LABEL_EVERY == 0 and (seq < LABEL_DENSE or seq % LABEL_SPARSE == 0):
-            count_labels(self.last, samples_of(meta), self.label_counts)
-        self.last = None
+    def look(self, seq: int, batch: Any, meta: tuple) -> None:
+        if seq < LABEL_DENSE or seq % LABEL_SPARSE == 0:
+            count_labels(batch, samples_of_meta(meta), self.label_counts)
 
 
 def count_labels(batch: Any, samples: int, counts: dict[int, int]) -> None:

@@ -41,6 +41,7 @@ from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.child.measure import Measurement, labels_of_dataset
 from dataloader_tuner.record.cards import Consumer
+from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.instrument import gpu, stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
@@ -95,10 +96,10 @@ class ChildRun:
             os.kill(os.getpid(), signal.SIGTERM)
             return True
         now = time.monotonic()
-        if self.recorder.rows:  # batches arrived since the last flush
+        if self.recorder.pending():  # batches arrived since the last flush
             self.last_progress = now
         if self.stalls is not None and self.measurement is not None:
-            self.stalls.observe(self.recorder.rows)
+            self.stalls.observe(self.measurement.columns.batch_seconds(stalls.USUAL_SAMPLE))
             overdue = self.stalls.check(self.measurement.ledger, now, self._where_stuck)
             if overdue is not None:
                 self.recorder.events.append(overdue)
@@ -235,6 +236,7 @@ class ChildRun:
             self._tune(resolved, config, consumer, ready.system)
             return
         self.recorder.streaming = True
+        self.recorder.columns = columns = BatchColumns()
         self.last_progress = time.monotonic()
         # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
         # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.
@@ -243,9 +245,9 @@ class ChildRun:
             config,
             consumer,
             seconds=float(request.seconds),
-            # The list's own append: NOTE [ Measuring cost on the fastest batches ] (ledger.py).
-            # The watchdog sees progress as rows waiting to be flushed.
-            on_batch=self.recorder.rows.append,
+            # Written by the recorder's thread as they come; the watchdog sees progress as
+            # batches waiting to be written.
+            columns=columns,
             should_stop=lambda: self.stop_requested,
             on_epoch=self.recorder.epoch_began,
             on_worker=self.recorder.worker_seen,
@@ -261,12 +263,12 @@ class ChildRun:
             self.last_progress = time.monotonic()
             self.events.send(protocol.Measured(trial))
 
-        def on_batch(row) -> None:  # a trial of slow batches is progress, not a hang
+        def on_batches() -> None:  # a trial of slow batches is progress, not a hang
             self.last_progress = time.monotonic()
 
         document = run_tune(resolved, config, consumer, system, self.request, on_trial,
                             on_plan=lambda plan: self.events.send(protocol.Plan(plan)),
-                            on_batch=on_batch)
+                            on_batches=on_batches)
         self.events.send(protocol.Tuned(document))
 
     def _hang_error(self) -> RunError:

@@ -18,12 +18,13 @@ from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.instrument import threads
+from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.tune.plan import TimeLimit
 from dataloader_tuner.tune.trials import (HARD_CAP_S, MAX_TRIAL_S, MIN_STEADY_BATCHES,
-                                         MIN_WINDOW_S, TARGET_CI, interval_block, trial_cap_s,
+                                         MIN_WINDOW_S, TARGET_CI, epoch_block, trial_cap_s,
                                          trial_from_batches)
 
 PREWARM_S = 0.4
@@ -66,64 +67,72 @@ def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
 class TrialClock:
     """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over
     MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
-    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S."""
+    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S. Read from
+    the measuring loop's columns as it runs, in C where it can: its time is the trial's."""
 
-    def __init__(self, records: list[BatchRecord], warmup: int, block: int,
-                 max_trial_s: float, limit_s: float | None = None) -> None:
-        """``limit_s``: what the user's time limit leaves this trial (a hard cut)."""
-        self.records, self.warmup, self.block = records, warmup, block
+    def __init__(self, columns: BatchColumns, warmup: int, block: int,
+                 max_trial_s: float, limit_s: float | None = None,
+                 on_batches: Callable[[], None] | None = None) -> None:
+        """``limit_s``: what the user's time limit leaves this trial (a hard cut);
+        ``on_batches()``: told when batches came since it last asked (the child's watchdog)."""
+        self.columns, self.warmup, self.block = columns, warmup, block
         self.max_trial_s, self.limit_s = max_trial_s, limit_s
+        self.on_batches = on_batches
         self.started = time.monotonic()
         self.checked_at = 0
+        self.seen = 0
+        self.samples: list[int] = []  # the steady batches' sample counts, as read so far
 
     def enough(self) -> bool:
-        records, warmup = self.records, self.warmup
+        columns, warmup = self.columns, self.warmup
+        n = len(columns)
+        if n > self.seen and self.on_batches is not None:
+            self.on_batches()
+        self.seen = n
         elapsed = time.monotonic() - self.started
         if elapsed > self.cap(elapsed) or (self.limit_s is not None and elapsed >= self.limit_s):
             return True
-        steady = len(records) - warmup
-        if steady < MIN_STEADY_BATCHES or records[-1].t_ready - records[warmup - 1].t_ready \
+        steady = n - warmup
+        if steady < MIN_STEADY_BATCHES or columns.t_ready(n - 1) - columns.t_ready(warmup - 1) \
                 < MIN_WINDOW_S:
             return False
         if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
             return False
         self.checked_at = steady
-        ci = metrics.rate_interval(records, warmup, interval_block(records, warmup, self.block))
+        self.samples += columns.samples(warmup + len(self.samples), n)
+        block = epoch_block(columns.epoch_lengths(warmup), steady, self.block)
+        ci = metrics.ends_rate_interval(self.samples, columns.ends(warmup - 1, n), block)
         return ci is not None and ci <= TARGET_CI
 
     def cap(self, elapsed: float) -> float:
-        if self.max_trial_s <= PREWARM_S or not self.records:
+        n = len(self.columns)
+        if self.max_trial_s <= PREWARM_S or not n:
             return self.max_trial_s
-        return trial_cap_s(elapsed / len(self.records), self.warmup, self.block,
-                           self.max_trial_s)
+        return trial_cap_s(elapsed / n, self.warmup, self.block, self.max_trial_s)
 
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
                   attempts: list[str] | None = None,
                   companions: Companions | None = None, limit_s: float | None = None,
-                  on_batch: Callable[[BatchRecord], None] | None = None) -> TrialResult | None:
+                  on_batches: Callable[[], None] | None = None,
+                  rows_out: list[BatchRecord] | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while.
-    ``limit_s``: cut it there (the user's time limit); ``on_batch``: called at each batch (the
-    child's watchdog: a trial of slow batches is progress, not a hang)."""
+    ``limit_s``: cut it there (the user's time limit); ``on_batches``: called as batches come (the
+    child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
+    trial's rows are added to it at its end."""
     warmup = config.warmup_batches
-    records: list[BatchRecord] = []
-    record: Callable[[BatchRecord], None] = records.append
-    if on_batch is not None:
-        beat = on_batch
-
-        def record(row: BatchRecord) -> None:
-            records.append(row)
-            beat(row)
+    columns = BatchColumns()
     others = measurement = None
     running: Companions | None = None  # the companions, once they run this trial's settings
     try:
         if companions is not None:
             companions.start(TunedSettings.of(config))
             running = companions
-        clock = TrialClock(records, warmup, max(config.num_workers, 1), max_trial_s, limit_s)
+        clock = TrialClock(columns, warmup, max(config.num_workers, 1), max_trial_s, limit_s,
+                           on_batches)
         cpu_before = time.process_time()
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
 
@@ -131,7 +140,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             if worker_id >= 0:  # not the main process
                 seen[pid] = probe or {}
 
-        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, record,
+        measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
                                   clock.enough, on_worker=worker_seen)
         measurement.run()
         main_cpu = time.process_time() - cpu_before
@@ -140,7 +149,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     finally:
         try:
             if running is not None:  # the companions stopped before this loader's workers are
-                steady = metrics.steady_state(records, warmup)
+                steady = metrics.steady_state(columns.rows(), warmup)
                 t0 = measurement.t0 if measurement is not None else time.monotonic()
                 window = ((t0 + steady.start, t0 + steady.end) if steady
                           else (t0, time.monotonic()))
@@ -149,6 +158,9 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             if measurement is not None:
                 measurement.close()
     seconds = time.monotonic() - clock.started
+    records = columns.rows()  # built now: NOTE [ Rows built off the loop ]
+    if rows_out is not None:
+        rows_out.extend(records)
     trial = trial_from_batches(
         records, warmup,
         num_workers=config.num_workers, prefetch_factor=config.prefetch_factor,
@@ -173,14 +185,14 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
 class TrialRunner:
     """Measures the tune's trials one after another: each reported as it ends (``on_trial``),
     run beside the node's ``companions``, cut at what ``time_limit`` leaves it, and every batch
-    passed to ``on_batch`` (the child's watchdog counts a trial of slow batches as progress)."""
+    told to ``on_batches`` (the child's watchdog counts a trial of slow batches as progress)."""
 
     def __init__(self, resolved: ResolvedTarget, consumer: Consumer,
                  on_trial: Callable[[TrialResult], None], time_limit: TimeLimit,
-                 on_batch: Callable[[BatchRecord], None] | None = None,
+                 on_batches: Callable[[], None] | None = None,
                  companions: Companions | None = None) -> None:
         self.resolved, self.consumer, self.on_trial = resolved, consumer, on_trial
-        self.time_limit, self.on_batch, self.companions = time_limit, on_batch, companions
+        self.time_limit, self.on_batches, self.companions = time_limit, on_batches, companions
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
@@ -191,7 +203,7 @@ class TrialRunner:
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions, limit_s=self.time_limit.left(),
-                              on_batch=self.on_batch)
+                              on_batches=self.on_batches)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
         if trial is not None and report:
@@ -206,12 +218,8 @@ class TrialRunner:
         """An untimed pass of ``config`` (the first batches in a fresh process pay for page
         faults, allocator growth and lazy imports: kept out of the first probe); returns its
         last batch's time, the plan's first estimate of a batch (plan.py)."""
-        times: list[float] = []
-
-        def seen(row: BatchRecord) -> None:
-            times.append(row.wait_s + row.step_s)
-            if self.on_batch is not None:
-                self.on_batch(row)
+        rows: list[BatchRecord] = []
         measure_trial(self.resolved, config, self.consumer, "prewarm", 0,
-                      max_trial_s=PREWARM_S, limit_s=self.time_limit.left(), on_batch=seen)
-        return times[-1] if times else None
+                      max_trial_s=PREWARM_S, limit_s=self.time_limit.left(),
+                      on_batches=self.on_batches, rows_out=rows)
+        return rows[-1].wait_s + rows[-1].step_s if rows else None

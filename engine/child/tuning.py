@@ -35,7 +35,6 @@ from dataloader_tuner.tune.recommend import Limits
 from dataloader_tuner.child.starting import snippet_names
 from dataloader_tuner.settings import recommended_config
 from dataloader_tuner.child.target import ResolvedTarget
-from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
@@ -107,7 +106,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
              system: SystemSnapshot, request: RunRequest,
              on_trial: Callable[[TrialResult], None],
              on_plan: Callable[[TunePlan], None] = lambda plan: None,
-             on_batch: Callable[[BatchRecord], None] | None = None) -> dict[str, Any]:
+             on_batches: Callable[[], None] | None = None) -> dict[str, Any]:
     """Search, then measure the module's own settings as the baseline; returns the document.
     ``on_plan``: the plan, as soon as it is known and again after the probes."""
     limits = Limits.from_system(system, request.local_world_size, request.max_workers,
@@ -115,7 +114,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
     time_limit = plan.TimeLimit(request.budget_s)
-    runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batch)
+    runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batches)
     has_consumer = consumer.kind != "none"
     heap_decision = HeapDecision()
     planner = Planner(config, limits, has_consumer, time_limit, on_plan,

@@ -100,6 +100,12 @@ def made_for_this_process() -> str | None:
     return None
 
 
+def batch_seconds(rows: Sequence[tuple]) -> list[float]:
+    """Up to USUAL_SAMPLE rows' wait plus step, spread over ``rows`` (StallWatch.observe)."""
+    step = max(1, len(rows) // USUAL_SAMPLE)
+    return [row[WAIT_S] + row[STEP_S] for row in rows[::step]]
+
+
 class StallWatch:
     """Run from a recorder's thread each flush: ``observe`` the flush's rows, then ``check``."""
 
@@ -110,12 +116,12 @@ class StallWatch:
         self.reports = 0
         self.latest: protocol.Overdue | None = None  # the last report (a rank's report reads it)
 
-    def observe(self, rows: Sequence[tuple]) -> None:
-        """The usual time per batch, from the rows about to be flushed (none: kept as it was)."""
-        if not rows:
-            return
-        step = max(1, len(rows) // USUAL_SAMPLE)
-        self.usual_s = statistics.median(row[WAIT_S] + row[STEP_S] for row in rows[::step])
+    def observe(self, batch_seconds: Sequence[float]) -> None:
+        """The usual time per batch, from batches about to be flushed (their wait and step:
+        ``batch_seconds``; none: kept as it was)."""
+        if batch_seconds:
+            self.usual_s = statistics.median(batch_seconds)
+
 
     def overdue_after(self, ledger: BatchLedger) -> float | None:
         """Seconds in next() after which the batch asked for is overdue (None: not known yet)."""

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
 from dataloader_tuner.run.sinks import Sink
 
@@ -46,6 +47,8 @@ class Recorder:
         self.sink, self.t0 = sink, t0
         self.own_workers_only = own_workers_only
         self.rows: list = []  # appended by the measuring thread, taken by the flush
+        # ...or, for the engine's own loop, its batches in columns (record/columns.py)
+        self.columns: BatchColumns | None = None
         self.events: list = []
         self.gaps: list = []  # (seq, GPU idle ms), resolved after their batch (gpu_events.py)
         self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (gpu_events.py)
@@ -112,11 +115,14 @@ class Recorder:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
             events, rows = self.events[:], self.rows[:]
-            written_seq = rows[-1][0] if rows else self._written_seq
+            columns = self.columns.peek() if self.columns is not None else None
+            written_seq = (rows[-1][0] if rows else columns.first_seq + len(columns) - 1
+                           if columns else self._written_seq)
             late = protocol.LateTimings(
                 [g for g in self.gaps[:] if g[0] <= written_seq],
                 [c for c in self.copies[:] if c[0] <= written_seq])
             batch = events + ([protocol.Batches(rows)] if rows else [])
+            batch += [protocol.Batches.of_columns(columns)] if columns else []
             batch += [late] if late.gaps or late.copies else []
             if sample:
                 try:
@@ -132,15 +138,23 @@ class Recorder:
                 for pending in (self.rows, self.gaps, self.copies):  # a sink that stays down
                     if len(pending) > MAX_BACKLOG:
                         del pending[:len(pending) - MAX_BACKLOG]
+                if self.columns is not None and len(self.columns) > MAX_BACKLOG:
+                    self.columns.drop(len(self.columns) - MAX_BACKLOG)
                 return
             del self.events[:len(events)]
             del self.rows[:len(rows)]
+            if columns and self.columns is not None:
+                self.columns.drop(len(columns))
             for done, pending in ((late.gaps, self.gaps), (late.copies, self.copies)):
                 for item in done:
                     pending.remove(item)
             self._written_seq = written_seq
             if self.recent is not None:
                 self.recent.extend(rows)
+
+    def pending(self) -> int:
+        """Batches measured and not yet written."""
+        return len(self.rows) + (len(self.columns) if self.columns is not None else 0)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:

@@ -36,12 +36,18 @@ def interval_block(records: list[BatchRecord], warmup: int, num_workers: int) ->
     pipeline's refill, restarted workers) then falls in every block alike; in blocks of a round
     it fell in some only, and 2 persistent workers over 4-batch epochs measured +-22% where
     their rate over whole epochs held within 3%."""
-    block = max(num_workers, 1)
     per_epoch = Counter(r.epoch for r in records[warmup:])
-    whole = [per_epoch[e] for e in sorted(per_epoch)[1:-1]]  # the first and last are cut
+    return epoch_block([per_epoch[e] for e in sorted(per_epoch)], len(records) - warmup,
+                       num_workers)
+
+
+def epoch_block(epoch_lengths: list[int], steady: int, num_workers: int) -> int:
+    """``interval_block`` from the steady batches' count in each epoch, in order."""
+    block = max(num_workers, 1)
+    whole = epoch_lengths[1:-1]  # the first and last are cut
     if whole:
         length = int(statistics.median(whole))
-        if block < length <= (len(records) - warmup) // 3:
+        if block < length <= steady // 3:
             block = length
     return block
 

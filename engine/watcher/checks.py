@@ -52,7 +52,7 @@ class PeriodicChecks:
     def watch_stalls(self) -> None:
         """Each flush: a batch overdue is written to the run and said on stderr."""
         try:
-            self.stalls.observe(self.recorder.rows)
+            self.stalls.observe(stalls.batch_seconds(self.recorder.rows))
             overdue = self.stalls.check(self.recorder.ledger, time.monotonic(),
                                         self.where_stuck)
             if overdue is not None:

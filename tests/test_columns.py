@@ -1,0 +1,124 @@
+"""The engine's loop writes columns, and rows are built from them off the loop
+(record/columns.py, record/loop.ColumnLoop): the same rows the per-batch loop writes."""
+
+import gc
+import time
+import weakref
+
+import pytest
+
+from dataloader_tuner import protocol
+from dataloader_tuner.child.measure import Measurement, _Measured
+from dataloader_tuner.child.starting import starting_config
+from dataloader_tuner.child.target import resolve
+from dataloader_tuner.record.cards import Consumer
+from dataloader_tuner.record.columns import BatchColumns
+from dataloader_tuner.record.ledger import BatchLedger
+from dataloader_tuner.record.loop import BatchSource, ColumnLoop, TimedLoop
+from dataloader_tuner.record.rows import BatchMeta
+
+from .conftest import dataset_path
+from .records import columns_of, make_batches
+
+
+def _metas():
+    """A timed first batch (with its probe), then untimed ones, as the probes send them."""
+    yield BatchMeta(-1, 400, 5.0, 0.002, 0.0005, 0.0019, 8, 4096, {"pools": {}})
+    for _ in range(5):
+        yield (-1, 400, 8)
+
+
+def _same(rows, others) -> bool:
+    """Row for row, floats to rounding (the columns hold absolute clock readings)."""
+    return len(rows) == len(others) and all(
+        len(a) == len(b) and all(x == pytest.approx(y) if isinstance(x, float) else x == y
+                                 for x, y in zip(a, b))
+        for a, b in zip(rows, others))
+
+
+def _epoch(loop, mark, items, step_s=0.0):
+    for batch in loop.epoch(mark, BatchSource(iter(items))):
+        time.sleep(step_s)
+
+
+def test_rows_from_columns_are_the_per_batch_loops_rows():
+    """The two loops over the same two epochs: every field but the clocks' readings alike, and
+    those consistent (the wait inside the time between asks)."""
+    items = [([i], meta) for i, meta in enumerate(_metas())]
+    per_batch: list = []
+    timed = TimedLoop(BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None),
+                      per_batch.append)
+    columns = BatchColumns(time.monotonic())
+    ledger = BatchLedger(columns.t0, lambda *a: None, lambda *a: None)
+    column = ColumnLoop(ledger, columns)
+    for _ in range(2):
+        _epoch(timed, timed.ledger.new_epoch(), items, 0.001)
+        _epoch(column, ledger.new_epoch(), items, 0.001)
+    rows = columns.rows()
+    assert len(rows) == len(per_batch) == 12
+    clocks = ("t_request", "wait_s", "step_s", "fetch_start")  # (since each loop's own t0)
+    for ours, theirs in zip(rows, per_batch):
+        assert {k: v for k, v in ours._asdict().items() if k not in clocks} == \
+            {k: v for k, v in theirs._asdict().items() if k not in clocks}
+        assert ours.step_s >= 0.001 and ours.wait_s >= 0
+    assert [r.epoch for r in rows] == [0] * 6 + [1] * 6
+    assert rows[0].fetch_start == pytest.approx(5.0 - columns.t0)
+    assert all(r.t_request >= prev.t_ready + prev.step_s - 1e-9
+               for prev, r in zip(rows, rows[1:]))
+
+
+def test_the_column_loop_holds_no_batch_while_the_job_has_it():
+    class Batch:
+        pass
+
+    made = [Batch() for _ in range(3)]
+    refs = [weakref.ref(b) for b in made]
+
+    def produce():
+        while made:
+            yield made.pop(0), (0, 0, 1)
+
+    columns = BatchColumns(time.monotonic())
+    loop = ColumnLoop(BatchLedger(columns.t0, lambda *a: None, lambda *a: None), columns)
+    batches = loop.epoch(loop.ledger.new_epoch(), BatchSource(produce()))
+    batch = next(batches)
+    assert refs[0]() is batch
+    del batch
+    gc.collect()
+    assert refs[0]() is None
+    assert next(batches) is refs[1]()
+    assert len(columns) == 1
+    batches.close()  # a loop that breaks off: its last batch is written too
+    assert len(columns) == 2
+
+
+def test_columns_cross_the_pipe_as_rows_and_a_flush_takes_only_whole_batches():
+    rows = make_batches(30, workers=2)
+    rows = [r._replace(epoch=0 if r.seq < 12 else 1) for r in rows]
+    rows[5] = rows[5]._replace(fetch_s=None, fetch_start=None, collate_s=None,
+                               fetch_cpu_s=None, nbytes=None)  # an untimed batch
+    rows[7] = rows[7]._replace(h2d_ms=0.5, h2d_other_ms=0.7)
+    columns = columns_of(rows)
+    assert _same(columns.rows(), rows)
+    # the first flush takes 20 (the loop goes on appending), the second the rest
+    first = columns.peek()
+    columns.drop(20)
+    columns.clocks.extend([0.0, 0.0])  # a batch half written: its meta not yet in
+    second = columns.peek()
+    assert len(first) == 30 and len(second) == 10 and second.first_seq == 20
+    decoded = protocol.decode(protocol.encode(protocol.Batches.of_columns(second)))
+    assert isinstance(decoded, protocol.Batches)
+    assert _same(decoded.rows, rows[20:])
+    assert {r[1] for r in decoded.rows} == {1}  # the epoch begun before the flush's first
+
+
+def test_the_measurement_counts_labels_on_the_batches_it_looks_at():
+    resolved = resolve(dataset_path("small_map.py"))
+    config = starting_config(resolved, dict(batch_size=4))
+    columns = BatchColumns()
+    measurement = Measurement(resolved, config, Consumer(), 30.0, columns, max_batches=40)
+    measurement.run()
+    measurement.close()
+    assert len(columns) == 40
+    looked = 40 // _Measured.look_every
+    assert sum(measurement.label_counts.values()) == 4 * looked
