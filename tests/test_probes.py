@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import sys
 import time
 
 import numpy as np
@@ -175,3 +176,27 @@ def test_costly_reads_are_sampled_when_they_would_cost_over_half_a_percent():
     assert timer.read_every(batch_s=0.0005, reads_s=0.000002) == SAMPLE_EVERY  # a fast batch
     assert timer.read_every(batch_s=0.0016, reads_s=0.00021) == 27  # a 210 us walk of 1.6 ms
     assert timer.read_every(batch_s=0.001, reads_s=0.01) == MAX_EVERY
+
+
+class _Holds:
+    def __init__(self, rng=None) -> None:
+        self.features, self.targets = [1.0, 2.0], [0, 1]
+        if rng is not None:
+            self.rng = rng
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="an instance's dict always exists before")
+def test_probing_the_first_fetch_leaves_the_datasets_attributes_where_python_keeps_them():
+    """Reading vars() moves an instance's attributes into a dict for good, and each of its
+    ``self.x`` loads ran slower after (probes.rng_attributes): a dataset holding no generator
+    is searched without it."""
+    import gc
+
+    from dataloader_tuner.instrument.probes import rng_state
+
+    plain = _Holds()
+    assert not [name for name in rng_state(plain) if name.startswith("self.")]
+    assert not any(type(r) is dict for r in gc.get_referents(plain))  # never materialized
+    import random
+    holder = _Holds(random.Random(3))
+    assert "self.rng" in rng_state(holder)  # a generator is still found, and named

@@ -4,6 +4,7 @@ and ``loader.to`` share)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,10 +113,12 @@ def _children(value: Any) -> list | None:
     fields = getattr(value, "__dataclass_fields__", None)
     if fields is not None:
         return [getattr(value, name, None) for name in fields]
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and not callable(value):
-        return list(attrs.values())[:WALK_LIST_SAMPLE]
-    return None
+    if callable(value):
+        return None
+    # What it refers to, not its __dict__: reading that slows the object's attribute loads for
+    # good (probes.rng_attributes), and a batch made in the main process is the job's.
+    parts = [part for part in gc.get_referents(value) if not isinstance(part, type)]
+    return parts[:WALK_LIST_SAMPLE] or None
 
 
 SAMPLES_RULE = ("batch_size=None: each item is a batch; its samples are the leading dimension of "
