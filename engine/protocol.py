@@ -12,6 +12,7 @@ NOTE [ Engine process protocol ]
     <------------ event pipe: JSON lines ------ Ready    dataset, config, system, counting
     <------------------------------------------ Epoch    each epoch's start (profile runs)
     <------------------------------------------ Probe    a worker's first fetch, once each
+    <------------------------------------------ Profiled  a process's sampled stacks (sampler.py)
     <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
     <------------------------------------------ LateTimings  GPU times resolved after their rows
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
@@ -75,6 +76,9 @@ class RunRequest:
     # num_workers a tune measured to pay for this target (a settings file, an Apply): the
     # diagnostics do not second-guess it.
     tuned_workers: int | None = None
+    # profile runs: sample the stacks of every process doing the loader's work
+    # (instrument/sampler.py); False: --no-stacks
+    sample_stacks: bool = True
     # Where and for whom the child runs: filled in by to_json() when the request is sent.
     cwd: str | None = None
     parent_pid: int | None = None
@@ -201,6 +205,18 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Profiled:
+    """A process's sampled stacks since its last (instrument/sampler.py): ``sampled`` as
+    ``[role, frames, cpu_s, wall_s, looks]``, each frame ``[file, first line, function,
+    line]`` (lists once read back from JSON)."""
+
+    kind: ClassVar[str] = "profiled"
+    pid: int
+    worker_id: int
+    sampled: list[Any]
+
+
+@dataclass(frozen=True)
 class Labels:
     kind: ClassVar[str] = "labels"
     # label -> count: int labels, a key that is not an int kept as it came (see _label)
@@ -290,11 +306,11 @@ def _label(key: str) -> int | str:
         return key
 
 
-Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught,
-              Overdue, Plan, Measured, Tuned, Error, Finished]
+Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
+              WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Ready, Batches, LateTimings, Resources, Epoch, Probe, Labels, WarningCaught, Overdue, Plan,
-    Measured, Tuned, Error, Finished)}
+    Ready, Batches, LateTimings, Resources, Epoch, Probe, Profiled, Labels, WarningCaught,
+    Overdue, Plan, Measured, Tuned, Error, Finished)}
 
 
 def to_wire(event: Event) -> dict[str, Any]:

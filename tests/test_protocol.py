@@ -34,6 +34,7 @@ EXAMPLES = [
     protocol.Resources(t=0.5, procs=[{"pid": 7, "role": "main", "rss_mb": 90.0}]),
     protocol.Epoch(epoch=1, t=2.0, startup_s=0.1),
     protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),
+    protocol.Profiled(pid=8, worker_id=0, sampled=[["main", [["/d.py", 3, "D.__getitem__", 5]], 0.01, 0.012, 2]]),
     protocol.Labels({0: 880, 9: 40}, "dataset"),
     protocol.WarningCaught("python_warning", "UserWarning: careful", "data.py:3"),
     protocol.Overdue(10, 0.4, 1.2, 0.002, False,

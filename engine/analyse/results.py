@@ -116,6 +116,11 @@ class ProfileResult(_Result):
     transfer: dict[str, Any] | None = None
     gpu_idle: dict[str, Any] | None = None
     not_measured: str | None = None  # why the GPU figures are missing
+    # Where the loader's time goes (analyse/hotspots.py): the stages' shares and the functions
+    # ranked, where enough was sampled; what was sampled in any case.
+    stages: tuple[dict[str, Any], ...] = ()
+    hotspots: tuple[dict[str, Any], ...] = ()
+    stacks_sampled: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _ordered(super().to_dict(), PROFILE_KEYS)
@@ -123,7 +128,9 @@ class ProfileResult(_Result):
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "ProfileResult":
         result = super().from_dict(doc)
-        return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()))
+        return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()),
+                                   stages=tuple(doc.get("stages") or ()),
+                                   hotspots=tuple(doc.get("hotspots") or ()))
 
     @property
     def headline_samples_per_s(self) -> float | None:
@@ -186,7 +193,7 @@ PROFILE_KEYS = (
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
     "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured",
-    "system", "warnings", "error", "run_id")
+    "stages", "hotspots", "stacks_sampled", "system", "warnings", "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",

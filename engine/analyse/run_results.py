@@ -12,6 +12,7 @@ from dataloader_tuner.analyse.stalls import overdue_batches
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.shm import shm_check, tightest_shm
 from dataloader_tuner.record.cards import Consumer, DatasetCard
+from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
@@ -41,6 +42,7 @@ class RunSoFar(Protocol):
     tune_document: dict[str, Any] | None  # the child's tune result, as sent
     probes: list[dict[str, Any]]
     overdue: list[Overdue]
+    stacks: SampledProfile  # every process's sampled stacks (instrument/sampler.py)
 
     # Read-only (properties): what the run's Ready event said, and the output it printed.
     @property
@@ -113,7 +115,20 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         warnings=tuple(live.output.diagnostics()
                        + _warnings(live, steady, made, per_batch, gpu_info)),
         error=live.error,
+        **_where_time_goes(live.stacks.summary()),
     )
+
+
+def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The result's stages and hotspots (analyse/hotspots.py); none where too few looks to
+    show shares as a claim (the figures of what was seen stay under ``stacks_sampled``)."""
+    if summary is None:
+        return {}
+    seen = {k: summary[k] for k in ("looks", "seconds", "processes", "enough")}
+    if not summary["enough"]:
+        return {"stacks_sampled": seen}
+    return {"stacks_sampled": seen, "stages": tuple(summary["stages"]),
+            "hotspots": tuple(summary["hotspots"])}
 
 
 def tune_result(live: RunSoFar, status: str) -> TuneResult:

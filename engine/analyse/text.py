@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from dataloader_tuner.analyse.diagnostic import seconds_text
@@ -47,6 +48,7 @@ def profile_text(result: ProfileResult) -> str:
             f"cpu {fmt(w['cpu_percent'], '.0f', '%')}, rss {fmt(w['rss_mb'], '.0f', ' MB')}, "
             f"{w['batches']} batches"
         )
+    lines += where_time_goes_text(result)
     if result.not_measured:
         lines.append(f"GPU: not measured: {result.not_measured}.")
     elif result.transfer:
@@ -59,6 +61,30 @@ def profile_text(result: ProfileResult) -> str:
         if d.evidence.get("stack"):
             lines += ["    " + line for line in d.evidence["stack"].splitlines()]
     return "\n".join(lines)
+
+
+TOP_STAGES, TOP_FUNCTIONS_SHOWN = 6, 5
+
+
+def where_time_goes_text(result: ProfileResult) -> list[str]:
+    """The loader's work by stage and its top functions, as sampled inside its processes
+    (analyse/hotspots.py); or why there are no shares to show."""
+    seen = result.stacks_sampled
+    if not seen:
+        return []
+    basis = (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
+             f"{seen['processes']} process(es)")
+    if not result.stages:
+        return [f"where the time goes: too few samples to tell ({basis})"]
+    stages = ", ".join(f"{s['stage']} {s['share']:.0%}"
+                       + (f" (off CPU {s['share'] - s['cpu_share']:.0%})"
+                          if s["share"] - s["cpu_share"] >= 0.05 else "")
+                       for s in result.stages[:TOP_STAGES])
+    lines = [f"where the time goes ({basis}): {stages}"]
+    for h in result.hotspots[:TOP_FUNCTIONS_SHOWN]:
+        lines.append(f"  {h['total_share']:5.1%} total, {h['self_share']:5.1%} self  "
+                     f"{h['function']} ({os.path.basename(h['file'])}:{h['line']}) [{h['stage']}]")
+    return lines
 
 
 def counting_text(counting: dict[str, Any]) -> str:

@@ -63,7 +63,8 @@ class Measurement:
 
     Each batch goes into ``columns``; ``on_epoch(epoch, t, startup_s)`` receives the start of
     each epoch with the time its first batch took; ``on_worker(pid, worker_id)`` each worker as
-    it is first seen. Times are relative to the moment the first iterator was created.
+    it is first seen; ``on_profile(pid, worker_id, sampled)`` a worker's sampled stacks as its
+    batches bring them. Times are relative to the moment the first iterator was created.
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class Measurement:
         on_epoch: Callable[[int, float, float], None] = lambda *a: None,
         on_worker: Callable[[int, int, dict | None], None] = lambda *a: None,
         max_batches: int | None = None,
+        on_profile: Callable[[int, int, list], None] | None = None,
     ) -> None:
         self.resolved, self.config, self.consumer = resolved, config, consumer
         self.seconds, self.max_batches = seconds, max_batches
@@ -87,6 +89,8 @@ class Measurement:
         self.iterator: Iterator[Any] | None = None
         # The loop's bookkeeping (a stall watch reads it); its clock starts with run()
         self.ledger = BatchLedger(0.0, on_epoch, on_worker)
+        if on_profile is not None:  # a worker's sampled stacks (instrument/sampler.py)
+            self.ledger.on_profile = on_profile
         self.label_counts: dict[int, int] = {}
 
     @property

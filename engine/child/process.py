@@ -42,7 +42,7 @@ from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_
 from dataloader_tuner.child.measure import Measurement, labels_of_dataset
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.columns import BatchColumns
-from dataloader_tuner.instrument import gpu, stalls
+from dataloader_tuner.instrument import gpu, sampler, stalls
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner import protocol
@@ -98,6 +98,7 @@ class ChildRun:
         now = time.monotonic()
         if self.recorder.pending():  # batches arrived since the last flush
             self.last_progress = now
+        self._ship_own_samples()
         if self.stalls is not None and self.measurement is not None:
             self.stalls.observe(self.measurement.columns.batch_seconds(stalls.USUAL_SAMPLE))
             overdue = self.stalls.check(self.measurement.ledger, now, self._where_stuck)
@@ -110,6 +111,14 @@ class ChildRun:
             os.kill(os.getpid(), signal.SIGUSR1)
             return True
         return False
+
+    def _ship_own_samples(self, final: bool = False) -> None:
+        """This process's sampled stacks (its fetch at num_workers=0, receiving batches), to the
+        parent as its workers' come (NOTE [ Sampling inside the workers ])."""
+        own = sampler.running()
+        sampled = own.take() if final and own is not None else sampler.due(time.monotonic())
+        if sampled:
+            self.recorder.events.append(protocol.Profiled(os.getpid(), -1, sampled))
 
     def _where_stuck(self) -> list[dict]:
         """Who holds the batches the loop waits for, with their stacks (best effort)."""
@@ -156,6 +165,8 @@ class ChildRun:
                 reason, code = "error", 1
                 self._send_error(self._explain(failure))
         finally:
+            self._ship_own_samples(final=True)
+            sampler.stop()
             self.recorder.stop(sample=False)
             reap_workers()
             if self.stacks_dir is not None:
@@ -237,6 +248,9 @@ class ChildRun:
             return
         self.recorder.streaming = True
         self.recorder.columns = columns = BatchColumns()
+        if request.sample_stacks:  # this process and its workers (instrument/sampler.py)
+            os.environ[sampler.SAMPLE_ENV] = "1"
+            sampler.start_if_asked()
         self.last_progress = time.monotonic()
         # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
         # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.
@@ -251,6 +265,7 @@ class ChildRun:
             should_stop=lambda: self.stop_requested,
             on_epoch=self.recorder.epoch_began,
             on_worker=self.recorder.worker_seen,
+            on_profile=self.recorder.profiled,
         )
         self.t0 = self.recorder.t0 = time.monotonic()  # batch and sample times count from here
         self.stalls = stalls.StallWatch(self.t0)

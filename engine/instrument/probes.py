@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from dataloader_tuner.instrument import threads
+from dataloader_tuner.instrument import sampler, threads
 from dataloader_tuner.instrument.stacks import offer_stack
 from dataloader_tuner.instrument.tensors import (PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET,
                                                 WALK_LIST_SAMPLE, samples_in, sizes_of)
@@ -117,6 +117,7 @@ class _FetchTimer:
             return False
         self.probed = True
         offer_stack()
+        sampler.start_if_asked()
         return True
 
 
@@ -358,6 +359,10 @@ class TimedCollate:
             info = get_worker_info()
             timer.worker_id = -1 if info is None else info.id
         probe, timer.probe = timer.probe, None
+        if probe is None and timer.worker_id >= 0:  # a worker's samples ride with its batch
+            sampled = sampler.due(end)
+            if sampled:
+                probe = {"profile": sampled}
         # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
         return batch, tuple.__new__(BatchMeta, (
             timer.worker_id, timer.pid, fetch_start, fetch_s, end - start, fetch_cpu_s,

@@ -121,6 +121,8 @@ class BatchLedger:
         GPU gaps, where ``gaps`` is given, go to ``resolved_gaps`` as ``(seq, ms)``."""
         self.t0 = t0
         self.on_epoch, self.on_worker = on_epoch, on_worker
+        # a worker's sampled stacks as its batches bring them (instrument/sampler.py)
+        self.on_profile: Callable[[int, int, list], None] = lambda pid, worker, sampled: None
         self.gaps = gaps
         self.resolved_gaps = resolved_gaps if resolved_gaps is not None else []
         self.seq = 0  # the next batch's number, across epochs and iterators
@@ -194,10 +196,12 @@ class BatchLedger:
             self.on_epoch(mark.epoch, mark.start - self.t0, self.last_startup_s)
         if meta.__class__ is tuple:  # making not timed (each worker's first batch is)
             return
-        pid = meta[1]
+        pid, probe = meta[1], meta[8]  # type: ignore[misc]  # a BatchMeta
         if pid not in self.seen_pids:
             self.seen_pids.add(pid)
-            self.on_worker(pid, meta[0], meta[8])  # type: ignore[misc]  # a BatchMeta
+            self.on_worker(pid, meta[0], probe)
+        elif probe is not None and "profile" in probe:  # a worker's samples (sampler.py)
+            self.on_profile(pid, meta[0], probe["profile"])
 
     def row(self, seq: int, epoch: int, t_request: float, t_ready: float, t_back: float,
             meta: BatchMeta | UntimedMeta, h2d_ms: float | None = None,

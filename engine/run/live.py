@@ -18,6 +18,7 @@ from dataloader_tuner.record.trials import TrialRecord, TunePlan
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse import run_results
+from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.analyse.results import ProfileResult, Result, TuneResult
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class LiveRun:
         self.probes: list[dict] = []  # per worker process: what its first fetch revealed
         self.overdue: list[protocol.Overdue] = []  # batches reported late (instrument/stalls.py)
         self.labels: protocol.Labels | None = None  # the class counts, sent at the end
+        self.stacks = SampledProfile()  # every process's sampled stacks (sampler.py)
         self.output = OutputLog()  # what the user's code printed (fed by the runner)
 
     def apply(self, event: protocol.Event) -> None:
@@ -81,6 +83,8 @@ class LiveRun:
         elif isinstance(event, protocol.Probe):
             self.probes.append({"pid": event.pid, "worker_id": event.worker_id,
                                 "probe": event.probe})
+        elif isinstance(event, protocol.Profiled):
+            self.stacks.add(event.pid, event.sampled)
         elif isinstance(event, protocol.Overdue):
             self.overdue.append(event)
         elif isinstance(event, protocol.Labels):

@@ -83,6 +83,9 @@ class Recorder:
     def epoch_began(self, epoch: int, start: float, startup_s: float) -> None:
         self.events.append(protocol.Epoch(epoch, start, startup_s))
 
+    def profiled(self, pid: int, worker_id: int, sampled: list) -> None:
+        self.events.append(protocol.Profiled(pid, worker_id, sampled))
+
     def worker_seen(self, pid: int, worker_id: int, probe: dict | None) -> None:
         self.worker_ids[pid] = worker_id
         if probe is not None:

@@ -40,6 +40,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                              "judged only over 8 s or more after the workers' first 2 s)")
     parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
                         help="fail if no batch arrives for this long")
+    parser.add_argument("--no-stacks", action="store_true",
+                        help="do not sample where the loader's time goes inside its processes "
+                             "(on by default: docs/profile.md)")
     add_json(parser)
     add_db(parser)
 
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     request = RunRequest(
         target=args.target, settings=settings, tuned_workers=tuned,
         step_ms=args.step_ms, seconds=args.seconds, timeout_s=args.timeout_s,
+        sample_stacks=not args.no_stacks,
     )
     store = RunStore(args.db)
     progress = Progress(enabled=sys.stderr.isatty())

@@ -1,0 +1,236 @@
+"""A sampled profile of the loader's own work, from inside each process that does it: every
+DataLoader worker, and the main process (its fetch at ``num_workers=0``, receiving batches).
+
+NOTE [ Sampling inside the workers ]
+
+    torch's profiler and ``torch.utils.bottleneck`` do not see ``num_workers > 0``
+    (pytorch#6313), and py-spy needs ptrace rights to attach. Each process here samples
+    itself: a CPU-time interval timer (``ITIMER_PROF``, every INTERVAL_S of the process's CPU)
+    raises SIGPROF, and the interpreter runs the handler in the main thread at its next
+    instruction, with the frame that was running. The handler charges the main thread's CPU
+    and the time that passed since its last run to that stack, and each other thread's CPU
+    (its CPU clock, made from its kernel id) to that thread's current stack: a worker's main
+    thread (fetch, transforms, collate) and its queue's feeder thread (the batch pickled into
+    shared memory: the hand-off) are both seen. A C call (a JPEG decode, a resize) holds the
+    handler until it returns, so its time is charged to the Python frame that called it; time
+    waiting (reading a file, a sleep) is time passed without CPU. Outside the fetch and the
+    collate (a worker waiting for its next indices), only CPU is charged: the handler runs
+    after the wait, in the loop's frame, where the wait's time would be misread as work.
+
+    Each look arms the next at a jittered interval (0.5-1.5x), so that a periodic loader is
+    not seen at the same phase of each period. A thread that wakes to look (the first design) sees the main thread only where it lets
+    the GIL go: a dataset spinning in Python between two torch calls was seen at the torch
+    call every time, never in the functions that took the time.
+
+    System calls interrupted by the signal restart (``siginterrupt(False)``); a process whose
+    SIGPROF is taken already (another profiler) is not sampled. Stacks are kept as tuples of
+    code objects while sampling, and named (file, line, function) when a delta is taken:
+    ``take()`` returns what was sampled since the last take as plain data that pickles, for
+    the batch's meta to carry to the main process (probes.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from typing import Any, Iterable
+
+# A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
+INTERVAL_S = 0.005
+MAX_DEPTH = 48  # frames kept from the leaf up (a DataLoader worker's stack is ~15-30 deep)
+# The frames inside which the time passed is the loader's work (probes.py's wrappers)
+WORK_FRAMES = frozenset({"__getitems__", "__iter__", "__call__"})
+WORK_FILE = os.path.join("instrument", "probes.py")
+
+# One frame as shipped: (file, first line of its function, function's qualified name, line)
+Frame = tuple[str, int, str, int]
+# A delta: [(thread role, frames leaf-first, cpu_s, wall_s, looks)]
+Sampled = list[tuple[str, tuple[Frame, ...], float, float, int]]
+
+
+def _thread_clock(native_id: int | None) -> int | None:
+    """The CPU clock of the thread with kernel id ``native_id``, made from the id as Linux
+    makes it (MAKE_THREAD_CPUCLOCK): ``pthread_getcpuclockid`` reads the thread's descriptor,
+    which is gone once the thread has ended, and a look that raced an ending thread crashed
+    the worker (SIGSEGV). A clock of an ended thread only fails to read (EINVAL)."""
+    if native_id is None or not sys.platform.startswith("linux"):
+        return None
+    return ((~native_id) << 3) | 6  # CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED
+
+
+class StackSampler:
+    """Samples this process from SIGPROF until ``stop()`` (``start()`` in the main thread)."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.main_ident = threading.main_thread().ident
+        # (role, stack as code objects and lines) -> [cpu_s, wall_s, looks]
+        self.stacks: dict[tuple[str, tuple], list] = {}
+        self.looks = 0
+        self.shipped = time.monotonic()  # when its samples last left the process (due())
+        self._clocks: dict[int, tuple[int | None, float]] = {}  # ident -> (clock id, last cpu)
+        self._last_wall = time.monotonic()
+        self._last_cpu = time.thread_time()
+        self._previous: Any = None
+        self.running = False
+
+    def start(self) -> "StackSampler | None":
+        """Sampling from now, or None where it cannot be (not the main thread, no SIGPROF,
+        or SIGPROF already someone's)."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(
+                signal, "setitimer"):
+            return None
+        previous = signal.getsignal(signal.SIGPROF)
+        if previous not in (signal.SIG_DFL, None):
+            return None
+        self._previous = previous
+        self._last_wall, self._last_cpu = time.monotonic(), time.thread_time()
+        for thread in threading.enumerate():  # the threads there now: their CPU from now on
+            if thread.ident is not None:
+                self._cpu_since(thread.ident, thread.native_id)
+        signal.signal(signal.SIGPROF, self._on_signal)
+        signal.siginterrupt(signal.SIGPROF, False)
+        signal.setitimer(signal.ITIMER_PROF, self.interval_s)
+        self.running = True
+        return self
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running = False
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGPROF, self._previous or signal.SIG_DFL)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.look(frame)
+        if self.running:  # the next look at a jittered interval: a loader whose samples take
+            # a round number of milliseconds was otherwise seen at the same point of each
+            # (known_stages: decode 0.56 of the CPU against its 0.50, with a 1 ms timer)
+            signal.setitimer(signal.ITIMER_PROF, self.interval_s * (0.5 + random.random()))
+
+    def look(self, frame: Any) -> None:
+        """One look: the main thread at ``frame``, every other thread where it is."""
+        now, cpu_now = time.monotonic(), time.thread_time()
+        wall, cpu = now - self._last_wall, cpu_now - self._last_cpu
+        self._last_wall, self._last_cpu = now, cpu_now
+        self.looks += 1
+        stack = _stack(frame)
+        self._charge("main", stack, cpu, wall if _in_work(stack) else min(cpu, wall))
+        if threading.active_count() > 1:
+            threads = {t.ident: t for t in threading.enumerate()}
+            for ident, other in sys._current_frames().items():
+                thread = threads.get(ident)
+                if ident == self.main_ident or thread is None:
+                    continue
+                used = self._cpu_since(ident, thread.native_id)
+                if used:
+                    self._charge(thread.name, _stack(other), used, used)
+
+    def _charge(self, role: str, stack: tuple, cpu: float, wall: float) -> None:
+        key = (role, stack)
+        entry = self.stacks.get(key)
+        if entry is None:
+            self.stacks[key] = [cpu, wall, 1]
+        else:
+            entry[0] += cpu
+            entry[1] += wall
+            entry[2] += 1
+
+    def _cpu_since(self, ident: int, native_id: int | None) -> float | None:
+        known = self._clocks.get(ident)
+        clock = known[0] if known is not None else _thread_clock(native_id)
+        if clock is None:
+            return None
+        try:
+            cpu = time.clock_gettime(clock)
+        except OSError:  # the thread ended meanwhile
+            self._clocks.pop(ident, None)
+            return None
+        self._clocks[ident] = (clock, cpu)
+        # a thread started since sampling began: all of its CPU is since then
+        return cpu - known[1] if known is not None else cpu
+
+    def take(self) -> Sampled:
+        """What was sampled since the last take, named (and forgotten here). The handler runs
+        in the main thread, between its instructions: a swap here is not torn by it."""
+        stacks, self.stacks = self.stacks, {}
+        return [(role, named(stack), cpu, wall, looks)
+                for (role, stack), (cpu, wall, looks) in stacks.items()]
+
+
+def _in_work(stack: tuple) -> bool:
+    """The stack is inside the fetch or the collate (probes.py's wrappers)."""
+    return any(code.co_name in WORK_FRAMES and code.co_filename.endswith(WORK_FILE)
+               for code, _ in stack)
+
+
+def _stack(frame: Any) -> tuple:
+    """The stack from ``frame`` up, leaf first, as (code object, line) pairs."""
+    out = []
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        out.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+        depth += 1
+    return tuple(out)
+
+
+def named(stack: Iterable[tuple[Any, int]]) -> tuple[Frame, ...]:
+    return tuple((code.co_filename, code.co_firstlineno,
+                  getattr(code, "co_qualname", code.co_name), line or 0)
+                 for code, line in stack)
+
+
+# Set in the engine's child for the runs it profiles; its workers inherit it (fork, spawn).
+SAMPLE_ENV = "DATALOADER_TUNER_SAMPLE"
+# A worker's samples ride with a batch at most this often (probes.TimedCollate): often enough
+# that workers restarted each epoch (jpeg_folder: ~0.2 s a life) lose little when they end.
+SHIP_S = 0.05
+
+_process: StackSampler | None = None  # this process's, once started
+
+
+def _after_fork() -> None:
+    global _process
+    if _process is not None and _process.running:  # its handler came along, not its timer
+        try:
+            signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        except ValueError:  # forked from another thread: the handler is not ours to reset
+            pass
+    _process = None  # a worker starts its own, at its first fetch
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def start_if_asked() -> StackSampler | None:
+    """This process's sampler, started once, where the run asked for one (SAMPLE_ENV)."""
+    global _process
+    if _process is None and os.environ.get(SAMPLE_ENV) == "1":
+        _process = StackSampler().start()
+    return _process
+
+
+def running() -> StackSampler | None:
+    return _process
+
+
+def due(now: float) -> Sampled | None:
+    """This process's samples since it last shipped them, once SHIP_S has passed (else None)."""
+    sampler = _process
+    if sampler is None or now - sampler.shipped < SHIP_S:
+        return None
+    sampler.shipped = now
+    return sampler.take()
+
+
+def stop() -> None:
+    global _process
+    if _process is not None:
+        _process.stop()
+        _process = None
