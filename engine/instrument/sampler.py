@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 # A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
 INTERVAL_S = 0.005
+OTHERS_EVERY = 4
 MAX_DEPTH = 48  # frames kept from the leaf up (a DataLoader worker's stack is ~15-30 deep)
 # The frames inside which the time passed is the loader's work (probes.py's wrappers)
 WORK_FRAMES = frozenset({"__getitems__", "__iter__", "__call__"})
@@ -71,7 +72,7 @@ class StackSampler:
         # (role, stack as code objects and lines) -> [cpu_s, wall_s, looks]
         self.stacks: dict[tuple[str, tuple], list] = {}
         self.looks = 0
-        self.shipped = time.monotonic()  # when its samples last left the process (due())
+        self.started = self.shipped = time.monotonic()  # shipped: last sent on (due())
         self._clocks: dict[int, tuple[int | None, float]] = {}  # ident -> (clock id, last cpu)
         self._last_wall = time.monotonic()
         self._last_cpu = time.thread_time()
@@ -121,7 +122,10 @@ class StackSampler:
         self.looks += 1
         stack = _stack(frame)
         self._charge("main", stack, cpu, wall if _in_work(stack) else min(cpu, wall))
-        if threading.active_count() > 1:
+        # The other threads every OTHERS_EVERY-th look (their CPU adds up between looks, and
+        # listing them is most of a look's cost), and after the main thread was away long
+        if (self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s) \
+                and threading.active_count() > 1:
             threads = {t.ident: t for t in threading.enumerate()}
             for ident, other in sys._current_frames().items():
                 thread = threads.get(ident)
@@ -188,9 +192,12 @@ def named(stack: Iterable[tuple[Any, int]]) -> tuple[Frame, ...]:
 
 # Set in the engine's child for the runs it profiles; its workers inherit it (fork, spawn).
 SAMPLE_ENV = "DATALOADER_TUNER_SAMPLE"
-# A worker's samples ride with a batch at most this often (probes.TimedCollate): often enough
-# that workers restarted each epoch (jpeg_folder: ~0.2 s a life) lose little when they end.
-SHIP_S = 0.05
+# A worker's samples ride with a batch at most every SHIP_S, and at first more often (a
+# quarter of the sampler's age, at least FIRST_SHIP_S): workers restarted each epoch
+# (jpeg_folder: ~0.2 s a life) lose little when they end, and a long-lived one sends its
+# stacks twice a second, not twenty times (each send pickles them, and the engine writes them
+# to its parent as JSON: 2.7% of jpeg_folder's rate at 20 a second).
+SHIP_S, FIRST_SHIP_S = 0.5, 0.05
 
 _process: StackSampler | None = None  # this process's, once started
 
@@ -223,7 +230,8 @@ def running() -> StackSampler | None:
 def due(now: float) -> Sampled | None:
     """This process's samples since it last shipped them, once SHIP_S has passed (else None)."""
     sampler = _process
-    if sampler is None or now - sampler.shipped < SHIP_S:
+    if sampler is None or now - sampler.shipped < min(
+            SHIP_S, max(FIRST_SHIP_S, (now - sampler.started) / 4)):
         return None
     sampler.shipped = now
     return sampler.take()
