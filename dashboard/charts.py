@@ -284,3 +284,30 @@ def compare_latency_figure(runs: Sequence[tuple[str, Sequence[BatchRecord], int]
     return _figure(traces, "Batch latency: distribution compared",
                    _axis("wait in next() (ms)", type="log"),
                    _axis("share of batches", range=[0, 1.02]))
+
+
+def where_time_goes_figure(flame: Sequence[dict]) -> go.Figure:
+    """An icicle of the loader's sampled work: stages, then the functions each one's time was
+    spent in (analyse/hotspots.py's ``flame``); sizes are shares of the work."""
+    ids: list[str] = []
+    labels: list[str] = []
+    parents: list[str] = []
+    values: list[float] = []
+    stages: dict[str, float] = {}
+    for leaf in flame:
+        stages[leaf["stage"]] = stages.get(leaf["stage"], 0.0) + leaf["share"]
+    for stage, share in stages.items():  # the stages side by side: the whole is their sum
+        ids.append(stage)
+        labels.append(f"{stage} {share:.0%}")
+        parents.append("")
+        values.append(share)
+    for leaf in flame:
+        ids.append(f"{leaf['stage']}/{leaf['function']}")
+        labels.append(leaf["function"])
+        parents.append(leaf["stage"])
+        values.append(leaf["share"])
+    return go.Figure(go.Icicle(ids=ids, labels=labels, parents=parents, values=values,
+                               branchvalues="total", tiling={"orientation": "h"},
+                               hovertemplate="%{label}: %{value:.1%} of the work<extra></extra>"),
+                     layout={"title": {"text": "Where the loader's time goes (sampled)", "x": 0.01},
+                             "height": 420, "margin": {"l": 10, "r": 10, "t": 50, "b": 10}})

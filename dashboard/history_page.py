@@ -55,6 +55,9 @@ def _side(run: StoredRun) -> None:
     cols[1].metric("p50 wait", views.fmt(lat.get("p50"), ".2f", " ms"))
     cols[2].metric("p95 wait", views.fmt(lat.get("p95"), ".2f", " ms"))
     cols[3].metric("input wait", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
+    if result is not None and result.stacks_sampled:
+        with st.expander("Where the time goes"):
+            views.where_time_goes(result, key=f"history-{run.id}")
 
 
 def render() -> None:

@@ -349,6 +349,7 @@ def _run_view(jobs: Jobs, handle: RunHandle) -> None:
                    f"{len(live.batches)} of {len(handle.live.batches)} batches; the saved "
                    "result covers all of them.")
     views.run_charts(result, list(live.batches), key="live")
+    views.where_time_goes(result, key="live")
     with st.expander("Workers and the main process", expanded=False):
         views.workers_table(result)
     st.markdown("**System**")

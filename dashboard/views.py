@@ -4,6 +4,7 @@ records, diagnostics) so the live page and the history page show a run the same 
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import psutil
@@ -183,3 +184,28 @@ def warnings_list(warnings: Sequence[Diagnostic]) -> None:
         if warning.evidence.get("stack"):  # where a late batch was (analyse/stalls.py)
             with st.expander("Where it was: the Python stack"):
                 st.code(warning.evidence["stack"], language="text")
+
+
+def where_time_goes(result: ProfileResult, key: str) -> None:
+    """The loader's sampled work by stage and function (docs/profile.md): the icicle and the
+    stage table, or why there is none."""
+    seen = result.stacks_sampled
+    if not seen:
+        return
+    basis = (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
+             f"{seen['processes']} process(es)")
+    if not result.stages:
+        st.caption(f"Where the time goes: too few samples to tell yet ({basis}).")
+        return
+    st.markdown(f"**Where the time goes** (sampled inside the loader's processes: {basis})")
+    st.plotly_chart(charts.where_time_goes_figure(result.flame), key=f"{key}-where")
+    left, right = st.columns([2, 3])
+    with left:
+        st.dataframe([{"stage": s["stage"], "share %": round(s["share"] * 100, 1),
+                       "off CPU %": round((s["share"] - s["cpu_share"]) * 100, 1)}
+                      for s in result.stages], hide_index=True)
+    with right:
+        st.dataframe([{"function": h["function"], "total %": round(h["total_share"] * 100, 1),
+                       "self %": round(h["self_share"] * 100, 1), "stage": h["stage"],
+                       "where": f"{os.path.basename(h['file'])}:{h['line']}"}
+                      for h in result.hotspots[:10]], hide_index=True)

@@ -4,9 +4,11 @@
 
 Starts a real Streamlit server (its own run history in a temporary folder) and headless
 Chromium (Debian's, at /usr/bin/chromium), as tests/test_browser.py does; writes
-``live-view.png`` (the Live page once the demo has streamed for a while: README.md) and
-``recommendation.png`` (the same page after **Tune**: docs/dashboard.md). Takes about two
-minutes on a 2-core machine; run it on a quiet one, the pictures show measured figures.
+``live-view.png`` (the Live page once the demo has streamed for a while: README.md),
+``recommendation.png`` (the same page after **Tune**: docs/dashboard.md) and
+``where-time-goes.png`` (a JPEG folder's profile on the History page: docs/profile.md); with
+``--only where``, the last alone. Takes about two minutes on a 2-core machine; run it on a quiet
+one, the pictures show measured figures.
 """
 
 from __future__ import annotations
@@ -63,14 +65,48 @@ def take(out: str) -> None:
             stop_server(server)
 
 
+def take_where(out: str) -> None:
+    """A profile of the JPEG folder at 2 persistent workers, saved, then shown on the History
+    page with its "Where the time goes" opened."""
+    from playwright.sync_api import sync_playwright
+
+    from dataloader_tuner.run.runner import RunRequest, run_to_completion
+    from dataloader_tuner.store import RunStore
+
+    with tempfile.TemporaryDirectory() as folder:
+        db = os.path.join(folder, "runs.sqlite")
+        for _ in range(2):  # the History page compares two runs
+            run_to_completion(RunRequest(
+                target=os.path.join(ROOT, "tests", "real", "jpeg_folder.py"), seconds=6.0,
+                settings={"num_workers": 2, "persistent_workers": True}), RunStore(db))
+        server = start_server(free_port(), db)
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM_PATH, args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": WIDTH, "height": 1800})
+                page.goto(server.page("history"))
+                page.get_by_text("Where the time goes").first.wait_for(timeout=90_000)
+                page.get_by_text("Where the time goes").first.click()
+                page.get_by_text("Where the loader's time goes").first.wait_for(timeout=30_000)
+                page.get_by_text("Where the time goes").first.scroll_into_view_if_needed()
+                page.wait_for_timeout(2500)  # plotly draws after the expander opens
+                page.screenshot(path=os.path.join(out, "where-time-goes.png"))
+                browser.close()
+        finally:
+            stop_server(server)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "docs"), help="folder for the PNGs")
+    parser.add_argument("--only", choices=("where",), help="only where-time-goes.png")
     args = parser.parse_args()
     if not os.path.exists(CHROMIUM_PATH):
         raise SystemExit(f"no browser at {CHROMIUM_PATH}: apt-get install -y chromium")
-    take(args.out)
-    print(f"wrote live-view.png and recommendation.png in {args.out}")
+    if args.only != "where":
+        take(args.out)
+    take_where(args.out)
+    print(f"wrote the screenshots in {args.out}")
     return 0
 
 

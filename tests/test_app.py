@@ -180,11 +180,29 @@ def test_history_page_empty_then_compares_and_exports(app_env):
                           store)
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception
-    assert len(at.dataframe) == 1 and len(at.selectbox) == 3
+    assert len(at.dataframe) >= 1 and len(at.selectbox) == 3
     assert {m.label for m in at.metric} >= {"samples/s", "p50 wait", "input wait"}
     titles = chart_titles(at)
     assert "Throughput over time" in titles and "Batch latency: distribution compared" in titles
     assert at.get("download_button")
+
+
+def test_history_shows_where_a_runs_time_went(app_env):
+    """The sampled stages and functions of a stored run (docs/profile.md): the icicle, the
+    stage table and the functions, from the saved result alone."""
+    store = RunStore(app_env)
+    for _ in range(2):
+        run_to_completion(RunRequest(target=dataset_path("known_stages.py"), seconds=1.5,
+                                     settings={"num_workers": 2}), store)
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert "Where the loader's time goes (sampled)" in chart_titles(at)
+    assert "Where the time goes" in texts(at)
+    tables = [t.value for t in at.dataframe]
+    stages = next(t for t in tables if "stage" in t.columns and "share %" in t.columns)
+    assert stages["stage"].iloc[0] == "your __getitem__"
+    functions = next(t for t in tables if "function" in t.columns)
+    assert "read_bytes" in set(functions["function"])
 
 
 def test_history_shows_a_failed_run_with_its_headline(app_env):

@@ -135,3 +135,13 @@ def test_headline_figures_fit_a_narrow_tile():
 
     assert [compact(v) for v in (377.07, 12345.6, 2.5e6, 0.1234, None)] == [
         "377", "12.3k", "2.50M", "0.123", "n/a"]
+
+
+def test_the_icicle_holds_each_stage_and_its_functions():
+    flame = [{"stage": "decode", "function": "ImageFile.load (ImageFile.py:296)", "share": 0.5},
+             {"stage": "decode", "function": "other", "share": 0.1},
+             {"stage": "collate", "function": "default_collate (collate.py:1)", "share": 0.4}]
+    icicle = charts.where_time_goes_figure(flame).data[0]
+    by_id = dict(zip(icicle.ids, icicle.values))
+    assert by_id["decode"] == pytest.approx(0.6) and by_id["collate"] == pytest.approx(0.4)
+    assert dict(zip(icicle.ids, icicle.parents))["decode/other"] == "decode"

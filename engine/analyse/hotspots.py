@@ -117,7 +117,7 @@ class SampledProfile:
             self.processes.add(pid)
 
     def summary(self) -> dict[str, Any] | None:
-        """``{looks, seconds, processes, enough, stages: [...], hotspots: [...]}``, or None
+        """``{looks, seconds, processes, enough, stages, hotspots, flame}``, or None
         when nothing was sampled. Shares are of the loader's work (NOTE above)."""
         work: list[Work] = []
         for (role, frames), (cpu, wall, looks) in self.stacks.items():
@@ -143,7 +143,36 @@ class SampledProfile:
                         "cpu_share": round(cpu / total, 4)}
                        for stage, (spent, cpu) in sorted(stages.items(), key=lambda kv: -kv[1][0])],
             "hotspots": _functions(work, total),
+            "flame": _leaves(work, total),
         }
+
+
+LEAVES_PER_STAGE = 8
+
+
+def _leaves(work: list[Work], total: float) -> list[dict[str, Any]]:
+    """Each stage's own time by the user-facing function it was in (the innermost frame that
+    is not this tool's, torch's loader or the standard library's plumbing), the largest
+    LEAVES_PER_STAGE of each stage and the rest as "other": the dashboard's icicle."""
+    by_stage: dict[str, dict[str, float]] = {}
+    for stage, frames, spent, _, _ in work:
+        # the user's innermost frame, else torch's (default_collate), never this tool's
+        frame = next((f for f in frames if not _framework(str(f[0]))), None) or next(
+            (f for f in frames if "/torch/" in str(f[0]).replace("\\", "/")
+             and not str(f[0]).startswith(OWN_PATH)), None)
+        name = (f"{frame[2]} ({os.path.basename(str(frame[0]))}:{frame[1]})" if frame
+                else "(the loader's own code)")
+        functions = by_stage.setdefault(stage, {})
+        functions[name] = functions.get(name, 0.0) + spent
+    leaves = []
+    for stage, functions in by_stage.items():
+        ranked = sorted(functions.items(), key=lambda kv: -kv[1])
+        rest = sum(t for _, t in ranked[LEAVES_PER_STAGE:])
+        leaves += [{"stage": stage, "function": name, "share": round(t / total, 4)}
+                   for name, t in ranked[:LEAVES_PER_STAGE]]
+        if rest > 0:
+            leaves.append({"stage": stage, "function": "other", "share": round(rest / total, 4)})
+    return leaves
 
 
 class _Function:

@@ -120,6 +120,7 @@ class ProfileResult(_Result):
     # ranked, where enough was sampled; what was sampled in any case.
     stages: tuple[dict[str, Any], ...] = ()
     hotspots: tuple[dict[str, Any], ...] = ()
+    flame: tuple[dict[str, Any], ...] = ()  # each stage's time by function: the icicle's
     stacks_sampled: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,7 +131,8 @@ class ProfileResult(_Result):
         result = super().from_dict(doc)
         return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()),
                                    stages=tuple(doc.get("stages") or ()),
-                                   hotspots=tuple(doc.get("hotspots") or ()))
+                                   hotspots=tuple(doc.get("hotspots") or ()),
+                                   flame=tuple(doc.get("flame") or ()))
 
     @property
     def headline_samples_per_s(self) -> float | None:
@@ -193,7 +195,7 @@ PROFILE_KEYS = (
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
     "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured",
-    "stages", "hotspots", "stacks_sampled", "system", "warnings", "error", "run_id")
+    "stages", "hotspots", "flame", "stacks_sampled", "system", "warnings", "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
