@@ -154,3 +154,21 @@ def test_stages_are_read_from_the_frames():
                  _frame("/usr/lib/python3/multiprocessing/queues.py", "Queue._feed"),
                  role="QueueFeederThread") == "hand-off"
     assert stage(_frame("/home/u/train.py", "train"), role="main") == "not the loader"
+
+
+@pytest.mark.slow
+def test_a_tune_says_where_its_trials_time_went():
+    """Every trial's processes sampled (0 workers: the main one; then the workers), merged into
+    the tune's result, as the CLI prints it after the reasons."""
+    handle = run_to_completion(RunRequest(target=dataset_path("known_stages.py"), kind="tune",
+                                          budget_s=40.0))
+    result = handle.live.tune_result(handle.state.value)
+    assert result.status == "ok", result.error
+    stacks = result.stacks
+    assert stacks["enough"] and stacks["processes"] >= 2
+    found = {h["function"]: h["total_share"] for h in stacks["hotspots"]
+             if h["function"] in FUNCTIONS}
+    total = sum(found.values())
+    for name, known in known_stages.SHARES.items():
+        assert found[name] / total == pytest.approx(known, abs=0.1), found
+    assert result.to_dict()["stacks"]["stages"][0]["stage"] == "your __getitem__"

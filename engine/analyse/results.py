@@ -160,6 +160,9 @@ class TuneResult(_Result):
     # the last plan (tune/plan.py's TunePlan fields); "announced_s" and "announced_at_most_s"
     # the first one's estimate and its at most
     plan: dict[str, Any] | None = None
+    # where the trials' time went inside their processes (analyse/hotspots.py's summary:
+    # looks, seconds, processes, enough, stages, hotspots, flame), where sampled
+    stacks: dict[str, Any] | None = None
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,7 +203,7 @@ TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
     "trials", "reasons", "warnings", "profile", "limits", "tuning_seconds", "trial_seconds",
-    "plan", "error", "run_id", "settings_file")
+    "plan", "stacks", "error", "run_id", "settings_file")
 
 
 def _ordered(doc: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

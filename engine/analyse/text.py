@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from dataloader_tuner.analyse.diagnostic import seconds_text
 from dataloader_tuner.analyse.results import ProfileResult
@@ -69,19 +69,24 @@ TOP_STAGES, TOP_FUNCTIONS_SHOWN = 6, 5
 def where_time_goes_text(result: ProfileResult) -> list[str]:
     """The loader's work by stage and its top functions, as sampled inside its processes
     (analyse/hotspots.py); or why there are no shares to show."""
-    seen = result.stacks_sampled
+    return stacks_text(result.stacks_sampled, result.stages, result.hotspots)
+
+
+def stacks_text(seen: dict[str, Any] | None, stages: Sequence[dict[str, Any]],
+                hotspots: Sequence[dict[str, Any]]) -> list[str]:
+    """``where_time_goes_text`` from its parts (a tune keeps them in one summary)."""
     if not seen:
         return []
     basis = (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
              f"{seen['processes']} process(es)")
-    if not result.stages:
+    if not seen.get("enough") or not stages:
         return [f"where the time goes: too few samples to tell ({basis})"]
-    stages = ", ".join(f"{s['stage']} {s['share']:.0%}"
+    shares = ", ".join(f"{s['stage']} {s['share']:.0%}"
                        + (f" (off CPU {s['share'] - s['cpu_share']:.0%})"
                           if s["share"] - s["cpu_share"] >= 0.05 else "")
-                       for s in result.stages[:TOP_STAGES])
-    lines = [f"where the time goes ({basis}): {stages}"]
-    for h in result.hotspots[:TOP_FUNCTIONS_SHOWN]:
+                       for s in stages[:TOP_STAGES])
+    lines = [f"where the time goes ({basis}): {shares}"]
+    for h in hotspots[:TOP_FUNCTIONS_SHOWN]:
         lines.append(f"  {h['total_share']:5.1%} total, {h['self_share']:5.1%} self  "
                      f"{h['function']} ({os.path.basename(h['file'])}:{h['line']}) [{h['stage']}]")
     return lines

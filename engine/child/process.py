@@ -243,14 +243,14 @@ class ChildRun:
         # [ Measuring cost on the fastest batches ] (ledger.py). Forked workers' collections
         # then leave its pages unwritten too.
         gc.freeze()
+        if request.sample_stacks:  # this process and its workers (instrument/sampler.py)
+            os.environ[sampler.SAMPLE_ENV] = "1"
+            sampler.start_if_asked()
         if request.kind == "tune":
             self._tune(resolved, config, consumer, ready.system)
             return
         self.recorder.streaming = True
         self.recorder.columns = columns = BatchColumns()
-        if request.sample_stacks:  # this process and its workers (instrument/sampler.py)
-            os.environ[sampler.SAMPLE_ENV] = "1"
-            sampler.start_if_asked()
         self.last_progress = time.monotonic()
         # Kept on self: if the iterator were garbage-collected here, DataLoader's own shutdown
         # would join each worker for up to 5 s (see the NOTE above); reap_workers goes first.

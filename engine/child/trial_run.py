@@ -5,6 +5,7 @@ with a beat per batch for the child's watchdog."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -13,11 +14,12 @@ from typing import Any, Callable
 import psutil
 
 from dataloader_tuner.analyse import metrics
+from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.child.measure import Measurement
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.config import LoaderConfig, TunedSettings
-from dataloader_tuner.instrument import threads
+from dataloader_tuner.instrument import sampler, threads
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
@@ -116,13 +118,15 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                   attempts: list[str] | None = None,
                   companions: Companions | None = None, limit_s: float | None = None,
                   on_batches: Callable[[], None] | None = None,
-                  rows_out: list[BatchRecord] | None = None) -> TrialResult | None:
+                  rows_out: list[BatchRecord] | None = None,
+                  stacks: SampledProfile | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while.
     ``limit_s``: cut it there (the user's time limit); ``on_batches``: called as batches come (the
     child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
-    trial's rows are added to it at its end."""
+    trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
+    processes go (instrument/sampler.py, where the run samples them)."""
     warmup = config.warmup_batches
     columns = BatchColumns()
     others = measurement = None
@@ -141,8 +145,13 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                 seen[pid] = probe or {}
 
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
-                                  clock.enough, on_worker=worker_seen)
+                                  clock.enough, on_worker=worker_seen,
+                                  on_profile=(None if stacks is None else
+                                              lambda pid, worker, sampled: stacks.add(pid, sampled)))
         measurement.run()
+        own = sampler.running()
+        if stacks is not None and own is not None:  # this process's (its fetch at 0 workers)
+            stacks.add(os.getpid(), own.take())
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
         workers_threads = worker_threads_read(seen)  # while the workers still run
@@ -193,6 +202,7 @@ class TrialRunner:
                  companions: Companions | None = None) -> None:
         self.resolved, self.consumer, self.on_trial = resolved, consumer, on_trial
         self.time_limit, self.on_batches, self.companions = time_limit, on_batches, companions
+        self.stacks = SampledProfile()  # every trial's sampled stacks, where sampled
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
@@ -203,7 +213,7 @@ class TrialRunner:
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions, limit_s=self.time_limit.left(),
-                              on_batches=self.on_batches)
+                              on_batches=self.on_batches, stacks=self.stacks)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
         if trial is not None and report:

@@ -184,7 +184,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             companions.close()
     document = tune_document(outcome, baseline, config, time_limit.spent(),
                              snippet_names(resolved, config))
-    return {**document, "plan": planner.to_dict()}
+    return {**document, "plan": planner.to_dict(), "stacks": runner.stacks.summary()}
 
 
 def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:

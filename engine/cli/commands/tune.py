@@ -10,7 +10,7 @@ from dataclasses import replace
 from dataloader_tuner.access import open_private
 from dataloader_tuner import protocol
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.analyse.text import speedup_text
+from dataloader_tuner.analyse.text import speedup_text, stacks_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, positive_float, positive_int,
@@ -38,6 +38,9 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                              "in_order=False")
     parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
                         help="fail if no trial finishes for this long")
+    parser.add_argument("--no-stacks", action="store_true",
+                        help="do not sample where the loader's time goes in the trials "
+                             "(docs/profile.md)")
     parser.add_argument("--out", help="write the recommended settings to this JSON file")
     add_json(parser)
     add_db(parser)
@@ -63,6 +66,10 @@ def render_tune_text(result: TuneResult) -> str:
                  + (f" (announced: {announced})" if announced else ""))
     lines.append("")
     lines += [f"- {reason}" for reason in result.reasons]
+    stacks = result.stacks or {}
+    where = stacks_text(stacks or None, stacks.get("stages") or (), stacks.get("hotspots") or ())
+    if where:
+        lines += ["", "over the trials, " + where[0]] + where[1:]
     for warning in result.warnings:
         lines.append(f"warning [{warning.code}]: {warning.message}")
     return "\n".join(lines)
@@ -91,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target, settings=settings_from_args(args), step_ms=args.step_ms,
         timeout_s=args.timeout_s, kind="tune", budget_s=args.budget_s,
         max_workers=args.max_workers, local_world_size=args.local_world_size,
-        keep_order=args.keep_order,
+        keep_order=args.keep_order, sample_stacks=not args.no_stacks,
     )
     store = RunStore(args.db)
     handle = run_to_completion(request, store, on_event=_TrialProgress().on_event)
