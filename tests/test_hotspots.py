@@ -172,3 +172,23 @@ def test_a_tune_says_where_its_trials_time_went():
     for name, known in known_stages.SHARES.items():
         assert found[name] / total == pytest.approx(known, abs=0.1), found
     assert result.to_dict()["stacks"]["stages"][0]["stage"] == "your __getitem__"
+
+
+def test_a_watched_loader_says_where_its_workers_time_went(tmp_path):
+    """watch(loader): the workers sample themselves and send their stacks with their batches;
+    the job's run keeps them (the history's events), and its result says where time went."""
+    from dataloader_tuner import watch
+    from dataloader_tuner.instrument import sampler
+
+    loader = watch(DataLoader(known_stages.KnownStages(), batch_size=8, num_workers=2),
+                   db=str(tmp_path / "runs.sqlite"))
+    for epoch in range(2):
+        for i, _ in enumerate(loader):
+            if i >= 120:
+                break
+    result = loader.close()
+    assert sampler.running() is None  # the job's process is not sampled once it ends
+    assert result.stacks_sampled["enough"] and result.stacks_sampled["processes"] >= 2
+    shares = _shares_of(result)
+    for name, known in known_stages.SHARES.items():
+        assert shares[name] == pytest.approx(known, abs=0.1), shares

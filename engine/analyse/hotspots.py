@@ -45,7 +45,7 @@ IDLE, NOT_LOADER = "waiting for work", "not the loader"
 Stack = tuple[tuple[Any, ...], ...]
 # The loader's work, one sampled stack each: (stage, frames, time spent, CPU of it, looks)
 Work = tuple[str, Stack, float, float, float]
-MIN_LOOKS = 50  # fewer looks at the loader's work: too few to show shares as a claim
+MIN_LOOKS = 100  # fewer looks at the loader's work: too few to show shares as a claim
 TOP_FUNCTIONS = 20
 
 
@@ -202,7 +202,9 @@ def _functions(work: list[Work], total: float) -> list[dict[str, Any]]:
                 seen.add(key)
                 entry.total_s += spent
                 entry.stages[stage] = entry.stages.get(stage, 0.0) + spent
-    ranked = [(key, f) for key, f in functions.items() if not _framework(key[0])]
+    # (a script's module level holds every stack of the process that runs it)
+    ranked = [(key, f) for key, f in functions.items()
+              if not _framework(key[0]) and key[2] != "<module>"]
     ranked.sort(key=lambda kv: (-kv[1].total_s, -kv[1].self_s))
     return [{"function": key[2], "file": key[0], "line": key[1],
              "stage": max(f.stages.items(), key=lambda kv: kv[1])[0],

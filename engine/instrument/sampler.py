@@ -86,7 +86,7 @@ class StackSampler:
                 signal, "setitimer"):
             return None
         previous = signal.getsignal(signal.SIGPROF)
-        if previous not in (signal.SIG_DFL, None):
+        if previous not in (signal.SIG_DFL, signal.SIG_IGN, None):
             return None
         self._previous = previous
         self._last_wall, self._last_cpu = time.monotonic(), time.thread_time()
@@ -105,10 +105,15 @@ class StackSampler:
         self.running = False
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGPROF, self._previous or signal.SIG_DFL)
+            # ignored, not its default (ending the process), should one be on its way still
+            signal.signal(signal.SIGPROF, signal.SIG_IGN
+                          if self._previous in (signal.SIG_DFL, None) else self._previous)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.look(frame)
+        # A process whose other threads work (a training job's step on many cores) spends
+        # CPU faster than the time passes: a look at most every half interval of that time
+        if time.monotonic() - self._last_wall >= self.interval_s / 2:
+            self.look(frame)
         if self.running:  # the next look at a jittered interval: a loader whose samples take
             # a round number of milliseconds was otherwise seen at the same point of each
             # (known_stages: decode 0.56 of the CPU against its 0.50, with a 1 ms timer)
@@ -174,11 +179,16 @@ def _in_work(stack: tuple) -> bool:
 
 
 def _stack(frame: Any) -> tuple:
-    """The stack from ``frame`` up, leaf first, as (code object, line) pairs."""
+    """The stack from ``frame`` up, leaf first, as (code object, line) pairs, to a process's
+    or thread's ``_bootstrap``: a forked worker runs on top of the frames its parent was in
+    when it forked (the job's script, its ``for batch in loader``), which are not its work."""
     out = []
     depth = 0
     while frame is not None and depth < MAX_DEPTH:
-        out.append((frame.f_code, frame.f_lineno))
+        code = frame.f_code
+        out.append((code, frame.f_lineno))
+        if code.co_name == "_bootstrap":
+            break
         frame = frame.f_back
         depth += 1
     return tuple(out)
@@ -197,16 +207,17 @@ SAMPLE_ENV = "DATALOADER_TUNER_SAMPLE"
 # (jpeg_folder: ~0.2 s a life) lose little when they end, and a long-lived one sends its
 # stacks twice a second, not twenty times (each send pickles them, and the engine writes them
 # to its parent as JSON: 2.7% of jpeg_folder's rate at 20 a second).
-SHIP_S, FIRST_SHIP_S = 0.5, 0.05
+SHIP_S, FIRST_SHIP_S = 0.5, 0.0
 
 _process: StackSampler | None = None  # this process's, once started
+_watchers = 0  # watched loaders asking for samples (ask/release): forked workers inherit it
 
 
 def _after_fork() -> None:
     global _process
     if _process is not None and _process.running:  # its handler came along, not its timer
         try:
-            signal.signal(signal.SIGPROF, signal.SIG_DFL)
+            signal.signal(signal.SIGPROF, signal.SIG_DFL)  # (a worker's own start checks it)
         except ValueError:  # forked from another thread: the handler is not ours to reset
             pass
     _process = None  # a worker starts its own, at its first fetch
@@ -216,11 +227,29 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def start_if_asked() -> StackSampler | None:
-    """This process's sampler, started once, where the run asked for one (SAMPLE_ENV)."""
+    """This process's sampler, started once, where the engine's run asked for one
+    (SAMPLE_ENV=1) or a watched loader did (``ask``); SAMPLE_ENV=0 turns it off."""
     global _process
-    if _process is None and os.environ.get(SAMPLE_ENV) == "1":
+    wanted = os.environ.get(SAMPLE_ENV)
+    if _process is None and (wanted == "1" or (_watchers and wanted != "0")):
         _process = StackSampler().start()
     return _process
+
+
+def ask() -> None:
+    """A watched loader's workers (forked from here after this) sample themselves, and this
+    process where it fetches itself; until ``release``. Not through the environment: a job's
+    other processes, and other loaders once it ends, are left alone."""
+    global _watchers
+    _watchers += 1
+
+
+def release() -> None:
+    """A watched loader ended: the last one stops this process's sampler."""
+    global _watchers
+    _watchers = max(_watchers - 1, 0)
+    if not _watchers and os.environ.get(SAMPLE_ENV) != "1":
+        stop()
 
 
 def running() -> StackSampler | None:

@@ -54,6 +54,7 @@ class Recorder:
         self.copies: list = []  # (seq, copy ms, other kind ms), from loader.to (gpu_events.py)
         # The measuring thread's per-batch bookkeeping: its rows, epochs and workers come here.
         self.ledger = BatchLedger(t0, self.epoch_began, self.worker_seen, gaps, self.gaps)
+        self.ledger.on_profile = self.profiled
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.probed_workers: list[int] = []  # the worker id of each probe, in arrival order
         # Rows written, the newest last (only where read: the engine's fast path keeps none).

@@ -6,6 +6,7 @@ missed, never the recording or the job."""
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import sys
 import time
@@ -16,7 +17,7 @@ from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.shm import tightest_shm
 from dataloader_tuner.config import TunedSettings
 from dataloader_tuner.analyse.stalls import overdue_now
-from dataloader_tuner.instrument import stalls
+from dataloader_tuner.instrument import sampler, stalls
 from dataloader_tuner.run.recorder import Recorder
 
 
@@ -47,7 +48,15 @@ class PeriodicChecks:
     def tick(self) -> bool:
         self.watch_stalls()
         self.watch_shm()
+        self.ship_own_samples()
         return False  # never ends the recorder's thread
+
+    def ship_own_samples(self) -> None:
+        """The job's own process's sampled stacks, where it fetches itself (num_workers=0:
+        instrument/sampler.py), written to the run as its workers' are."""
+        sampled = sampler.due(time.monotonic())
+        if sampled:
+            self.recorder.events.append(protocol.Profiled(os.getpid(), -1, sampled))
 
     def watch_stalls(self) -> None:
         """Each flush: a batch overdue is written to the run and said on stderr."""

@@ -27,7 +27,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from dataloader_tuner import protocol, system
 from dataloader_tuner.analyse.results import ProfileResult
-from dataloader_tuner.instrument import gpu
+from dataloader_tuner.instrument import gpu, sampler
 from dataloader_tuner.instrument.probes import counting_rules
 from dataloader_tuner.instrument.tensors import samples_in
 from dataloader_tuner.config import LoaderConfig, TunedSettings
@@ -136,6 +136,9 @@ class WatchedLoader:
                                   rank=self.rank.to_dict() if self.rank else None,
                                   framework=framework)
         self.history = HistorySink(store, run_id)
+        # Its workers sample where their time goes (instrument/sampler.py) until it ends;
+        # DATALOADER_TUNER_SAMPLE=0 in the job's environment turns it off.
+        sampler.ask()
         self.recorder = Recorder(self.history, t0, gaps=StepGaps.create(),
                                  own_workers_only=True, keep_recent=True)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.rows.append, ahead)
@@ -287,6 +290,8 @@ class WatchedLoader:
         if self._ended is not None:
             return self._ended[0]
         self._ended = (None,)
+        self.checks.ship_own_samples()  # the job's own, where it fetched itself
+        sampler.release()
         self.recorder.stop()
         try:
             self._ended = (self.history.finish(status, time.monotonic() - self.recorder.t0,
