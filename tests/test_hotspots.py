@@ -192,3 +192,20 @@ def test_a_watched_loader_says_where_its_workers_time_went(tmp_path):
     shares = _shares_of(result)
     for name, known in known_stages.SHARES.items():
         assert shares[name] == pytest.approx(known, abs=0.1), shares
+
+
+def test_a_process_left_sampling_ends_normally():
+    """The interpreter's end puts SIGPROF back to its default (ending the process): a sampler
+    never stopped must be disarmed first (a watched job died at exit of "Profiling timer
+    expired" before)."""
+    import subprocess
+    import sys
+
+    code = ("from dataloader_tuner.instrument.sampler import StackSampler\n"
+            "s = StackSampler(0.001).start()\n"
+            "assert s is not None\n"
+            "total = sum(range(3 * 10 ** 6))\n"
+            "import torch\n")  # (a large module's teardown: a long finalisation)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()[-500:]

@@ -24,13 +24,15 @@ NOTE [ Sampling inside the workers ]
 
     System calls interrupted by the signal restart (``siginterrupt(False)``); a process whose
     SIGPROF is taken already (another profiler) is not sampled. Stacks are kept as tuples of
-    code objects while sampling, and named (file, line, function) when a delta is taken:
+    code objects while sampling (functions, not lines), and named (file, first line, function)
+    when a delta is taken:
     ``take()`` returns what was sampled since the last take as plain data that pickles, for
     the batch's meta to carry to the main process (probes.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import signal
@@ -97,12 +99,17 @@ class StackSampler:
         signal.siginterrupt(signal.SIGPROF, False)
         signal.setitimer(signal.ITIMER_PROF, self.interval_s)
         self.running = True
+        # Disarmed before the interpreter ends: its finalisation puts SIGPROF back to its
+        # default (ending the process), and a timer still armed then killed a watched job at
+        # exit ("Profiling timer expired").
+        atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
         if not self.running:
             return
         self.running = False
+        atexit.unregister(self.stop)
         signal.setitimer(signal.ITIMER_PROF, 0, 0)
         if threading.current_thread() is threading.main_thread():
             # ignored, not its default (ending the process), should one be on its way still
@@ -175,18 +182,18 @@ class StackSampler:
 def _in_work(stack: tuple) -> bool:
     """The stack is inside the fetch or the collate (probes.py's wrappers)."""
     return any(code.co_name in WORK_FRAMES and code.co_filename.endswith(WORK_FILE)
-               for code, _ in stack)
+               for code in stack)
 
 
 def _stack(frame: Any) -> tuple:
-    """The stack from ``frame`` up, leaf first, as (code object, line) pairs, to a process's
+    """The stack from ``frame`` up, leaf first, as code objects, to a process's
     or thread's ``_bootstrap``: a forked worker runs on top of the frames its parent was in
     when it forked (the job's script, its ``for batch in loader``), which are not its work."""
     out = []
     depth = 0
     while frame is not None and depth < MAX_DEPTH:
         code = frame.f_code
-        out.append((code, frame.f_lineno))
+        out.append(code)
         if code.co_name == "_bootstrap":
             break
         frame = frame.f_back
@@ -194,10 +201,13 @@ def _stack(frame: Any) -> tuple:
     return tuple(out)
 
 
-def named(stack: Iterable[tuple[Any, int]]) -> tuple[Frame, ...]:
+def named(stack: Iterable[Any]) -> tuple[Frame, ...]:
+    """Code objects as frames a reader can name. Functions, not lines: keyed by the line each
+    frame was at, a job's stacks were many times as many (and each look, send and write of
+    them dearer) for figures that rank functions."""
     return tuple((code.co_filename, code.co_firstlineno,
-                  getattr(code, "co_qualname", code.co_name), line or 0)
-                 for code, line in stack)
+                  getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
+                 for code in stack)
 
 
 # Set in the engine's child for the runs it profiles; its workers inherit it (fork, spawn).
