@@ -182,11 +182,13 @@ def test_a_watched_loader_says_where_its_workers_time_went(tmp_path):
 
     loader = watch(DataLoader(known_stages.KnownStages(), batch_size=8, num_workers=2),
                    db=str(tmp_path / "runs.sqlite"))
-    for epoch in range(2):
-        for i, _ in enumerate(loader):
-            if i >= 120:
-                break
-    result = loader.close()
+    try:
+        for epoch in range(2):
+            for i, _ in enumerate(loader):
+                if i >= 120:
+                    break
+    finally:  # (a loader left watched would have later tests' workers sample themselves)
+        result = loader.close()
     assert sampler.running() is None  # the job's process is not sampled once it ends
     assert result.stacks_sampled["enough"] and result.stacks_sampled["processes"] >= 2
     shares = _shares_of(result)

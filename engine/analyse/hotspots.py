@@ -60,8 +60,8 @@ def stage_of(role: str, frames: Sequence[Sequence[Any]]) -> str:
     names = [f[2] for f in root_first]
     if role == "QueueFeederThread" or any(n.endswith("Queue._feed") for n in names):
         return "hand-off"
-    if any(n.endswith("_pin_memory_loop") for n in names):
-        return "pinning"
+    if "_pin_memory_loop" in role or any(n.endswith("_pin_memory_loop") for n in names):
+        return "pinning"  # (other threads are sampled by name: "Thread-3 (_pin_memory_loop)")
     if role != "main":  # the recorder's, the user's own threads
         return NOT_LOADER
     for i, name in enumerate(names):

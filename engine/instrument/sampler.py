@@ -9,9 +9,12 @@ NOTE [ Sampling inside the workers ]
     raises SIGPROF, and the interpreter runs the handler in the main thread at its next
     instruction, with the frame that was running. The handler charges the main thread's CPU
     and the time that passed since its last run to that stack, and each other thread's CPU
-    (its CPU clock, made from its kernel id) to that thread's current stack: a worker's main
+    (its CPU clock, made from its kernel id) to that thread, by its name: a worker's main
     thread (fetch, transforms, collate) and its queue's feeder thread (the batch pickled into
-    shared memory: the hand-off) are both seen. A C call (a JPEG decode, a resize) holds the
+    shared memory: the hand-off) are both seen. Other threads' frames are not walked: reading
+    them (``sys._current_frames``) from the handler crashed a worker (SIGSEGV) in CI, while its
+    threads came and went (multiprocessing's resource sharer, passing a batch's file
+    descriptors). A C call (a JPEG decode, a resize) holds the
     handler until it returns, so its time is charged to the Python frame that called it; time
     waiting (reading a file, a sleep) is time passed without CPU. Outside the fetch and the
     collate (a worker waiting for its next indices), only CPU is charged: the handler runs
@@ -138,14 +141,13 @@ class StackSampler:
         # listing them is most of a look's cost), and after the main thread was away long
         if (self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s) \
                 and threading.active_count() > 1:
-            threads = {t.ident: t for t in threading.enumerate()}
-            for ident, other in sys._current_frames().items():
-                thread = threads.get(ident)
-                if ident == self.main_ident or thread is None:
+            for thread in threading.enumerate():
+                ident = thread.ident
+                if ident is None or ident == self.main_ident:
                     continue
                 used = self._cpu_since(ident, thread.native_id)
-                if used:
-                    self._charge(thread.name, _stack(other), used, used)
+                if used:  # by the thread's name: its frames are not walked (NOTE above)
+                    self._charge(thread.name, (), used, used)
 
     def _charge(self, role: str, stack: tuple, cpu: float, wall: float) -> None:
         key = (role, stack)
