@@ -139,9 +139,11 @@ class StackSampler:
         self._charge("main", stack, cpu, wall if _in_work(stack) else min(cpu, wall))
         # The other threads every OTHERS_EVERY-th look (their CPU adds up between looks, and
         # listing them is most of a look's cost), and after the main thread was away long
-        if (self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s) \
-                and threading.active_count() > 1:
-            for thread in threading.enumerate():
+        if self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s:
+            # threading's own table, copied in one step: enumerate() and active_count() take
+            # a lock the interrupted thread may hold (starting a thread), and the handler runs
+            # on that same thread: it would wait for itself forever
+            for thread in list(getattr(threading, "_active", {}).values()):
                 ident = thread.ident
                 if ident is None or ident == self.main_ident:
                     continue
