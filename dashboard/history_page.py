@@ -41,7 +41,8 @@ def _measured(run: StoredRun) -> ProfileResult | None:
     return run.result if isinstance(run.result, ProfileResult) else None
 
 
-def _side(run: StoredRun) -> None:
+def _side(run: StoredRun, side: str) -> None:
+    """One side of the comparison; ``side`` keys its charts (both sides may show one run)."""
     result = _measured(run)
     st.markdown(f"**{_label(run)}**")
     if result is not None and result.snippet:
@@ -57,7 +58,7 @@ def _side(run: StoredRun) -> None:
     cols[3].metric("input wait", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
     if result is not None and result.stacks_sampled:
         with st.expander("Where the time goes"):
-            views.where_time_goes(result, key=f"history-{run.id}")
+            views.where_time_goes(result, key=f"history-{side}-{run.id}")
 
 
 def render() -> None:
@@ -83,9 +84,9 @@ def render() -> None:
     if first is None or second is None:  # only with no options, which is returned above
         return
     with cols[0]:
-        _side(measured[first])
+        _side(measured[first], "a")
     with cols[1]:
-        _side(measured[second])
+        _side(measured[second], "b")
     batches = {run_id: store.batches(run_id) for run_id in {first, second}}
     series = []
     for run_id in (first, second):

@@ -112,6 +112,7 @@ def _median_faults(mode: str) -> int:
 
 
 @glibc
+@pytest.mark.slow  # real workers in turns, 3-4 s
 def test_a_worker_that_keeps_freed_memory_stops_faulting_it_in_again():
     given_back, kept = _median_faults("none"), _median_faults("keep")
     # 8 x 1 MB = 2,048 pages zeroed again each item when given back

@@ -105,6 +105,7 @@ def test_the_sampler_charges_each_thread_its_own_cpu():
     assert stages == {"hand-off"}  # the feeder thread's; the main thread's sleep is not the loader's
 
 
+@pytest.mark.slow  # a sampled loop of 2 s
 def test_a_python_loop_between_c_calls_is_seen_where_it_spends_its_time():
     """The spins of known_stages, in this process: each function seen near its share (a thread
     that looked instead saw only the torch call, where the GIL was let go: 0 for each). ~250
@@ -210,6 +211,5 @@ def test_a_process_left_sampling_ends_normally():
             "assert s is not None\n"
             "total = sum(range(3 * 10 ** 6))\n"
             "import torch\n")  # (a large module's teardown: a long finalisation)
-    for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
-        assert done.returncode == 0, done.stderr.decode()[-500:]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-500:]

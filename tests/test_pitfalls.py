@@ -341,6 +341,7 @@ def test_resource_sampler_reads_worker_private_memory_every_few_seconds(allocato
     assert after["uss_mb"] - before["uss_mb"] > 45 and after["dirty_mb"] - before["dirty_mb"] > 45
 
 
+@pytest.mark.slow  # real workers read in turns
 def test_workers_private_memory_reads_share_one_cpu_budget_in_turns(monkeypatch):
     """Each read walks a worker's page tables (6-12 ms on a Lightning job's workers): one
     worker a sample, all of them within USS_MAX_CPU_SHARE of a core, the longest due first, so

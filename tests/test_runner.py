@@ -204,6 +204,7 @@ print(json.dumps({"code": code, "events": events}))
 '''
 
 
+@pytest.mark.slow  # two workers dying in turn
 def test_a_second_worker_death_does_not_cut_the_failure_report_short():
     out = subprocess.run([sys.executable, "-c", REENTRANT_FAILURE], capture_output=True,
                          text=True, timeout=30, cwd=os.path.dirname(os.path.dirname(__file__)))

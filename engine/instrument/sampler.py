@@ -48,8 +48,11 @@ from typing import Any, Iterable
 INTERVAL_S = 0.005
 OTHERS_EVERY = 4
 MAX_DEPTH = 48  # frames kept from the leaf up (a DataLoader worker's stack is ~15-30 deep)
-# The frames inside which the time passed is the loader's work (probes.py's wrappers)
-WORK_FRAMES = frozenset({"__getitems__", "__iter__", "__call__"})
+# The probes' wrappers around the loader's work (probes.py), by qualified name: the time
+# passed inside them is the loader's (here); its stages begin below them (analyse/hotspots.py)
+FETCH_WRAPPERS = ("TimedMapDataset.__getitems__", "TimedIterableDataset.__iter__")
+COLLATE_WRAPPER = "TimedCollate.__call__"
+WORK_FRAMES = frozenset(name.rsplit(".", 1)[1] for name in (*FETCH_WRAPPERS, COLLATE_WRAPPER))
 WORK_FILE = os.path.join("instrument", "probes.py")
 
 # One frame as shipped: (file, first line of its function, function's qualified name, line)
