@@ -84,7 +84,7 @@ from tests.real.plain_loop import load_module  # noqa: E402
 SLOW = ["imagenet_like", "audio_mel", "cpu_mlp"]
 MODULES = ["detection", "detectron2_style", "jpeg_folder", "webdataset_style",
            "copy_on_read_fixed", "memmap_store", "long_tail", "many_classes", "duck_typed",
-           "audio_like", "noisy_worker"] + SLOW
+           "audio_like", "noisy_worker", "imagefolder_compose", "tokenized_text"] + SLOW
 LATENCY_LIKE = {"copy_on_read_fixed", "memmap_store"}  # per-sample waits: more workers pay
 GRID = [0, 1, 2, 3, 4, 6, 8]
 GRID_LATENCY = GRID + [12, 16]

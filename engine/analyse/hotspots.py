@@ -7,7 +7,10 @@ NOTE [ Stages of a sample's making ]
     - under the collate wrapper (probes.TimedCollate): "collate";
     - under the fetch wrapper (probes.Timed*Dataset), from the outermost frame in: a frame
       below a ``Compose`` (torchvision v1/v2, albumentations) names "transform: <its class>"
-      (the first frame that is not a generic ``Module``/``Transform`` call); else a frame in a
+      (the first frame that is not a generic ``Module``/``Transform`` call), or "transform"
+      in the ``Compose``'s own frame (mostly a step's last C work: an operator such as
+      Normalize's division runs before the interpreter checks for the signal again, back in
+      the ``Compose``: tests/test_hotspots_real.py); else a frame in a
       decoding library (PIL past ``Image.open``, torchvision.io, soundfile, torchaudio,
       librosa, tokenizers, transformers' tokenizers) is "decode"; a frame of file or storage
       reading (``Image.open``, tarfile, zipfile, lmdb, fsspec, numpy's load, h5py, ...) is
@@ -27,9 +30,9 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
+from dataloader_tuner.instrument.sampler import COLLATE_WRAPPER, FETCH_WRAPPERS
+
 # frames: (file, first line, qualified name, line), leaf first (sampler.Frame)
-FETCH_WRAPPERS = ("TimedMapDataset.__getitems__", "TimedIterableDataset.__iter__")
-COLLATE_WRAPPER = "TimedCollate.__call__"
 GENERIC_CALLS = ("Module._call_impl", "Module._wrapped_call_impl", "Transform.forward",
                  "Transform.__call__", "BasicTransform.__call__", "DualTransform.__call__",
                  "ImageOnlyTransform.__call__", "BaseCompose.__call__")

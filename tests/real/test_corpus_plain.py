@@ -23,7 +23,8 @@ MODULES = [
     "detection", "detectron2_style", "jpeg_folder", "webdataset_style", "copy_on_read_leak",
     "copy_on_read_fixed", "memmap_store", "long_tail", "many_classes", "duck_typed",
     "noisy_worker", "audio_like", pytest.param("imagenet_like", marks=SLOW_FIXTURE),
-    "audio_mel", "cpu_mlp",
+    "audio_mel", "cpu_mlp", pytest.param("imagefolder_compose", marks=SLOW_FIXTURE),
+    pytest.param("tokenized_text", marks=SLOW_FIXTURE),  # (imports transformers)
 ]
 CODES = {"worker_memory_growth", "skewed_labels"}
 WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")
