@@ -56,9 +56,11 @@ def _side(run: StoredRun, side: str) -> None:
     cols[1].metric("p50 wait", views.fmt(lat.get("p50"), ".2f", " ms"))
     cols[2].metric("p95 wait", views.fmt(lat.get("p95"), ".2f", " ms"))
     cols[3].metric("input wait", views.fmt(None if idle is None else idle * 100, ".1f", " %"))
-    if result is not None and result.stacks_sampled:
+    where = views.sampled_of(result) if result is not None else None
+    if where:
         with st.expander("Where the time goes"):
-            views.where_time_goes(result, key=f"history-{side}-{run.id}")
+            views.where_time_goes(where, key=f"history-{side}-{run.id}",
+                                  name=f"run {run.id}: {run.target}")
 
 
 def render() -> None:

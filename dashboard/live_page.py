@@ -294,6 +294,10 @@ def _recommendation_block(jobs: Jobs) -> None:
         for reason in tuned.reasons:
             st.markdown(f"- {reason}")
         views.warnings_list(tuned.warnings)
+        if tuned.stacks:  # (none where the trials' work was too quick to be seen)
+            with st.expander("Where the trials' time went"):
+                views.where_time_goes(tuned.stacks, key="tune",
+                                      name=f"tune of {tune.request.target}, all trials")
         left, right = st.columns(2)
         left.button("Apply recommended settings", type="primary", on_click=_apply,
                     args=(jobs, rec), disabled=jobs.busy())
@@ -349,7 +353,8 @@ def _run_view(jobs: Jobs, handle: RunHandle) -> None:
                    f"{len(live.batches)} of {len(handle.live.batches)} batches; the saved "
                    "result covers all of them.")
     views.run_charts(result, list(live.batches), key="live")
-    views.where_time_goes(result, key="live")
+    views.where_time_goes(views.sampled_of(result), key="live",
+                          name=f"profile of {handle.request.target}")
     with st.expander("Workers and the main process", expanded=False):
         views.workers_table(result)
     st.markdown("**System**")

@@ -4,15 +4,16 @@ records, diagnostics) so the live page and the history page show a run the same 
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import psutil
 import streamlit as st
 
 from dataloader_tuner import EngineError, ProfileResult
 from dataloader_tuner.ui import (BatchRecord, Diagnostic, SystemSnapshot, busy_timeline,
-                                 counting_text, fmt, startup_text)
+                                 counting_text, fmt, speedscope_document, startup_text)
 
 from . import charts
 
@@ -186,26 +187,41 @@ def warnings_list(warnings: Sequence[Diagnostic]) -> None:
                 st.code(warning.evidence["stack"], language="text")
 
 
-def where_time_goes(result: ProfileResult, key: str) -> None:
-    """The loader's sampled work by stage and function (docs/profile.md): the icicle and the
-    stage table, or why there is none."""
-    seen = result.stacks_sampled
-    if not seen:
+def sampled_of(result: ProfileResult) -> dict[str, Any] | None:
+    """A profile's sampled stacks as one summary (analyse/hotspots.py's shape), as a tune's
+    ``stacks`` already is."""
+    if not result.stacks_sampled:
+        return None
+    return {**result.stacks_sampled, "stages": result.stages, "hotspots": result.hotspots,
+            "flame": result.flame, "collapsed": result.stacks_collapsed}
+
+
+def where_time_goes(summary: dict[str, Any] | None, key: str, name: str) -> None:
+    """The loader's sampled work by stage and function (docs/profile.md): the icicle, the
+    stage table and the stacks for speedscope, or why there are none. ``summary``:
+    hotspots.py's; ``name``: what the export calls the run."""
+    if not summary:
         return
-    basis = (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
-             f"{seen['processes']} process(es)")
-    if not result.stages:
+    basis = (f"{summary['looks']} looks over {summary['seconds']:.1f} s of work in "
+             f"{summary['processes']} process(es)")
+    if not summary.get("enough") or not summary.get("stages"):
         st.caption(f"Where the time goes: too few samples to tell yet ({basis}).")
         return
     st.markdown(f"**Where the time goes** (sampled inside the loader's processes: {basis})")
-    st.plotly_chart(charts.where_time_goes_figure(result.flame), key=f"{key}-where")
+    st.plotly_chart(charts.where_time_goes_figure(summary["flame"]), key=f"{key}-where")
     left, right = st.columns([2, 3])
     with left:
         st.dataframe([{"stage": s["stage"], "share %": round(s["share"] * 100, 1),
                        "off CPU %": round((s["share"] - s["cpu_share"]) * 100, 1)}
-                      for s in result.stages], hide_index=True)
+                      for s in summary["stages"]], hide_index=True)
     with right:
         st.dataframe([{"function": h["function"], "total %": round(h["total_share"] * 100, 1),
                        "self %": round(h["self_share"] * 100, 1), "stage": h["stage"],
                        "where": f"{os.path.basename(h['file'])}:{h['line']}"}
-                      for h in result.hotspots[:10]], hide_index=True)
+                      for h in summary["hotspots"][:10]], hide_index=True)
+    if summary.get("collapsed"):
+        st.download_button("Download the stacks for speedscope",
+                           json.dumps(speedscope_document(summary["collapsed"], name)),
+                           file_name=f"dataloader-tuner-{key}.speedscope.json",
+                           mime="application/json", key=f"{key}-speedscope",
+                           help="Every sampled stack, for https://www.speedscope.app")

@@ -10,6 +10,7 @@ from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                             window_figures)
 from dataloader_tuner.analyse.shm import shm_check
+from dataloader_tuner.analyse.speedscope import speedscope_document
 from dataloader_tuner.analyse.text import counting_text, fmt, speedup_text, startup_text
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
@@ -32,7 +33,7 @@ __all__ = [
     # what a run's pages show
     "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceDecision",
     "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
-    "speedup_text", "startup_text",
+    "speedup_text", "startup_text", "speedscope_document",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
 ]

@@ -153,7 +153,11 @@ def test_tune_recommends_and_apply_verifies(app_env):
     assert any("Tune: throughput against num_workers" in t for t in chart_titles(at))
     assert any(c.value.startswith("DataLoader(dataset") for c in at.code)
     assert any("announced as it started" in c.value for c in at.caption)
-    recommended = get_jobs().tune_result(get_jobs().tune).recommended
+    tuned = get_jobs().tune_result(get_jobs().tune)
+    # where the trials' time went, where any was sampled (small_map's batches are quick)
+    assert ("Where the trials' time went" in [e.label for e in at.expander]) == bool(
+        tuned.stacks)
+    recommended = tuned.recommended
     button(at, "Apply recommended settings").click()
     at = at.run()
     assert at.number_input(key="ctl_num_workers").value == recommended["num_workers"]
@@ -202,6 +206,8 @@ def test_history_shows_where_a_runs_time_went(app_env):
     assert stages["stage"].iloc[0] == "your __getitem__"
     functions = next(t for t in tables if "function" in t.columns)
     assert "read_bytes" in set(functions["function"])
+    exports = [b for b in at.get("download_button") if "speedscope" in b.proto.label]
+    assert len(exports) == 2  # one a side
 
 
 def test_history_shows_a_failed_run_with_its_headline(app_env):

@@ -3,6 +3,7 @@ real workers, merged, and checked against the known make-up of a dataset and aga
 independent profile (cProfile) of a plain loop over it."""
 
 import cProfile
+import json
 import pstats
 import threading
 import time
@@ -14,7 +15,10 @@ from dataloader_tuner.analyse.hotspots import SampledProfile, stage_of
 from dataloader_tuner.instrument.sampler import StackSampler
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 
+from dataloader_tuner import ProfileResult
+
 from .conftest import dataset_path
+from .test_cli import cli
 from .datasets import known_stages
 
 FUNCTIONS = tuple(known_stages.SHARES)
@@ -44,11 +48,16 @@ def _cprofile_shares() -> dict[str, float]:
     return {name: t / total for name, t in cumulative.items()}
 
 
-def _profile_and_check(workers: int, seconds: float, tolerance: float) -> None:
-    handle = run_to_completion(RunRequest(target=dataset_path("known_stages.py"),
-                                          seconds=seconds, settings={"num_workers": workers}))
-    result = handle.live.profile_result(handle.state.value)
+def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path) -> None:
+    """A profile from the command line, its --json and its --speedscope file."""
+    export = tmp_path / "stacks.speedscope.json"
+    done = cli("profile", dataset_path("known_stages.py"), "--num-workers", str(workers),
+               "--seconds", str(seconds), "--json", "--speedscope", str(export),
+               db=str(tmp_path / "runs.db"))
+    assert done.returncode == 0, done.stderr
+    result = ProfileResult.from_dict(json.loads(done.stdout))
     assert result.status == "ok", result.error
+    _check_speedscope(json.loads(export.read_text()), result)
     seen = result.stacks_sampled
     assert seen["enough"] and seen["processes"] >= max(workers, 1)  # (+ the main process)
     shares = _shares_of(result)
@@ -65,16 +74,31 @@ def _profile_and_check(workers: int, seconds: float, tolerance: float) -> None:
         "known_stages.py")
 
 
-def test_a_profile_finds_the_known_shares_inside_its_workers():
+def _check_speedscope(doc: dict, result: ProfileResult) -> None:
+    """The export holds the stacks the shares came from: rooted at their stages, weighing
+    the seconds sampled, the three functions in them."""
+    frames = doc["shared"]["frames"]
+    (profile,) = doc["profiles"]
+    assert profile["type"] == "sampled" and profile["unit"] == "seconds"
+    assert len(profile["samples"]) == len(profile["weights"]) > 3
+    assert all(0 <= i < len(frames) for stack in profile["samples"] for i in stack)
+    roots = {frames[stack[0]]["name"] for stack in profile["samples"]}
+    assert roots == {f"stage: {s['stage']}" for s in result.stages}, roots
+    assert sum(profile["weights"]) == pytest.approx(result.stacks_sampled["seconds"], rel=0.01)
+    named = {f["name"].split(".")[-1] for f in frames}
+    assert set(FUNCTIONS) <= named, named
+
+
+def test_a_profile_finds_the_known_shares_inside_its_workers(tmp_path):
     """A short run: within 10 points (a few hundred looks; the kernel's tick sets the rate)."""
-    _profile_and_check(2, 3.0, 0.1)
+    _profile_and_check(2, 3.0, 0.1, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_longer_profile_agrees_within_five_points(workers):
+def test_a_longer_profile_agrees_within_five_points(workers, tmp_path):
     """~1,000-2,000 looks: within 5 points of the known make-up and of cProfile's."""
-    _profile_and_check(workers, 12.0, 0.05)
+    _profile_and_check(workers, 12.0, 0.05, tmp_path)
 
 
 def test_the_sampler_charges_each_thread_its_own_cpu():

@@ -120,7 +120,7 @@ class SampledProfile:
             self.processes.add(pid)
 
     def summary(self) -> dict[str, Any] | None:
-        """``{looks, seconds, processes, enough, stages, hotspots, flame}``, or None
+        """``{looks, seconds, processes, enough, stages, hotspots, flame, collapsed}``, or None
         when nothing was sampled. Shares are of the loader's work (NOTE above)."""
         work: list[Work] = []
         for (role, frames), (cpu, wall, looks) in self.stacks.items():
@@ -147,7 +147,29 @@ class SampledProfile:
                        for stage, (spent, cpu) in sorted(stages.items(), key=lambda kv: -kv[1][0])],
             "hotspots": _functions(work, total),
             "flame": _leaves(work, total),
+            "collapsed": _collapsed(work),
         }
+
+
+MAX_STACKS = 300  # whole stacks kept for an export (speedscope.py), the longest first
+
+
+def _collapsed(work: list[Work]) -> dict[str, Any]:
+    """The sampled stacks themselves, for tools that draw them (analyse/speedscope.py):
+    ``{frames: [[function, file, line]], stacks: [[stage, [frame index, root first],
+    seconds]]}``; past the MAX_STACKS longest, each stage's rest as one stack of no frames."""
+    ranked = sorted(work, key=lambda w: -w[2])
+    frames: dict[tuple[str, str, int], int] = {}
+    stacks: list[list[Any]] = []
+    rest: dict[str, float] = {}
+    for stage, stack, spent, _, _ in ranked[MAX_STACKS:]:
+        rest[stage] = rest.get(stage, 0.0) + spent
+    for stage, stack, spent, _, _ in ranked[:MAX_STACKS]:
+        indices = [frames.setdefault((str(f[2]), str(f[0]), int(f[3])), len(frames))
+                   for f in reversed(stack)]
+        stacks.append([stage, indices, round(spent, 6)])
+    stacks += [[stage, [], round(spent, 6)] for stage, spent in rest.items()]
+    return {"frames": [list(frame) for frame in frames], "stacks": stacks}
 
 
 LEAVES_PER_STAGE = 8

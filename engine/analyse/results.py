@@ -122,6 +122,8 @@ class ProfileResult(_Result):
     hotspots: tuple[dict[str, Any], ...] = ()
     flame: tuple[dict[str, Any], ...] = ()  # each stage's time by function: the icicle's
     stacks_sampled: dict[str, Any] | None = None
+    # the stacks themselves (hotspots.py's "collapsed"), for an export (speedscope.py)
+    stacks_collapsed: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _ordered(super().to_dict(), PROFILE_KEYS)
@@ -198,7 +200,8 @@ PROFILE_KEYS = (
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
     "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured",
-    "stages", "hotspots", "flame", "stacks_sampled", "system", "warnings", "error", "run_id")
+    "stages", "hotspots", "flame", "stacks_sampled", "stacks_collapsed", "system", "warnings",
+    "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",

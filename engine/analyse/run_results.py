@@ -128,7 +128,8 @@ def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:
     if not summary["enough"]:
         return {"stacks_sampled": seen}
     return {"stacks_sampled": seen, "stages": tuple(summary["stages"]),
-            "hotspots": tuple(summary["hotspots"]), "flame": tuple(summary["flame"])}
+            "hotspots": tuple(summary["hotspots"]), "flame": tuple(summary["flame"]),
+            "stacks_collapsed": summary["collapsed"]}
 
 
 def tune_result(live: RunSoFar, status: str) -> TuneResult:

@@ -70,6 +70,28 @@ def add_loader_target(parser: argparse.ArgumentParser) -> None:
                              "default: the module's train_step if it has one")
 
 
+def add_speedscope(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--speedscope", metavar="FILE",
+                        help="also write the sampled stacks to FILE, for "
+                             "https://www.speedscope.app (docs/profile.md)")
+
+
+def write_speedscope(path: str | None, collapsed: dict | None, name: str) -> None:
+    """The run's sampled stacks to ``path`` as a speedscope file, said on stderr (stdout may
+    be --json); where there are none to show, why."""
+    if not path:
+        return
+    if not collapsed:
+        sys.stderr.write(f"--speedscope: {path} not written: no sampled stacks to show (too few "
+                         "looks, --no-stacks, or the run failed first)\n")
+        return
+    from dataloader_tuner.analyse.speedscope import speedscope_document
+
+    with open(path, "w") as f:
+        json.dump(speedscope_document(collapsed, name), f)
+    sys.stderr.write(f"the sampled stacks: {path} (open it at https://www.speedscope.app)\n")
+
+
 def print_json(doc: dict) -> None:
     """One JSON document on one line of stdout: what every ``--json`` prints."""
     sys.stdout.write(json.dumps(doc, default=str) + "\n")

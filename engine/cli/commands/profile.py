@@ -12,9 +12,9 @@ from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.text import profile_text
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
-                                       add_loader_target, error_doc, non_negative_float,
-                                       non_negative_int, positive_int, print_json,
-                                       settings_from_args)
+                                       add_loader_target, add_speedscope, error_doc,
+                                       non_negative_float, non_negative_int, positive_int,
+                                       print_json, settings_from_args, write_speedscope)
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import ConfigError
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
@@ -43,6 +43,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-stacks", action="store_true",
                         help="do not sample where the loader's time goes inside its processes "
                              "(on by default: docs/profile.md)")
+    add_speedscope(parser)
     add_json(parser)
     add_db(parser)
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     handle = run_to_completion(request, store, on_event=progress.on_event)
     progress.done()
     result = replace(handle.live.profile_result(handle.state.value), run_id=handle.run_id)
+    write_speedscope(args.speedscope, result.stacks_collapsed, f"profile of {args.target}")
     if args.json:
         print_json(result.to_dict())
     else:

@@ -13,8 +13,9 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.analyse.text import speedup_text, stacks_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
-                                       add_loader_target, positive_float, positive_int,
-                                       print_json, settings_from_args)
+                                       add_loader_target, add_speedscope, positive_float,
+                                       positive_int, print_json, settings_from_args,
+                                       write_speedscope)
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from dataloader_tuner.store import RunStore
@@ -42,6 +43,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                         help="do not sample where the loader's time goes in the trials "
                              "(docs/profile.md)")
     parser.add_argument("--out", help="write the recommended settings to this JSON file")
+    add_speedscope(parser)
     add_json(parser)
     add_db(parser)
 
@@ -107,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         with open_private(args.out) as handle_out:
             json.dump(settings_file(result), handle_out, indent=2)
         result = replace(result, settings_file=args.out)
+    stacks = result.stacks or {}
+    write_speedscope(args.speedscope, stacks.get("collapsed") if stacks.get("enough") else None,
+                     f"tune of {args.target}, all trials")
     if args.json:
         print_json(result.to_dict())
     else:
