@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, RunStore, StoredRun
-from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord
+from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord, where_time_goes
 
 from . import job_board, views
 from .shared import get_jobs
@@ -121,8 +121,13 @@ def _ranks_view() -> None:
             "input wait %": _pct(r.summary.input_wait_frac),
             "step ms": None if r.summary.step_ms is None else round(r.summary.step_ms, 2),
             "workers busy %": _pct(r.summary.worker_busy_frac),
-            "memory MB": r.summary.memory_mb, "batches": r.summary.batches, "note": r.note,
+            "memory MB": r.summary.memory_mb, "batches": r.summary.batches,
+            "loader's time goes": where_time_goes(r.summary), "note": r.note,
         } for r in view.ranks], hide_index=True)
+        if view.stages:
+            st.caption("Where all ranks' loaders' time goes (sampled in their workers, "
+                       "weighted by each rank's work): " + ", ".join(
+                           f"{stage} {share:.0%}" for stage, share in view.stages))
         if view.straggler:
             st.warning(view.straggler[1], icon="🐢")
         else:

@@ -362,7 +362,8 @@ def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_en
 
 def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     """Rank 0's history holds every rank's reports (as gathered through the job's store): the
-    page shows the ranks of both nodes, each node's load, the starved rank and a lost one."""
+    page shows the ranks of both nodes, each node's load, the starved rank and a lost one, and
+    where each rank's loader's time goes, merged over the job."""
     from dataloader_tuner import RunStore
     from dataloader_tuner.analyse.ranks import RankSummary
     from dataloader_tuner.run.live import LiveRun
@@ -373,14 +374,18 @@ def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     run_id = store.create_run("watch", "train.py", {}, label="train", script="train.py",
                               rank=rank)
 
-    def report(r, node, wait, status, cpu):
+    def report(r, node, wait, status, cpu, **profile):
         return RankSummary("train", r, 3, r % 2, node, f"host{node}", 10 + r, 4, status, 30.0,
-                           900, 0.01, 500.0, wait, 8.0, 0.6, 800.0, cpu, 8, 120.0, 4096.0)
+                           900, 0.01, 500.0, wait, 8.0, 0.6, 800.0, cpu, 8, 120.0, 4096.0,
+                           **profile)
 
     now = time.time()
+    shards = {"profile_s": 20.0, "stages": [["read", 0.7], ["decode", 0.3]],
+              "top_functions": [["_read_shard", "data.py:12", 0.68, "read"]]}
     store.record_rank_reports(run_id, [(now, report(0, 0, 0.04, "ok", 30.0)),
                                        (now, report(1, 0, 0.05, "ok", 30.0)),
-                                       (now - 20, report(2, 1, 0.60, "running", 99.0))])
+                                       (now - 20, report(2, 1, 0.60, "running", 99.0,
+                                                         **shards))])
     store.finish_run(run_id, "stopped", LiveRun.stored(store, run_id).result("stopped"), None)
     at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
     assert not at.exception
@@ -391,6 +396,10 @@ def test_a_job_across_nodes_is_shown_from_rank_0_s_gathered_reports(app_env):
     assert list(nodes["CPU %"]) == [30.0, 99.0] and list(nodes["ranks"]) == ["0, 1", "2"]
     warning = " ".join(w.value for w in at.warning)
     assert "rank 2 is starved for data" in warning and "no CPU to spare" in warning
+    assert "Its loader spends 68% in _read_shard (read, data.py:12)" in warning
+    assert list(ranks["loader's time goes"])[2] == "68% in _read_shard (read, data.py:12)"
+    assert any("Where all ranks' loaders' time goes" in c.value and "read 70%" in c.value
+               for c in at.caption)
 
 
 def test_settings_whose_batches_would_not_fit_in_shm_are_warned_before_start(app_env,

@@ -4,8 +4,14 @@ with the cause its numbers show."""
 from dataclasses import replace
 
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.analyse.ranks import (RankSummary, job_view, memory_growth, node_loads, rank_states,
-                                  slowest_rank, summary_from_batches, window_figures)
+from dataloader_tuner.analyse.hotspots import SampledProfile
+from dataloader_tuner.analyse.ranks import (RankSummary, job_stages, job_view, memory_growth,
+                                            node_loads, profile_fields, rank_states,
+                                            slowest_rank, summary_from_batches, window_figures)
+from dataloader_tuner import protocol
+from dataloader_tuner.instrument import probes
+from dataloader_tuner.run.sinks import HistorySink
+from dataloader_tuner.store import RunStore
 
 
 def report(rank, node=0, rate=1000.0, wait=0.05, step=10.0, **more) -> RankSummary:
@@ -24,6 +30,74 @@ def test_a_report_survives_its_trip_through_the_store_as_json():
     assert RankSummary.from_json(text) == summary
     assert RankSummary.from_json(text.encode()) == summary  # store.get gives bytes
     assert len(text) < 700  # what every rank sends every 2 s
+
+
+# A worker's sampled stacks (sampler.Sampled): 3 s reading a shard, 1 s decoding, 0.1 s collating
+FETCH = (probes.__file__, 180, "TimedMapDataset.__getitems__", 180)
+COLLATE = (probes.__file__, 326, "TimedCollate.__call__", 326)
+WORKER = ("/torch/utils/data/_utils/worker.py", 240, "_worker_loop", 240)
+SHARDS = ("/job/shards.py", 40, "Shards.__getitem__", 40)
+SAMPLED = [
+    ("main", (("/job/shards.py", 12, "_read_shard", 12), SHARDS, FETCH, WORKER), 3.0, 3.0, 600),
+    ("main", (("/site/PIL/Image.py", 900, "Image.convert", 900), SHARDS, FETCH, WORKER),
+     1.0, 1.0, 200),
+    ("main", (("/torch/utils/data/_utils/collate.py", 200, "default_collate", 200), COLLATE,
+              WORKER), 0.1, 0.1, 20),
+]
+
+
+def sampled_summary():
+    profile = SampledProfile()
+    profile.add(4242, SAMPLED)
+    return profile.summary()
+
+
+def test_a_rank_s_report_says_where_its_loader_s_time_goes():
+    fields = profile_fields(sampled_summary())
+    assert fields["profile_s"] == 4.1
+    assert [stage for stage, _ in fields["stages"]] == ["your __getitem__", "decode", "collate"]
+    function, where, share, stage = fields["top_functions"][0]  # by its own time
+    assert (function, where, stage) == ("_read_shard", "shards.py:12", "your __getitem__")
+    assert share == round(3.0 / 4.1, 4)
+    # (torch's default_collate is the loader's plumbing, not ranked; __getitem__ spent nothing
+    # itself)
+    assert [f[0] for f in fields["top_functions"][1:]] == ["Image.convert"]
+    summary = report(3, node=1, **fields)
+    text = summary.to_json()
+    assert RankSummary.from_json(text) == summary and len(text) < 1200
+    assert profile_fields({**sampled_summary(), "enough": False}) == {}  # too few looks: none
+
+
+def test_the_job_s_stages_weigh_each_rank_by_the_work_it_sampled():
+    busy = report(0, stages=[["decode", 0.8], ["collate", 0.2]], profile_s=30.0)
+    light = report(1, stages=[["read", 1.0]], profile_s=10.0)
+    unsampled = report(2)
+    assert job_stages([busy, light, unsampled]) == [("decode", 0.6), ("read", 0.25),
+                                                     ("collate", 0.15)]
+    assert job_stages([unsampled]) == []
+    assert job_view([(0.0, busy), (0.0, light)], 1.0, True).stages[0] == ("decode", 0.6)
+
+
+def test_a_starved_rank_is_told_with_the_function_its_loader_spends_most_in():
+    """ "rank 3 is starved" becomes "rank 3 spends 70% in _read_shard" (issue: where each
+    sample's time goes, on the Training jobs page)."""
+    where = profile_fields(sampled_summary())
+    ranks = [report(0, 0, 500, 0.05), report(1, 0, 501, 0.04),
+             report(2, 1, 499, 0.45, **where), report(3, 1, 500, 0.06)]
+    rank, why = slowest_rank(ranks)
+    assert rank == 2 and "Its loader spends 73% in _read_shard (your __getitem__, shards.py:12)" \
+        in why, why
+
+
+def test_a_rank_s_history_keeps_its_stacks_for_its_reports(tmp_path):
+    store = RunStore(str(tmp_path / "runs.db"))
+    run_id = store.create_run("watch", "train.py", {})
+    keeping, not_keeping = HistorySink(store, run_id, keep_stacks=True), HistorySink(store, run_id)
+    for sink in (keeping, not_keeping):
+        sink.write([protocol.Profiled(4242, 0, SAMPLED[:2]), protocol.Profiled(4243, 1, SAMPLED[2:])])
+    summary = keeping.sampled()
+    assert summary is not None and summary["processes"] == 2 and summary["seconds"] == 4.1
+    assert not_keeping.sampled() is None
 
 
 def test_in_a_synchronised_job_the_starved_rank_is_named_by_its_input_wait():

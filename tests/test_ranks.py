@@ -71,13 +71,21 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 from dataloader_tuner import watch
 
+def _read_shard(seconds):  # the slow rank's work: on the CPU, where its profile sees it
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
 class Samples(Dataset):
     def __init__(self, delay, hang):
         self.delay, self.hang = delay, hang
     def __len__(self):
         return 100_000
     def __getitem__(self, i):
-        time.sleep(600 if self.hang and i >= 800 else self.delay)
+        if self.hang and i >= 800:
+            time.sleep(600)
+        elif self.delay:
+            _read_shard(self.delay)
         return torch.tensor([float(i)])
 
 db, slow_rank, kill_rank, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -96,6 +104,9 @@ for i, batch in enumerate(loader):
 loader.close()
 dist.destroy_process_group()
 """
+
+
+HANG_LINE = next(n for n, line in enumerate(JOB.splitlines(), 1) if "time.sleep(600)" in line)
 
 
 def _torchrun(tmp_path, folder: str, args: list[str], job_args: list) -> subprocess.Popen:
@@ -136,6 +147,10 @@ def test_two_nodes_rank_0_gathers_both_through_the_job_s_store_and_names_the_slo
     view = job_view(latest, run0.ended_at, collecting=False)
     assert view.straggler is not None and view.straggler[0] == 1, view
     assert "starved" in view.straggler[1]
+    # ...and where its loader's time goes, sampled on its own node and told to rank 0
+    assert "Its loader spends" in view.straggler[1] and "in _read_shard" in view.straggler[1]
+    assert latest[1][1].stages and latest[1][1].top_functions[0][0] == "_read_shard"
+    assert view.stages and view.stages[0][0] == "your __getitem__"
     assert [n.node for n in view.nodes] == [0, 1] and all(n.cpus for n in view.nodes)
 
 
@@ -190,7 +205,7 @@ def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
                 break
         assert view is not None and view.straggler is not None, launch.poll()
         assert view.straggler[0] == 1 and "waiting" in view.straggler[1]
-        assert "at train.py:14 in __getitem__" in view.straggler[1]  # once reported overdue
+        assert f"at train.py:{HANG_LINE} in __getitem__" in view.straggler[1]  # once overdue
         states = {r.summary.rank: r.state for r in view.ranks}
         assert states == {0: "running", 1: "stalled"}
     finally:
@@ -202,7 +217,7 @@ def test_a_rank_whose_loader_hangs_is_named_and_the_job_stops_cleanly(tmp_path):
     # where: the hung rank's own run names its batch, its indices and the line it sleeps on
     late = {w.code: w for w in runs[1].result.warnings}["overdue_batch"]
     assert "batch 200 had waited" in late.message and "[800, 801, 802, 803]" in late.message
-    assert "train.py:14 in __getitem__" in late.message, late.message
+    assert f"train.py:{HANG_LINE} in __getitem__" in late.message, late.message
     assert "train: batch 200 has taken" in output
 
 

@@ -80,6 +80,12 @@ class RankSummary:
     waiting_for_batch_s: float | None = None
     # Where the batch it waits for is being made, once reported overdue (analyse/stalls.py)
     stuck_at: str | None = None
+    # Where its loader's time goes (analyse/hotspots.py), where enough was sampled: the
+    # seconds of work sampled, the stages' shares [[stage, share]] and the functions that
+    # spent most of it themselves [[function, "file:line", self share, stage]]
+    profile_s: float | None = None
+    stages: list[list[Any]] | None = None
+    top_functions: list[list[Any]] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -89,6 +95,45 @@ class RankSummary:
         data = json.loads(text)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+PROFILE_STAGES, PROFILE_FUNCTIONS = 6, 3  # what a rank's report carries of its profile
+
+
+def profile_fields(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """A rank's sampled profile (hotspots.py's summary) as its report's fields: none where too
+    few looks to show shares. Its functions by their own time (self), not their callees': a
+    ``__getitem__`` holds every stack, the function it calls that spends the time says more."""
+    if not summary or not summary.get("enough") or not summary.get("stages"):
+        return {}
+    own = sorted((h for h in summary["hotspots"] if h["self_share"] > 0),
+                 key=lambda h: -h["self_share"])[:PROFILE_FUNCTIONS]
+    return {"profile_s": summary["seconds"],
+            "stages": [[s["stage"], s["share"]] for s in summary["stages"][:PROFILE_STAGES]],
+            "top_functions": [[h["function"], f"{os.path.basename(h['file'])}:{h['line']}",
+                               h["self_share"], h["stage"]] for h in own]}
+
+
+def job_stages(summaries: Sequence[RankSummary]) -> list[tuple[str, float]]:
+    """Every rank's stages merged: each share weighted by the seconds its rank sampled, so
+    the job's shares are of all its loaders' work. Ranked, largest first."""
+    seconds: dict[str, float] = {}
+    for s in summaries:
+        if not s.stages or not s.profile_s:
+            continue
+        for stage, share in s.stages:
+            seconds[stage] = seconds.get(stage, 0.0) + share * s.profile_s
+    total = sum(seconds.values())
+    return sorted(((stage, t / total) for stage, t in seconds.items()),
+                  key=lambda kv: -kv[1]) if total else []
+
+
+def where_time_goes(rank: RankSummary) -> str | None:
+    """"62% in _read_shard (read)": its loader's top function, where sampled."""
+    if not rank.top_functions:
+        return None
+    function, where, share, stage = rank.top_functions[0]
+    return f"{share:.0%} in {function} ({stage}, {where})"
 
 
 def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict[str, float | None]:
@@ -263,7 +308,8 @@ def slowest_rank(summaries: Sequence[RankSummary],
                 f"rank {starved.rank} is starved for data: it waits for batches "
                 f"{starved.input_wait_frac:.0%} of its time against {typical:.0%} on the other "
                 f"ranks, which wait for it at each collective instead. "
-                + _starved_because(starved, summaries, (series or {}).get(starved.rank, ())))
+                + _starved_because(starved, summaries, (series or {}).get(starved.rank, ()))
+                + _spent_in(starved))
     slowest = min(rated, key=rate)
     if rate(slowest) > (1 - SLOWER_THAN_MEDIAN) * median:
         return None
@@ -274,6 +320,12 @@ def slowest_rank(summaries: Sequence[RankSummary],
                               f"against {statistics.median(steps):.1f} ms on the other ranks "
                               f"({pace}); its input wait is like theirs.")
     return slowest.rank, f"rank {slowest.rank} is the slowest ({pace})."
+
+
+def _spent_in(rank: RankSummary) -> str:
+    """Where its loader's time goes, where sampled: the function a user would open first."""
+    where = where_time_goes(rank)
+    return f" Its loader spends {where}." if where else ""
 
 
 def _starved_because(rank: RankSummary, summaries: Sequence[RankSummary],
@@ -306,6 +358,7 @@ class JobView:
     ranks: list[RankState]
     nodes: list[NodeLoad]
     straggler: tuple[int, str] | None  # (rank, why)
+    stages: list[tuple[str, float]]  # where all ranks' loaders' time goes (job_stages)
 
 
 def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting: bool,
@@ -314,7 +367,7 @@ def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting
     """``latest``: each rank's last report with when it was received (rank_states)."""
     summaries = [s for _, s in latest]
     return JobView(rank_states(latest, now, collecting, stalled_s), node_loads(summaries),
-                   slowest_rank(summaries, series, stalled_s))
+                   slowest_rank(summaries, series, stalled_s), job_stages(summaries))
 
 
 def summary_from_batches(loader: str, rank: dict[str, Any], host: str, pid: int, status: str,

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Protocol, Sequence
 
 from dataloader_tuner import protocol
+from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.run.live import LiveRun
@@ -60,18 +61,34 @@ class HistorySink:
     same events, the same tables), with a heartbeat each flush: a job killed outright leaves its
     run readable up to the last flush, and marked "lost" once its process is gone."""
 
-    def __init__(self, store: RunStore, run_id: int) -> None:
+    def __init__(self, store: RunStore, run_id: int, keep_stacks: bool = False) -> None:
+        """``keep_stacks``: also merge the sampled stacks as they pass, for ``sampled()`` (a
+        torchrun rank's report says where its loader's time goes)."""
         self.store, self.run_id = store, run_id
         self.where = store.path
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
+        self.stacks = SampledProfile() if keep_stacks else None
+        self._stacks_lock = threading.Lock()  # written by the recorder's thread, read by another
 
     def write(self, events: Sequence[protocol.Event]) -> None:
         self.store.record_events(self.run_id, events, heartbeat=True)  # all or nothing
+        if self.stacks is not None:
+            with self._stacks_lock:
+                for event in events:
+                    if isinstance(event, protocol.Profiled):
+                        self.stacks.add(event.pid, event.sampled)
         if not self.tune_requested:
             try:
                 self.tune_requested = self.store.tune_requested(self.run_id)
             except sqlite3.Error:  # asked again at the next flush; the flush itself is written
                 pass
+
+    def sampled(self) -> dict | None:
+        """Where the loader's time went so far (hotspots.py's summary), where kept."""
+        if self.stacks is None:
+            return None
+        with self._stacks_lock:
+            return self.stacks.summary()
 
     def finish(self, status: str, elapsed_s: float, error: dict | None) -> ProfileResult:
         """End the run and return its result, summarised from what was written (not kept in

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
+from typing import Callable
 
 import psutil
 
@@ -30,7 +31,7 @@ from dataloader_tuner.analyse.stalls import stuck_at
 from dataloader_tuner.instrument.stalls import StallWatch
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
-                                            report_key, summary_from_batches)
+                                            profile_fields, report_key, summary_from_batches)
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.watcher.rank_identity import RankIdentity
 from dataloader_tuner.run.recorder import Recorder
@@ -38,6 +39,7 @@ from dataloader_tuner.run.recorder import Recorder
 STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
 SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often
 COLLECTOR_RANK = 0
+HOST = socket.gethostname()  # this process's node, as its reports name it
 
 
 def job_store():
@@ -62,9 +64,12 @@ class RankReporter:
 
     def __init__(self, identity: RankIdentity, loader: str, recorder: Recorder,
                  history: RunStore, run_id: int, connect=job_store,
-                 stalls: StallWatch | None = None) -> None:
+                 stalls: StallWatch | None = None,
+                 sampled: Callable[[], dict | None] = lambda: None) -> None:
+        """``sampled()``: where the rank's loader's time went so far (run/sinks.py)."""
         self.identity, self.loader, self.recorder = identity, loader, recorder
         self.stalls = stalls  # the watcher's: where a batch reported overdue is being made
+        self.sampled = sampled
         self.connect = connect
         self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
         self.gatherer = (JobGatherer(history, run_id, self.keys)
@@ -73,7 +78,6 @@ class RankReporter:
         self._seq = 0
         self._failed = False
         self._finished = False
-        self._host = socket.gethostname()
         self._cpu_times = psutil.cpu_times()  # the node's CPU, read as a difference
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dataloader-tuner-rank",
@@ -124,7 +128,7 @@ class RankReporter:
         waiting_on = (late.outstanding[0] if asking is not None and late is not None
                       and late.seq == recorder.ledger.seq and late.outstanding else {})
         return replace(
-            summary_from_batches(self.loader, self.identity.to_dict(), self._host, os.getpid(),
+            summary_from_batches(self.loader, self.identity.to_dict(), HOST, os.getpid(),
                                  status, round(elapsed, 3), batches),
             seq=self._seq,
             last_batch_age_s=round(elapsed - (last.t_ready + last.step_s) if last else elapsed, 3),
@@ -133,7 +137,7 @@ class RankReporter:
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
             shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
             waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3),
-            stuck_at=stuck_at(waiting_on.get("stack")))
+            stuck_at=stuck_at(waiting_on.get("stack")), **profile_fields(self.sampled()))
 
     def _node_cpu_pct(self) -> float | None:
         """The whole node's CPU busy since this reporter's last look (its own baseline: psutil's

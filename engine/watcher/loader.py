@@ -135,7 +135,8 @@ class WatchedLoader:
                                   label=self.name, script=script,
                                   rank=self.rank.to_dict() if self.rank else None,
                                   framework=framework)
-        self.history = HistorySink(store, run_id)
+        # (a torchrun rank's reports say where its loader's time goes: job_report.py)
+        self.history = HistorySink(store, run_id, keep_stacks=self.rank is not None)
         # Its workers sample where their time goes (instrument/sampler.py) until it ends;
         # DATALOADER_TUNER_SAMPLE=0 in the job's environment turns it off.
         sampler.ask()
@@ -160,7 +161,8 @@ class WatchedLoader:
                                      self.rank.local_world_size if self.rank else 1)
         self.recorder.start(self._ready, on_tick=self.checks.tick)
         self.reporter = (RankReporter(self.rank, job_key, self.recorder, store,
-                                      run_id, stalls=self.checks.stalls).start()
+                                      run_id, stalls=self.checks.stalls,
+                                      sampled=self.history.sampled).start()
                          if self.rank else None)
         if in_place:
             attach(loader, self.__iter__)
