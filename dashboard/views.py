@@ -13,7 +13,8 @@ import streamlit as st
 
 from dataloader_tuner import EngineError, ProfileResult
 from dataloader_tuner.ui import (BatchRecord, Diagnostic, SystemSnapshot, busy_timeline,
-                                 counting_text, fmt, speedscope_document, startup_text)
+                                 counting_text, fmt, sampled_basis, speedscope_document,
+                                 startup_text)
 
 from . import charts
 
@@ -202,8 +203,7 @@ def where_time_goes(summary: dict[str, Any] | None, key: str, name: str) -> None
     hotspots.py's; ``name``: what the export calls the run."""
     if not summary:
         return
-    basis = (f"{summary['looks']} looks over {summary['seconds']:.1f} s of work in "
-             f"{summary['processes']} process(es)")
+    basis = sampled_basis(summary)
     if not summary.get("enough") or not summary.get("stages"):
         st.caption(f"Where the time goes: too few samples to tell yet ({basis}).")
         return

@@ -11,7 +11,8 @@ from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summ
                                             where_time_goes, window_figures)
 from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.speedscope import speedscope_document
-from dataloader_tuner.analyse.text import counting_text, fmt, speedup_text, startup_text
+from dataloader_tuner.analyse.text import (counting_text, fmt, sampled_basis, speedup_text,
+                                           startup_text)
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S)
@@ -33,7 +34,7 @@ __all__ = [
     # what a run's pages show
     "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceDecision",
     "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
-    "speedup_text", "startup_text", "speedscope_document",
+    "speedup_text", "startup_text", "speedscope_document", "sampled_basis",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     "where_time_goes",

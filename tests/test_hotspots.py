@@ -60,6 +60,8 @@ def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path)
     _check_speedscope(json.loads(export.read_text()), result)
     seen = result.stacks_sampled
     assert seen["enough"] and seen["processes"] >= max(workers, 1)  # (+ the main process)
+    # what the handlers took, measured in each process and shown (bench/profile_cost.py: ~1%)
+    assert 0 < seen["sampling_share"] < 0.02, seen
     shares = _shares_of(result)
     independent = _cprofile_shares()
     for name, known in known_stages.SHARES.items():
@@ -237,3 +239,17 @@ def test_a_process_left_sampling_ends_normally():
             "import torch\n")  # (a large module's teardown: a long finalisation)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()[-500:]
+
+
+def test_the_text_says_what_the_profile_rests_on_and_what_sampling_cost():
+    from dataloader_tuner.analyse.text import sampled_basis, stacks_text
+
+    seen = {"looks": 594, "seconds": 5.2, "processes": 5, "enough": True,
+            "sampling_share": 0.0041}
+    assert sampled_basis(seen) == ("594 looks over 5.2 s of work in 5 process(es); sampling "
+                                   "took 0.41% of it")
+    stages = [{"stage": "decode", "share": 0.8, "cpu_share": 0.8}]
+    assert stacks_text(seen, stages, [])[0].startswith(f"where the time goes ({sampled_basis(seen)})")
+    older = {k: v for k, v in seen.items() if k != "sampling_share"}  # a run saved before
+    assert "sampling took" not in sampled_basis(older)
+    assert "too few samples" in stacks_text({**seen, "enough": False}, stages, [])[0]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
-from dataloader_tuner.instrument.sampler import COLLATE_WRAPPER, FETCH_WRAPPERS
+from dataloader_tuner.instrument.sampler import COLLATE_WRAPPER, FETCH_WRAPPERS, SAMPLER_ROLE
 
 # frames: (file, first line, qualified name, line), leaf first (sampler.Frame)
 GENERIC_CALLS = ("Module._call_impl", "Module._wrapped_call_impl", "Transform.forward",
@@ -120,10 +120,15 @@ class SampledProfile:
             self.processes.add(pid)
 
     def summary(self) -> dict[str, Any] | None:
-        """``{looks, seconds, processes, enough, stages, hotspots, flame, collapsed}``, or None
+        """``{looks, seconds, processes, enough, sampling_share, stages, hotspots, flame,
+        collapsed}`` (``sampling_share``: the sampler's own time over the work sampled), or None
         when nothing was sampled. Shares are of the loader's work (NOTE above)."""
         work: list[Work] = []
+        sampling_s = 0.0  # what the handlers took, in every process
         for (role, frames), (cpu, wall, looks) in self.stacks.items():
+            if role == SAMPLER_ROLE:
+                sampling_s += cpu
+                continue
             stage = stage_of(role, frames)
             if stage in (IDLE, NOT_LOADER):
                 continue
@@ -141,7 +146,7 @@ class SampledProfile:
             entry[1] += cpu
         return {
             "looks": looks, "seconds": round(total, 3), "processes": len(self.processes),
-            "enough": looks >= MIN_LOOKS,
+            "enough": looks >= MIN_LOOKS, "sampling_share": round(sampling_s / total, 5),
             "stages": [{"stage": stage, "share": round(spent / total, 4),
                         "cpu_share": round(cpu / total, 4)}
                        for stage, (spent, cpu) in sorted(stages.items(), key=lambda kv: -kv[1][0])],

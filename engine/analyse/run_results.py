@@ -124,7 +124,7 @@ def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:
     show shares as a claim (the figures of what was seen stay under ``stacks_sampled``)."""
     if summary is None:
         return {}
-    seen = {k: summary[k] for k in ("looks", "seconds", "processes", "enough")}
+    seen = {k: summary[k] for k in ("looks", "seconds", "processes", "enough", "sampling_share")}
     if not summary["enough"]:
         return {"stacks_sampled": seen}
     return {"stacks_sampled": seen, "stages": tuple(summary["stages"]),

@@ -72,13 +72,20 @@ def where_time_goes_text(result: ProfileResult) -> list[str]:
     return stacks_text(result.stacks_sampled, result.stages, result.hotspots)
 
 
+def sampled_basis(seen: dict[str, Any]) -> str:
+    """What a profile rests on and what sampling it cost (hotspots.py's summary's head)."""
+    cost = seen.get("sampling_share")  # (runs saved before it was kept have none)
+    return (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
+            f"{seen['processes']} process(es)"
+            + (f"; sampling took {cost:.2%} of it" if cost is not None else ""))
+
+
 def stacks_text(seen: dict[str, Any] | None, stages: Sequence[dict[str, Any]],
                 hotspots: Sequence[dict[str, Any]]) -> list[str]:
     """``where_time_goes_text`` from its parts (a tune keeps them in one summary)."""
     if not seen:
         return []
-    basis = (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
-             f"{seen['processes']} process(es)")
+    basis = sampled_basis(seen)
     if not seen.get("enough") or not stages:
         return [f"where the time goes: too few samples to tell ({basis})"]
     shares = ", ".join(f"{s['stage']} {s['share']:.0%}"

@@ -55,6 +55,7 @@ COLLATE_WRAPPER = "TimedCollate.__call__"
 WORK_FRAMES = frozenset(name.rsplit(".", 1)[1] for name in (*FETCH_WRAPPERS, COLLATE_WRAPPER))
 WORK_FILE = os.path.join("instrument", "probes.py")
 
+SAMPLER_ROLE = "(the sampler itself)"  # its own time, shipped with the stacks
 # One frame as shipped: (file, first line of its function, function's qualified name, line)
 Frame = tuple[str, int, str, int]
 # A delta: [(thread role, frames leaf-first, cpu_s, wall_s, looks)]
@@ -86,6 +87,7 @@ class StackSampler:
         self._last_cpu = time.thread_time()
         self._previous: Any = None
         self.running = False
+        self.spent = 0.0  # seconds in the handler itself since the last take: its own cost
 
     def start(self) -> "StackSampler | None":
         """Sampling from now, or None where it cannot be (not the main thread, no SIGPROF,
@@ -123,6 +125,8 @@ class StackSampler:
                           if self._previous in (signal.SIG_DFL, None) else self._previous)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        # its CPU, not the time passed: another thread may take the GIL in the middle
+        entered = time.thread_time()
         # A process whose other threads work (a training job's step on many cores) spends
         # CPU faster than the time passes: a look at most every half interval of that time
         if time.monotonic() - self._last_wall >= self.interval_s / 2:
@@ -131,6 +135,7 @@ class StackSampler:
             # a round number of milliseconds was otherwise seen at the same point of each
             # (known_stages: decode 0.56 of the CPU against its 0.50, with a 1 ms timer)
             signal.setitimer(signal.ITIMER_PROF, self.interval_s * (0.5 + random.random()))
+        self.spent += time.thread_time() - entered
 
     def look(self, frame: Any) -> None:
         """One look: the main thread at ``frame``, every other thread where it is."""
@@ -182,8 +187,11 @@ class StackSampler:
         """What was sampled since the last take, named (and forgotten here). The handler runs
         in the main thread, between its instructions: a swap here is not torn by it."""
         stacks, self.stacks = self.stacks, {}
-        return [(role, named(stack), cpu, wall, looks)
-                for (role, stack), (cpu, wall, looks) in stacks.items()]
+        spent, self.spent = self.spent, 0.0
+        sampled = [(role, named(stack), cpu, wall, looks)
+                   for (role, stack), (cpu, wall, looks) in stacks.items()]
+        # the handler's own time, as a thread of its own (never the loader's work)
+        return sampled + [(SAMPLER_ROLE, (), spent, spent, 0)] if spent else sampled
 
 
 def _in_work(stack: tuple) -> bool:
