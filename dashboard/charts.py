@@ -311,3 +311,25 @@ def where_time_goes_figure(flame: Sequence[dict]) -> go.Figure:
                                hovertemplate="%{label}: %{value:.1%} of the work<extra></extra>"),
                      layout={"title": {"text": "Where the loader's time goes (sampled)", "x": 0.01},
                              "height": 420, "margin": {"l": 10, "r": 10, "t": 50, "b": 10}})
+
+
+WHAT_IFS_CHARTED = 8
+
+
+def what_if_figure(what_if: Sequence[dict], measured: float | None) -> go.Figure:
+    """Each change's predicted samples/s (analyse/ceiling.py's ``what_if``), the largest gain
+    on top, against the measured rate: predictions, drawn hollow."""
+    rows = list(what_if)[:WHAT_IFS_CHARTED][::-1]  # (plotly draws the first bar at the bottom)
+    figure = go.Figure(go.Bar(
+        x=[r["predicted_samples_per_s"] for r in rows], y=[r["change"] for r in rows],
+        orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"width": 2}},
+        text=[f"{r['predicted_gain']:.2f}x, then {r['then_binding'].replace('_', ' ')}"
+              for r in rows], textposition="auto",
+        hovertemplate="%{y}: ~%{x:,.0f} samples/s (predicted)<extra></extra>"))
+    if measured:
+        figure.add_vline(x=measured, line_dash="dash",
+                         annotation_text=f"measured {measured:,.0f}", annotation_position="top")
+    figure.update_layout(title={"text": "What would raise the ceiling (predicted)", "x": 0.01},
+                         xaxis_title="samples/s", height=80 + 34 * len(rows),
+                         margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return figure

@@ -294,6 +294,13 @@ def _recommendation_block(jobs: Jobs) -> None:
         for reason in tuned.reasons:
             st.markdown(f"- {reason}")
         views.warnings_list(tuned.warnings)
+        if tuned.ceiling:
+            st.markdown(f"**{tuned.ceiling['sentence']}**")
+            st.plotly_chart(charts.what_if_figure(tuned.what_if,
+                                                  tuned.ceiling["measured_samples_per_s"]),
+                            key="what-if")
+            st.caption("Predicted from the tune's cost model and its sampled profile, not "
+                       "measured: docs/ceiling.md.")
         if tuned.stacks:  # (none where the trials' work was too quick to be seen)
             with st.expander("Where the trials' time went"):
                 views.where_time_goes(tuned.stacks, key="tune",

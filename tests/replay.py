@@ -149,6 +149,10 @@ MANIFEST = [
      {"seconds": 2.0, "step_ms": 2.0, "settings": {"num_workers": 2}}),
     ("small_map-tune", "tests/datasets/small_map.py", "tune",
      {"max_workers": 2, "step_ms": 0.0}),
+    # a tune that learns the cost and samples its trials: the ceiling, what-if, where time went
+    ("known_stages-inspect", "tests/datasets/known_stages.py", "inspect", {}),
+    ("known_stages-tune", "tests/datasets/known_stages.py", "tune",
+     {"max_workers": 4, "step_ms": 0.0}),
     ("syntax_error-inspect", "tests/datasets/syntax_error.py", "inspect", {}),
     ("missing_import-inspect", "tests/datasets/missing_import.py", "inspect", {}),
     ("two_classes-inspect", "tests/datasets/two_classes.py", "inspect", {}),

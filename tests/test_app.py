@@ -174,6 +174,20 @@ def test_tune_recommends_and_apply_verifies(app_env):
     assert "Applied to" in texts(other)
 
 
+def test_a_tune_says_its_ceiling_what_would_raise_it_and_where_its_time_went(app_env):
+    """A tune that learnt the cost (known_stages: 1 ms of CPU a sample, 2 CPUs): the ceiling's
+    sentence, the what-if chart, and the trials' profile with its speedscope download."""
+    at = press("Tune", dataset_path("known_stages.py"), consumer="none", max_workers=4)
+    assert not at.exception
+    tuned = get_jobs().tune_result(get_jobs().tune)
+    assert tuned.ceiling["binding"] == "cpu"
+    assert tuned.ceiling["sentence"] in texts(at)
+    assert "What would raise the ceiling (predicted)" in chart_titles(at)
+    assert "Where the loader's time goes (sampled)" in chart_titles(at)
+    assert "Where the trials' time went" in [e.label for e in at.expander]
+    assert any("speedscope" in b.proto.label for b in at.get("download_button"))
+
+
 def test_history_page_empty_then_compares_and_exports(app_env):
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception and "No runs saved yet" in at.info[0].value

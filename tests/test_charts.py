@@ -145,3 +145,15 @@ def test_the_icicle_holds_each_stage_and_its_functions():
     by_id = dict(zip(icicle.ids, icicle.values))
     assert by_id["decode"] == pytest.approx(0.6) and by_id["collate"] == pytest.approx(0.4)
     assert dict(zip(icicle.ids, icicle.parents))["decode/other"] == "decode"
+
+
+def test_what_if_chart_puts_the_largest_gain_on_top_against_the_measured_rate():
+    rows = [{"change": "8 usable CPUs", "predicted_samples_per_s": 6800.0, "predicted_gain": 4.2,
+             "then_binding": "cpu"},
+            {"change": "decode gone", "predicted_samples_per_s": 3000.0, "predicted_gain": 1.8,
+             "then_binding": "main_process"}]
+    figure = charts.what_if_figure(rows, measured=1640.0)
+    bar = figure.data[0]
+    assert list(bar.y) == ["decode gone", "8 usable CPUs"]  # drawn bottom up: largest on top
+    assert list(bar.x) == [3000.0, 6800.0] and "then main process" in bar.text[0]
+    assert figure.layout.shapes[0].x0 == 1640.0  # the measured rate, dashed

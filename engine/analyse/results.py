@@ -165,6 +165,10 @@ class TuneResult(_Result):
     # where the trials' time went inside their processes (analyse/hotspots.py's summary:
     # looks, seconds, processes, enough, stages, hotspots, flame), where sampled
     stacks: dict[str, Any] | None = None
+    # the most this machine can make for this dataset, and what would raise it
+    # (analyse/ceiling.py's Ceiling.to_dict and what_if), where the cost model was learnt
+    ceiling: dict[str, Any] | None = None
+    what_if: tuple[dict[str, Any], ...] = ()
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,7 +188,8 @@ class TuneResult(_Result):
         result = super().from_dict(doc)
         return dataclasses.replace(result, trials=tuple(trial_from_dict(t)
                                                         for t in doc.get("trials") or ()),
-                                   reasons=tuple(doc.get("reasons") or ()))
+                                   reasons=tuple(doc.get("reasons") or ()),
+                                   what_if=tuple(doc.get("what_if") or ()))
 
     @property
     def headline_samples_per_s(self) -> float | None:
@@ -206,7 +211,7 @@ TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
     "trials", "reasons", "warnings", "profile", "limits", "tuning_seconds", "trial_seconds",
-    "plan", "stacks", "error", "run_id", "settings_file")
+    "plan", "stacks", "ceiling", "what_if", "error", "run_id", "settings_file")
 
 
 def _ordered(doc: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

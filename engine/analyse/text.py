@@ -72,6 +72,25 @@ def where_time_goes_text(result: ProfileResult) -> list[str]:
     return stacks_text(result.stacks_sampled, result.stages, result.hotspots)
 
 
+WHAT_IFS_SHOWN = 5
+
+
+def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any]]) -> list[str]:
+    """The ceiling's sentence and the changes that would raise it most (analyse/ceiling.py):
+    predictions, each said as one."""
+    if not ceiling:
+        return []
+    lines = ["", ceiling["sentence"]]
+    raising = [w for w in what_if if w["predicted_gain"] > 1.02][:WHAT_IFS_SHOWN]
+    if raising:
+        lines.append("what would raise it (predicted from the cost model and the profile, "
+                     "not measured):")
+        lines += [f"  {w['predicted_gain']:.2f}x  {w['change']}: ~{w['predicted_samples_per_s']:,.0f}"
+                  f" samples/s, then {w['then_binding'].replace('_', ' ')} binds"
+                  for w in raising]
+    return lines
+
+
 def sampled_basis(seen: dict[str, Any]) -> str:
     """What a profile rests on and what sampling it cost (hotspots.py's summary's head)."""
     cost = seen.get("sampling_share")  # (runs saved before it was kept have none)

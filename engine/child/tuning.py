@@ -27,6 +27,7 @@ from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
+from dataloader_tuner.analyse.ceiling import ceiling_of, what_if
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
@@ -184,7 +185,25 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             companions.close()
     document = tune_document(outcome, baseline, config, time_limit.spent(),
                              snippet_names(resolved, config))
-    return {**document, "plan": planner.to_dict(), "stacks": runner.stacks.summary()}
+    stacks = runner.stacks.summary()
+    return {**document, "plan": planner.to_dict(), "stacks": stacks,
+            **ceiling_fields(outcome, stacks)}
+
+
+def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None) -> dict[str, Any]:
+    """The most this machine can make for this dataset, against the pick's rate, and what
+    would raise it (analyse/ceiling.py), where the cost model was learnt."""
+    profile, serial = outcome.profile, [t for t in outcome.trials if t.num_workers == 0]
+    if profile is None or not serial:
+        return {}
+    made = serial[0]
+    samples_per_batch = (made.samples_per_s / made.batches_per_s if made.batches_per_s
+                         else float(made.batch_size or 1))
+    cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
+    cost = profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
+    measured = outcome.recommendation.expected_samples_per_s
+    return {"ceiling": ceiling_of(cost, measured).to_dict(),
+            "what_if": what_if(cost, stacks, measured)}
 
 
 def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:

@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dataloader_tuner.analyse.ceiling import BatchCost
 from dataloader_tuner.record.trials import TrialResult
 
 PEAK_SHARE = 0.97  # workers enough to reach this share of the binding limit count as "the peak"
@@ -89,6 +90,14 @@ class CostProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_share": self.cpu_share, "main_serial_ms": self.main_serial_ms}
+
+    def batch_cost(self, samples_per_batch: float, max_workers: int) -> BatchCost:
+        """The batch's cost as the ceiling reads it (analyse/ceiling.py)."""
+        return BatchCost(serial_ms=self.serial_ms, worker_ms=self.cycle_ms,
+                         worker_cpu_ms=self.worker_cpu_ms, receive_ms=self.receive_ms,
+                         step_ms=self.step_ms, step_on_cpu=self.step_on_cpu,
+                         cpus=self.cpu_budget, samples_per_batch=samples_per_batch,
+                         max_workers=max_workers)
 
 
 def learn(serial: TrialResult, one_worker: TrialResult, cpu_budget: float,

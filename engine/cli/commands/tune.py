@@ -10,7 +10,7 @@ from dataclasses import replace
 from dataloader_tuner.access import open_private
 from dataloader_tuner import protocol
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.analyse.text import speedup_text, stacks_text
+from dataloader_tuner.analyse.text import ceiling_text, speedup_text, stacks_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, add_speedscope, positive_float,
@@ -72,6 +72,7 @@ def render_tune_text(result: TuneResult) -> str:
     where = stacks_text(stacks or None, stacks.get("stages") or (), stacks.get("hotspots") or ())
     if where:
         lines += ["", "over the trials, " + where[0]] + where[1:]
+    lines += ceiling_text(result.ceiling, result.what_if)
     for warning in result.warnings:
         lines.append(f"warning [{warning.code}]: {warning.message}")
     return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""The ceiling: the most samples/s this machine can make for this dataset with any loader
+settings, which limit binds there, and what would raise it (a stage cheaper, more cores).
+
+NOTE [ The ceiling and what would raise it ]
+
+    A batch's cost, as the tune's cost model learnt it (tune/costmodel.py) or a run measured it:
+    ``worker_cpu_ms`` of CPU to make it in a worker (fetch, transforms, collate, pickling it into
+    shared memory), ``worker_ms`` of a worker's time for it (CPU and waiting), ``receive_ms`` for
+    the main process to take it from a worker, ``step_ms`` for the step, which takes the CPU
+    too where it runs there (``step_on_cpu``), and ``serial_ms`` for all of it in the main
+    process (num_workers=0). With enough workers, batches/s is bounded by
+
+        cpu:           cpus / (worker_cpu_ms + main process's CPU per batch)
+        main process:  1 / (receive_ms + step_ms)   (it receives and steps one batch at a time)
+        workers:       max_workers / worker_ms        (the most workers the user allows)
+
+    and without workers by 1 / serial_ms. The ceiling is the best of the two ways. A change to
+    the samples (a stage at half its cost, or none) scales ``worker_cpu_ms`` by the stage's
+    share of the loader's CPU, and ``worker_ms`` and ``serial_ms`` by its share of the time;
+    more cores scale ``cpus``. Each prediction is bounded by the limits the change leaves alone
+    (a cheaper decode stops paying where the main process binds), not a bare Amdahl fraction.
+    Shares come from the sampled profile (analyse/hotspots.py): they are the loader's time,
+    hand-off included, so a stage's share of a batch's cost is read the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+AT_CEILING = 0.9  # measured this close to the ceiling: more of the loader's knobs will not pay
+MIN_SHARE = 0.05  # a stage or function under this share is not worth a what-if
+ALL_OF_IT = 0.9  # a stage or function holding this much is the whole loader, not a part
+FUNCTIONS = 3  # the top functions given a what-if, beside the stages
+MORE_CORES = (2, 4)  # "with 2x / 4x the usable CPUs"
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """One batch's cost (NOTE [ The ceiling and what would raise it ]), in ms."""
+
+    serial_ms: float
+    worker_ms: float
+    worker_cpu_ms: float
+    receive_ms: float
+    step_ms: float
+    step_on_cpu: bool
+    cpus: float  # usable by this loader: cgroup quota, affinity, the node's other ranks
+    samples_per_batch: float
+    max_workers: int
+
+    def limits(self) -> dict[str, float]:
+        """samples/s each limit allows (``step_demand`` only with a step)."""
+        main_cpu = self.receive_ms + (self.step_ms if self.step_on_cpu else 0.0)
+        per_batch = {
+            "cpu": self.cpus * 1000.0 / max(self.worker_cpu_ms + main_cpu, 1e-6),
+            "main_process": 1000.0 / max(self.receive_ms + self.step_ms, 1e-6),
+            "workers": self.max_workers * 1000.0 / max(self.worker_ms, 1e-6),
+            "without_workers": 1000.0 / max(self.serial_ms, 1e-6),
+        }
+        if self.step_ms > 0:
+            per_batch["step_demand"] = 1000.0 / self.step_ms
+        return {name: rate * self.samples_per_batch for name, rate in per_batch.items()}
+
+    def ceiling(self) -> tuple[float, str]:
+        """(samples/s, the binding limit)."""
+        limits = self.limits()
+        with_workers = {k: limits[k] for k in ("cpu", "main_process", "workers")}
+        binding = min(with_workers, key=with_workers.__getitem__)
+        rate = with_workers[binding]
+        if limits["without_workers"] >= rate:
+            return limits["without_workers"], "without_workers"
+        if binding == "main_process" and self.step_ms > self.receive_ms:
+            binding = "step"  # the main process's time is mostly the step's
+        return rate, binding
+
+    def cheaper(self, time_share: float, cpu_share: float, by: float) -> "BatchCost":
+        """The batch with a part of the loader's work (``time_share`` of its time,
+        ``cpu_share`` of its CPU) cut by ``by`` (0.5: half; 1: none of it)."""
+        return replace(self, serial_ms=self.serial_ms * (1 - time_share * by),
+                       worker_ms=self.worker_ms * (1 - time_share * by),
+                       worker_cpu_ms=self.worker_cpu_ms * (1 - cpu_share * by))
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    samples_per_s: float
+    binding: str  # cpu | main_process | step | workers | without_workers
+    limits: dict[str, float]
+    step_demand_samples_per_s: float | None
+    measured_samples_per_s: float | None  # the best measured (the pick's, the run's)
+    cpus: float
+
+    @property
+    def at_ceiling(self) -> bool:
+        return (self.measured_samples_per_s is not None
+                and self.measured_samples_per_s >= AT_CEILING * self.samples_per_s)
+
+    def sentence(self) -> str:
+        """One sentence: where the loader stands against the ceiling, and why."""
+        why = {
+            "cpu": f"the {self.cpus:g} usable CPUs are busy making batches",
+            "main_process": "the main process takes one batch at a time from the workers",
+            "step": "your step takes the main process's time: faster loading will not speed "
+                    "training",
+            "workers": "the most workers allowed are all busy",
+            "without_workers": "without workers, the main process makes batches faster than "
+                               "workers could hand them over",
+        }[self.binding]
+        ceiling = f"~{self.samples_per_s:,.0f} samples/s"
+        if self.measured_samples_per_s is None:
+            return f"This machine can make {ceiling} for this dataset at most: {why}."
+        measured = f"{self.measured_samples_per_s:,.0f} samples/s"
+        if self.at_ceiling:
+            return (f"At its ceiling: {measured} of the {ceiling} this machine can make for "
+                    f"this dataset ({why}); other loader settings will not pay, cheaper "
+                    "samples or more cores would.")
+        return (f"Below its ceiling: {measured} of the {ceiling} this machine can make for "
+                f"this dataset ({why}).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples_per_s": round(self.samples_per_s, 1), "binding": self.binding,
+                "limits": {k: round(v, 1) for k, v in self.limits.items()},
+                "step_demand_samples_per_s": (None if self.step_demand_samples_per_s is None
+                                              else round(self.step_demand_samples_per_s, 1)),
+                "measured_samples_per_s": (None if self.measured_samples_per_s is None
+                                           else round(self.measured_samples_per_s, 1)),
+                "at_ceiling": self.at_ceiling, "sentence": self.sentence()}
+
+
+def ceiling_of(cost: BatchCost, measured: float | None) -> Ceiling:
+    rate, binding = cost.ceiling()
+    limits = cost.limits()
+    return Ceiling(rate, binding, limits, limits.get("step_demand"), measured, cost.cpus)
+
+
+def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
+            measured: float | None) -> list[dict[str, Any]]:
+    """Each top stage and function at half its cost and at none, and more cores, as
+    predictions bounded by the other limits; ranked by predicted gain over the measured best
+    (or the ceiling). ``sampled``: hotspots.py's summary (its stages and functions)."""
+    now = measured or cost.ceiling()[0]
+    changes: list[tuple[str, str | None, str | None, BatchCost]] = []
+    if sampled and sampled.get("enough"):
+        cpu_total = sum(s["cpu_share"] for s in sampled["stages"]) or 1.0
+        for stage in sampled["stages"]:
+            if MIN_SHARE <= stage["share"] < ALL_OF_IT:
+                cpu = stage["cpu_share"] / cpu_total
+                for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
+                    changes.append((f"{stage['stage']} {said}", stage["stage"], None,
+                                    cost.cheaper(stage["share"], cpu, by)))
+        parts = [h for h in sampled["hotspots"] if MIN_SHARE <= h["total_share"] < ALL_OF_IT]
+        for function in parts[:FUNCTIONS]:
+            share = function["total_share"]
+            for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
+                changes.append((f"{function['function']} {said}", function["stage"],
+                                function["function"], cost.cheaper(share, share, by)))
+    for times in MORE_CORES:
+        changes.append((f"{cost.cpus * times:g} usable CPUs", None, None,
+                        replace(cost, cpus=cost.cpus * times)))
+    rows = []
+    for change, stage, function, changed in changes:
+        rate, binding = changed.ceiling()
+        rows.append({"change": change, "stage": stage, "function": function,
+                     "predicted_samples_per_s": round(rate, 1),
+                     "predicted_gain": round(rate / now, 3) if now else math.nan,
+                     "then_binding": binding, "measured_samples_per_s": None})
+    return sorted(rows, key=lambda r: -r["predicted_gain"])

@@ -1,0 +1,97 @@
+"""The ceiling and what would raise it (analyse/ceiling.py): which limit binds, the sentence
+that says so, and predictions bounded by the limits a change leaves alone. The real runs
+against plain grids are in tests/test_ceiling_real.py."""
+
+import pytest
+
+from dataloader_tuner.analyse.ceiling import BatchCost, ceiling_of, what_if
+from dataloader_tuner.analyse.text import ceiling_text
+
+
+def cost(**changes) -> BatchCost:
+    """A CPU-bound pipeline on 2 CPUs: 10 ms of CPU a batch of 32 in a worker, 0.5 ms to
+    receive it, no step."""
+    fields = dict(serial_ms=10.5, worker_ms=10.5, worker_cpu_ms=10.0, receive_ms=0.5,
+                  step_ms=0.0, step_on_cpu=False, cpus=2.0, samples_per_batch=32.0,
+                  max_workers=32)
+    fields.update(changes)
+    return BatchCost(**fields)
+
+
+def test_a_cpu_bound_loader_s_ceiling_is_its_cpus_over_a_batch_s_cpu():
+    ceiling = ceiling_of(cost(), measured=5800.0)
+    assert ceiling.binding == "cpu"
+    assert ceiling.samples_per_s == pytest.approx(2 * 1000 / 10.5 * 32)  # 6095
+    assert ceiling.at_ceiling and ceiling.step_demand_samples_per_s is None
+    said = ceiling.sentence()
+    assert said.startswith("At its ceiling: 5,800 samples/s of the ~6,095 samples/s")
+    assert "2 usable CPUs" in said
+    doc = ceiling.to_dict()
+    assert set(doc) >= {"samples_per_s", "binding", "limits", "step_demand_samples_per_s"}
+    assert not ceiling_of(cost(), measured=3000.0).at_ceiling
+    assert "Below its ceiling: 3,000" in ceiling_of(cost(), measured=3000.0).sentence()
+
+
+def test_the_step_and_the_main_process_bind_where_they_take_longer():
+    # a GPU step of 20 ms a batch (without workers the main process makes and steps in turn)
+    stepped = ceiling_of(cost(step_ms=20.0, serial_ms=30.5), measured=None)
+    assert stepped.binding == "step" and stepped.samples_per_s == pytest.approx(
+        1000 / 20.5 * 32)
+    assert stepped.step_demand_samples_per_s == pytest.approx(1000 / 20 * 32)
+    receiving = ceiling_of(cost(receive_ms=8.0, worker_cpu_ms=1.0, worker_ms=1.2,
+                                serial_ms=9.0), measured=None)
+    assert receiving.binding == "main_process"
+    tiny = ceiling_of(cost(serial_ms=0.2, worker_ms=0.3, worker_cpu_ms=0.25,
+                           receive_ms=0.4), measured=None)
+    assert tiny.binding == "without_workers"  # in-process beats any hand-off
+    waiting = ceiling_of(cost(worker_cpu_ms=0.1, worker_ms=50.0, serial_ms=50.0,
+                              max_workers=4), measured=None)
+    assert waiting.binding == "workers"  # latency: the most workers allowed are all waiting
+
+
+SAMPLED = {"enough": True, "stages": [
+    {"stage": "decode", "share": 0.6, "cpu_share": 0.6},
+    {"stage": "transform: RandomResizedCrop", "share": 0.3, "cpu_share": 0.3},
+    {"stage": "collate", "share": 0.04, "cpu_share": 0.04},
+    {"stage": "hand-off", "share": 0.06, "cpu_share": 0.06}],
+    "hotspots": [
+        {"function": "ImageFolder.__getitem__", "total_share": 0.9, "stage": "your __getitem__"},
+        {"function": "ImageFile.load", "total_share": 0.55, "stage": "decode"},
+        {"function": "Image.resize", "total_share": 0.25, "stage": "transform: RandomResizedCrop"},
+        {"function": "tiny", "total_share": 0.01, "stage": "collate"}]}
+
+
+def test_what_if_ranks_changes_by_their_gain_bounded_by_the_limits_they_leave():
+    rows = what_if(cost(), SAMPLED, measured=6000.0)
+    changes = [r["change"] for r in rows]
+    assert rows == sorted(rows, key=lambda r: -r["predicted_gain"])
+    # decode gone: the CPU per batch falls to 40%, 2.5x, until the main process binds
+    gone = next(r for r in rows if r["change"] == "decode gone")
+    assert gone["predicted_samples_per_s"] == pytest.approx(2000 / (10.0 * 0.4 + 0.5) * 32,
+                                                            rel=1e-3)
+    assert gone["stage"] == "decode" and gone["measured_samples_per_s"] is None
+    half = next(r for r in rows if r["change"] == "decode at half its cost")
+    assert half["predicted_gain"] < gone["predicted_gain"]
+    assert "ImageFile.load at half its cost" in changes and "4 usable CPUs" in changes
+    # not for a part holding the whole loader, nor for one too small to matter
+    assert not any("ImageFolder.__getitem__" in c or "tiny" in c or "collate" in c
+                   for c in changes)
+    # more cores: bounded by the main process's 0.5 ms a batch
+    many = what_if(cost(receive_ms=2.0), None, measured=None)
+    eight = next(r for r in many if r["change"] == "8 usable CPUs")
+    assert eight["then_binding"] == "main_process"
+    assert eight["predicted_samples_per_s"] == pytest.approx(1000 / 2.0 * 32, rel=1e-3)
+
+
+def test_no_stage_what_if_without_a_profile_to_rest_on():
+    rows = what_if(cost(), {**SAMPLED, "enough": False}, measured=6000.0)
+    assert [r["change"] for r in rows] == ["8 usable CPUs", "4 usable CPUs"]
+
+
+def test_the_text_says_the_ceiling_and_the_changes_that_would_raise_it():
+    ceiling = ceiling_of(cost(), measured=5800.0).to_dict()
+    lines = ceiling_text(ceiling, what_if(cost(), SAMPLED, measured=5800.0))
+    assert lines[1].startswith("At its ceiling")
+    assert "not measured" in lines[2] and "8 usable CPUs" in lines[3]
+    assert any("decode gone" in line for line in lines[3:])
+    assert ceiling_text(None, []) == []
