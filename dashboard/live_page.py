@@ -299,6 +299,11 @@ def _recommendation_block(jobs: Jobs) -> None:
             st.plotly_chart(charts.what_if_figure(tuned.what_if,
                                                   tuned.ceiling["measured_samples_per_s"]),
                             key="what-if")
+            if tuned.fixes:
+                st.dataframe([{"fix": f["fix"], "stage": f["stage"],
+                               "predicted": (f"{f['predicted_gain']:.2f}x"
+                                             if f["predicted_gain"] else ""),
+                               "how": f["how"]} for f in tuned.fixes], hide_index=True)
             st.caption("Predicted from the tune's cost model and its sampled profile, not "
                        "measured: docs/ceiling.md.")
         if tuned.stacks:  # (none where the trials' work was too quick to be seen)

@@ -5,6 +5,7 @@ against plain grids are in tests/test_ceiling_real.py."""
 import pytest
 
 from dataloader_tuner.analyse.ceiling import BatchCost, ceiling_of, what_if
+from dataloader_tuner.analyse.fixes import named_fixes
 from dataloader_tuner.analyse.text import ceiling_text
 
 
@@ -55,10 +56,13 @@ SAMPLED = {"enough": True, "stages": [
     {"stage": "collate", "share": 0.04, "cpu_share": 0.04},
     {"stage": "hand-off", "share": 0.06, "cpu_share": 0.06}],
     "hotspots": [
-        {"function": "ImageFolder.__getitem__", "total_share": 0.9, "stage": "your __getitem__"},
-        {"function": "ImageFile.load", "total_share": 0.55, "stage": "decode"},
-        {"function": "Image.resize", "total_share": 0.25, "stage": "transform: RandomResizedCrop"},
-        {"function": "tiny", "total_share": 0.01, "stage": "collate"}]}
+        {"function": "ImageFolder.__getitem__", "total_share": 0.9, "stage": "your __getitem__",
+         "file": "/job/data.py"},
+        {"function": "ImageFile.load", "total_share": 0.55, "stage": "decode",
+         "file": "/venv/lib/python3.11/site-packages/PIL/ImageFile.py"},
+        {"function": "Image.resize", "total_share": 0.25, "stage": "transform: RandomResizedCrop",
+         "file": "/venv/lib/python3.11/site-packages/PIL/Image.py"},
+        {"function": "tiny", "total_share": 0.01, "stage": "collate", "file": "/job/data.py"}]}
 
 
 def test_what_if_ranks_changes_by_their_gain_bounded_by_the_limits_they_leave():
@@ -95,3 +99,52 @@ def test_the_text_says_the_ceiling_and_the_changes_that_would_raise_it():
     assert "not measured" in lines[2] and "8 usable CPUs" in lines[3]
     assert any("decode gone" in line for line in lines[3:])
     assert ceiling_text(None, []) == []
+
+
+def test_fixes_are_named_for_the_stages_found_with_their_predicted_gains():
+    changes = what_if(cost(), SAMPLED, measured=6000.0)
+    fixes = named_fixes(SAMPLED, changes)
+    by_fix = {f["fix"]: f for f in fixes}
+    gone = next(w for w in changes if w["change"] == "decode gone")
+    half = next(w for w in changes if w["change"] == "decode at half its cost")
+    assert by_fix["decode images on the GPU"]["predicted_gain"] == gone["predicted_gain"]
+    assert by_fix["decode images smaller or faster"]["predicted_gain"] == half["predicted_gain"]
+    assert "draft" in by_fix["decode images smaller or faster"]["how"]
+    assert "run RandomResizedCrop on the GPU, per batch" in by_fix
+    assert "no GPU is visible" not in by_fix["decode images on the GPU"]["how"]
+    without = {f["fix"]: f for f in named_fixes(SAMPLED, changes, gpu=False)}
+    assert "no GPU is visible here" in without["decode images on the GPU"]["how"]
+    assert all(f["measured_samples_per_s"] is None for f in fixes)  # suggestions, not measured
+    assert [f["predicted_gain"] for f in fixes] == sorted(
+        (f["predicted_gain"] for f in fixes), reverse=True)
+
+
+def test_no_fix_for_a_stage_the_profile_did_not_find():
+    only_collate = {"enough": True, "stages": [{"stage": "your __getitem__", "share": 0.95,
+                                                "cpu_share": 0.95},
+                                               {"stage": "collate", "share": 0.05,
+                                                "cpu_share": 0.05}],
+                    "hotspots": [{"function": "Set.__getitem__", "total_share": 0.95,
+                                  "stage": "your __getitem__", "file": "/job/data.py"}]}
+    assert named_fixes(only_collate, []) == []
+    assert named_fixes({**SAMPLED, "enough": False}, []) == []
+    # a memory that grows is named, with no gain claimed for it
+    grows = named_fixes(only_collate, [], warnings=["worker_memory_growth"])
+    assert [f["fix"] for f in grows] == ["stop copy-on-read growth"]
+    assert grows[0]["predicted_gain"] is None
+
+
+def test_tokenizers_storage_waits_and_files_get_their_own_fixes():
+    def sampled(stage, share, cpu, file):
+        return {"enough": True, "stages": [{"stage": stage, "share": share, "cpu_share": cpu},
+                                          {"stage": "your __getitem__", "share": 1 - share,
+                                           "cpu_share": 1 - share}],
+                "hotspots": [{"function": "f", "total_share": share, "stage": stage,
+                              "file": file}]}
+    tokenized = named_fixes(sampled("decode", 0.8, 0.8,
+                                    "/site/transformers/tokenization_utils_fast.py"), [])
+    assert [f["fix"] for f in tokenized] == ["tokenize once, ahead"]
+    waiting = named_fixes(sampled("read", 0.6, 0.1, "/site/fsspec/core.py"), [])
+    assert [f["fix"] for f in waiting] == ["overlap the waits for storage"]
+    files = named_fixes(sampled("read", 0.4, 0.35, "/usr/lib/python3.11/tarfile.py"), [])
+    assert [f["fix"] for f in files] == ["read shards, not a file per sample"]

@@ -169,6 +169,7 @@ class TuneResult(_Result):
     # (analyse/ceiling.py's Ceiling.to_dict and what_if), where the cost model was learnt
     ceiling: dict[str, Any] | None = None
     what_if: tuple[dict[str, Any], ...] = ()
+    fixes: tuple[dict[str, Any], ...] = ()  # named where a stage is recognised (fixes.py)
     settings_file: str | None = None  # where `tune --out` wrote the settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,7 +190,8 @@ class TuneResult(_Result):
         return dataclasses.replace(result, trials=tuple(trial_from_dict(t)
                                                         for t in doc.get("trials") or ()),
                                    reasons=tuple(doc.get("reasons") or ()),
-                                   what_if=tuple(doc.get("what_if") or ()))
+                                   what_if=tuple(doc.get("what_if") or ()),
+                                   fixes=tuple(doc.get("fixes") or ()))
 
     @property
     def headline_samples_per_s(self) -> float | None:
@@ -211,7 +213,7 @@ TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",
     "trials", "reasons", "warnings", "profile", "limits", "tuning_seconds", "trial_seconds",
-    "plan", "stacks", "ceiling", "what_if", "error", "run_id", "settings_file")
+    "plan", "stacks", "ceiling", "what_if", "fixes", "error", "run_id", "settings_file")
 
 
 def _ordered(doc: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

@@ -75,9 +75,10 @@ def where_time_goes_text(result: ProfileResult) -> list[str]:
 WHAT_IFS_SHOWN = 5
 
 
-def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any]]) -> list[str]:
-    """The ceiling's sentence and the changes that would raise it most (analyse/ceiling.py):
-    predictions, each said as one."""
+def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any]],
+                 fixes: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """The ceiling's sentence, the changes that would raise it most (analyse/ceiling.py) and
+    the fixes named for the stages found (fixes.py): predictions, each said as one."""
     if not ceiling:
         return []
     lines = ["", ceiling["sentence"]]
@@ -88,6 +89,10 @@ def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any
         lines += [f"  {w['predicted_gain']:.2f}x  {w['change']}: ~{w['predicted_samples_per_s']:,.0f}"
                   f" samples/s, then {w['then_binding'].replace('_', ' ')} binds"
                   for w in raising]
+    if fixes:
+        lines.append("fixes to try (predicted, not measured):")
+        lines += [(f"  {f['predicted_gain']:.2f}x  " if f["predicted_gain"] else "  ")
+                  + f"{f['fix']} ({f['stage']}): {f['how']}" for f in fixes]
     return lines
 
 

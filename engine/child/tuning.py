@@ -28,6 +28,7 @@ from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.analyse.ceiling import ceiling_of, what_if
+from dataloader_tuner.analyse.fixes import named_fixes
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
@@ -202,8 +203,10 @@ def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None) -> dict[
     cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
     cost = profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
     measured = outcome.recommendation.expected_samples_per_s
-    return {"ceiling": ceiling_of(cost, measured).to_dict(),
-            "what_if": what_if(cost, stacks, measured)}
+    changes = what_if(cost, stacks, measured)
+    codes = [w.code for w in outcome.recommendation.warnings]
+    return {"ceiling": ceiling_of(cost, measured).to_dict(), "what_if": changes,
+            "fixes": named_fixes(stacks, changes, codes, outcome.limits.gpu_available)}
 
 
 def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:

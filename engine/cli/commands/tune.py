@@ -72,7 +72,7 @@ def render_tune_text(result: TuneResult) -> str:
     where = stacks_text(stacks or None, stacks.get("stages") or (), stacks.get("hotspots") or ())
     if where:
         lines += ["", "over the trials, " + where[0]] + where[1:]
-    lines += ceiling_text(result.ceiling, result.what_if)
+    lines += ceiling_text(result.ceiling, result.what_if, result.fixes)
     for warning in result.warnings:
         lines.append(f"warning [{warning.code}]: {warning.message}")
     return "\n".join(lines)

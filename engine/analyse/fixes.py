@@ -1,0 +1,97 @@
+"""Fixes beyond the loader's knobs, named where the sampled profile recognises a stage, each
+with the gain the ceiling's model predicts for it (analyse/ceiling.py's what-if): a fix is a
+suggestion, never shown as measured unless it was.
+
+A fix that takes a stage's work off the loader's CPU (decoding on the GPU, tokenizing ahead)
+carries the prediction for the stage "gone"; one that makes it cheaper (decoding at reduced
+size, shards read in order) the prediction for it "at half its cost". Only stages the profile
+found, at MIN_SHARE or more of the loader's time, are given fixes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dataloader_tuner.analyse.ceiling import ALL_OF_IT, MIN_SHARE
+
+IMAGE_FILES = ("/PIL/",)
+TOKENIZER_FILES = ("/tokenizers/", "/transformers/tokenization")
+AUDIO_FILES = ("/soundfile", "/torchaudio/", "/librosa/")
+WAITING = 0.5  # a stage this much off the CPU is waiting for storage, not working
+CACHE_SHARE = 0.3  # a function of the dataset's own with this much of the time: worth a cache
+
+
+def _fix(stage: str, function: str | None, fix: str, how: str, change: str | None,
+         what_if: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    predicted = next((w for w in what_if if w["change"] == change), None) if change else None
+    return {"stage": stage, "function": function, "fix": fix, "how": how,
+            "predicted_samples_per_s": predicted and predicted["predicted_samples_per_s"],
+            "predicted_gain": predicted and predicted["predicted_gain"],
+            "measured_samples_per_s": None}
+
+
+def _files(sampled: dict[str, Any], stage: str) -> str:
+    return " ".join(str(h["file"]).replace("\\", "/") for h in sampled["hotspots"]
+                    if h["stage"] == stage)
+
+
+def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]],
+                warnings: Sequence[str] = (), gpu: bool = True) -> list[dict[str, Any]]:
+    """``sampled``: hotspots.py's summary; ``what_if``: ceiling.what_if's rows; ``warnings``:
+    the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not).
+    Ranked by predicted gain (fixes without one last)."""
+    if not sampled or not sampled.get("enough"):
+        return []
+    on_gpu = "" if gpu else " (no GPU is visible here: for the machine that trains)"
+    fixes = []
+    for stage in sampled["stages"]:
+        name, share = stage["stage"], stage["share"]
+        if share < MIN_SHARE:
+            continue
+        files = _files(sampled, name)
+        half, gone = f"{name} at half its cost", f"{name} gone"
+        if name == "decode" and any(p in files for p in IMAGE_FILES):
+            fixes.append(_fix(name, None, "decode images smaller or faster",
+                              "where you crop or resize down, `img.draft('RGB', (w, h))` "
+                              "before `convert()` decodes a JPEG at 1/2-1/8 size; or "
+                              "pillow-simd (libjpeg-turbo)", half, what_if))
+            fixes.append(_fix(name, None, "decode images on the GPU",
+                              "`torchvision.io.decode_jpeg(data, device='cuda')` on the "
+                              "batch's bytes, or NVIDIA DALI" + on_gpu, gone, what_if))
+        elif name == "decode" and any(p in files for p in TOKENIZER_FILES):
+            fixes.append(_fix(name, None, "tokenize once, ahead",
+                              "`dataset.map(tokenize, batched=True)` (Hugging Face datasets) "
+                              "and keep the ids; or tokenize a whole batch in collate_fn",
+                              gone, what_if))
+        elif name == "decode" and any(p in files for p in AUDIO_FILES):
+            fixes.append(_fix(name, None, "decode audio once, ahead",
+                              "decode and resample once to arrays on local disk (.npy, a "
+                              "memmap) and read those", gone, what_if))
+        elif name == "read" and share - stage["cpu_share"] >= WAITING * share:
+            fixes.append(_fix(name, None, "overlap the waits for storage",
+                              "more workers, or threads inside each worker reading ahead "
+                              "(remote storage: pytorch#158218, S3 2.32 -> 1.02 s an "
+                              "iteration with threads)", half, what_if))
+        elif name == "read":
+            fixes.append(_fix(name, None, "read shards, not a file per sample",
+                              "pack samples into shards read in order (WebDataset tar, LMDB, "
+                              "one memmap)", half, what_if))
+        elif name.startswith("transform: ") and share < ALL_OF_IT:
+            step = name.split(": ", 1)[1]
+            fixes.append(_fix(name, None, f"run {step} on the GPU, per batch",
+                              f"apply {step} to the whole batch after it is on the GPU "
+                              "(torchvision.transforms.v2 on tensors, kornia)" + on_gpu, gone,
+                              what_if))
+    own = [h for h in sampled["hotspots"] if h["stage"] == "your __getitem__"
+           and CACHE_SHARE <= h["total_share"] < ALL_OF_IT]
+    if own:
+        top = own[0]["function"]
+        fixes.append(_fix("your __getitem__", top, f"cache what {top} makes",
+                          f"if {top}'s output is the same every epoch (no random "
+                          "augmentation inside it), keep it: in RAM, or on local disk",
+                          f"{top} gone", what_if))
+    if "worker_memory_growth" in warnings:
+        fixes.append(_fix("your __getitem__", None, "stop copy-on-read growth",
+                          "keep the dataset's per-sample data in numpy arrays or one bytes "
+                          "buffer, not lists of Python objects", None, what_if))
+    return sorted(fixes, key=lambda f: -(f["predicted_gain"] or 0.0))
