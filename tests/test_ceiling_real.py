@@ -7,10 +7,22 @@ of it."""
 from __future__ import annotations
 
 import json
+import os
+import statistics
+import types
 
 import pytest
 
+from dataloader_tuner.child.cached import cached_samples, measure_cached
+from dataloader_tuner.child.target import resolve
+from dataloader_tuner.child.trial_run import TrialRunner
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.record.cards import Consumer
+from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.recommend import uncertainty_pct
 from tests.real.plain_loop import plain_rate
+
+from .conftest import ROOT
 
 from .conftest import dataset_path
 from .test_cli import cli
@@ -50,3 +62,31 @@ def test_the_ceiling_and_a_stage_removed_agree_with_plain_grids(tmp_path, monkey
     # and no fix for a stage the profile did not find: only the functions it saw
     named = {w["function"] for w in doc["what_if"] if w["function"]}
     assert named <= {"decode_sample", "augment", "read_bytes", "_spin"}, named
+
+    # the cache measured at the tune's end: far above the pick, the spins being most of a sample
+    (cache,) = [w for w in doc["what_if"] if w["measured_samples_per_s"] is not None]
+    assert cache["change"].startswith("every sample cached in RAM")
+    assert cache["measured_samples_per_s"] > 2 * best and cache["predicted_samples_per_s"]
+
+
+def test_the_cache_s_rate_agrees_with_a_plain_loop_over_the_same_held_samples():
+    """ImageFolder + Compose (tests/real/imagefolder_compose.py): its first samples held, the
+    cached trials (child/cached.py) and plain loops over the same samples, in turns in this
+    process: within the trials' stated interval, or 15% where they state less."""
+    resolved = resolve(os.path.join(ROOT, "tests", "real", "imagefolder_compose.py"))
+    config = LoaderConfig(batch_size=32, num_workers=2, persistent_workers=True)
+    runner = TrialRunner(resolved, Consumer(), lambda t: None, TimeLimit(None))
+    measured, plain = [], []
+    for _ in range(2):
+        found = measure_cached(runner, config)
+        assert found is not None
+        trials, held = found
+        measured += [t.samples_per_s for t in trials]
+        module = types.ModuleType("held_samples")
+        module.dataset, module.batch_size = cached_samples(resolved.dataset, 32), 32
+        plain.append(plain_rate(module, SECONDS, num_workers=2,
+                                persistent_workers=True)["samples_per_s"])
+    assert held == 1024  # every image (150 KB each, under the 256 MB held at most)
+    stated = max(uncertainty_pct(trials) or 0.0, 100 * AGREE) / 100
+    assert statistics.fmean(measured) == pytest.approx(statistics.fmean(plain), rel=stated), (
+        measured, plain)

@@ -157,3 +157,7 @@ def test_what_if_chart_puts_the_largest_gain_on_top_against_the_measured_rate():
     assert list(bar.y) == ["decode gone", "8 usable CPUs"]  # drawn bottom up: largest on top
     assert list(bar.x) == [3000.0, 6800.0] and "then main process" in bar.text[0]
     assert figure.layout.shapes[0].x0 == 1640.0  # the measured rate, dashed
+    cached = {"change": "every sample cached in RAM", "predicted_samples_per_s": 9000.0,
+              "predicted_gain": 5.5, "then_binding": "", "measured_samples_per_s": 12000.0}
+    bar = charts.what_if_figure([cached, *rows], measured=1640.0).data[0]
+    assert bar.x[-1] == 12000.0 and bar.text[-1] == "measured"  # the measured rate, filled

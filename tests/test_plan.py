@@ -31,7 +31,7 @@ def test_the_imagenet_style_tune_is_announced_in_minutes():
     made = plan.plan_tune(plan.guessed_batch_s(0.95, 2.0), 0.95, 2.0, counts, predicted, base,
                           spent_s=1.0, measured=0, budget_s=None, known=False)
     assert 100 < made.estimated_s < 300 < made.at_most_s < 600, made
-    assert made.trials == 4 + plan.CONFIRM_TRIALS + 4
+    assert made.trials == 4 + plan.CONFIRM_TRIALS + 4 + plan.CACHE_TRIALS
     assert "each batch takes ~0.95 s" in made.text() and "min if every trial runs to its cap" in made.text()
     assert not made.cut_short
     limited = TunePlan(**{**made.to_dict(), "budget_s": 45.0})
@@ -47,10 +47,12 @@ def test_after_the_probes_each_count_is_estimated_at_its_predicted_rate():
     base = plan.Baseline(0, False, None)
     made = plan.plan_tune(batch_s, 0.1, 2.0, [7, 8, 9], 8, base, spent_s=5.0, measured=2,
                           budget_s=None, known=True)
-    assert made.predicted_workers == 8 and made.trials == 2 + 3 + plan.CONFIRM_TRIALS + 4
+    assert made.predicted_workers == 8 and made.trials == (2 + 3 + plan.CONFIRM_TRIALS + 4
+                                                           + plan.CACHE_TRIALS)
     assert "reaching 8 workers" in made.text()
     same = plan.plan_tune(batch_s, 0.1, 2.0, [], 0, base, 5.0, 2, None, known=True)
-    assert same.trials == 2 + plan.CONFIRM_TRIALS  # the user's own count: no claim to measure
+    # the user's own count: no claim to measure
+    assert same.trials == 2 + plan.CONFIRM_TRIALS + plan.CACHE_TRIALS
     assert "predicts loading in the main process" in same.text()
 
 
@@ -63,11 +65,14 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
     made = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts + [1],
                           predicted, base, spent_s=0.5, measured=0, budget_s=None, known=False,
                           spawned=1)
-    # 0, 1, 2, 3, 1 fresh, 2 confirmed twice; the user's own count predicted: no claim
-    trials, with_workers = 5 + plan.CONFIRM_TRIALS, 4 + plan.CONFIRM_TRIALS
+    # 0, 1, 2, 3, 1 fresh, 2 confirmed twice and measured over samples held in RAM (made
+    # first); the user's own count predicted: no claim
+    cached = plan.CACHE_TRIALS
+    trials, with_workers = 5 + plan.CONFIRM_TRIALS + cached, 4 + plan.CONFIRM_TRIALS + cached
+    gather = plan.CACHE_BATCHES * 4.5e-5
     assert made.estimated_s == pytest.approx(
-        0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S)
-    assert made.at_most_s == pytest.approx(0.5 + plan.SPAWN_S + trials * MAX_TRIAL_S)
+        0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S + gather)
+    assert made.at_most_s == pytest.approx(0.5 + plan.SPAWN_S + trials * MAX_TRIAL_S + gather)
     assert "if every trial runs to its cap" in made.text()
 
 

@@ -129,6 +129,38 @@ class Ceiling:
                 "at_ceiling": self.at_ceiling, "sentence": self.sentence()}
 
 
+NOT_FETCH = ("collate", "hand-off", "pinning")  # what a cache of each sample's output still pays
+
+
+def cached_prediction(cost: BatchCost, sampled: dict[str, Any] | None,
+                      num_workers: int) -> float | None:
+    """samples/s at ``num_workers`` with every sample's making gone (a cache of each sample's
+    output in RAM): the fetch stages' share off the batch, collate and hand-off kept."""
+    if not sampled or not sampled.get("enough"):
+        return None
+    fetch = [s for s in sampled["stages"] if s["stage"] not in NOT_FETCH]
+    cpu_total = sum(s["cpu_share"] for s in sampled["stages"]) or 1.0
+    changed = cost.cheaper(sum(s["share"] for s in fetch),
+                           sum(s["cpu_share"] for s in fetch) / cpu_total, 1.0)
+    limits = replace(changed, max_workers=max(num_workers, 1)).limits()
+    if num_workers == 0:
+        return limits["without_workers"]
+    return min(limits["cpu"], limits["main_process"], limits["workers"])
+
+
+def cache_row(predicted: float | None, measured: float, uncertainty_pct: float | None,
+              held: int, now: float | None) -> dict[str, Any]:
+    """The what-if row of the cache measured (child/cached.py) beside its prediction, with how
+    well the measured rate is known (its trials' 95% interval or spread, in %)."""
+    return {"change": f"every sample cached in RAM (measured over {held} held)",
+            "stage": None, "function": None,
+            "predicted_samples_per_s": None if predicted is None else round(predicted, 1),
+            "predicted_gain": round((predicted or measured) / now, 3) if now else math.nan,
+            "then_binding": "", "measured_samples_per_s": round(measured, 1),
+            "measured_uncertainty_pct": (None if uncertainty_pct is None
+                                         else round(uncertainty_pct, 1))}
+
+
 def ceiling_of(cost: BatchCost, measured: float | None) -> Ceiling:
     rate, binding = cost.ceiling()
     limits = cost.limits()

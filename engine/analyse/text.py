@@ -82,7 +82,18 @@ def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any
     if not ceiling:
         return []
     lines = ["", ceiling["sentence"]]
-    raising = [w for w in what_if if w["predicted_gain"] > 1.02][:WHAT_IFS_SHOWN]
+    now = ceiling.get("measured_samples_per_s")
+    for w in what_if:
+        if w["measured_samples_per_s"] is not None and now:
+            predicted = w["predicted_samples_per_s"]
+            noise = w.get("measured_uncertainty_pct")
+            lines.append(f"measured: {w['change']}: {w['measured_samples_per_s']:,.0f} samples/s"
+                         + (f" ±{noise:.0f}%" if noise is not None else "")
+                         + f", {w['measured_samples_per_s'] / now:.2f}x the pick's"
+                         + (f" (predicted ~{predicted:,.0f})" if predicted else "")
+                         + "; a cache helps only where a sample is the same every epoch")
+    raising = [w for w in what_if if w["predicted_gain"] > 1.02
+               and w["measured_samples_per_s"] is None][:WHAT_IFS_SHOWN]
     if raising:
         lines.append("what would raise it (predicted from the cost model and the profile, "
                      "not measured):")

@@ -98,7 +98,8 @@ class ChildRun:
         now = time.monotonic()
         if self.recorder.pending():  # batches arrived since the last flush
             self.last_progress = now
-        self._ship_own_samples()
+        if self.recorder.streaming:  # (a tune's trials take this process's samples themselves)
+            self._ship_own_samples()
         if self.stalls is not None and self.measurement is not None:
             self.stalls.observe(self.measurement.columns.batch_seconds(stalls.USUAL_SAMPLE))
             overdue = self.stalls.check(self.measurement.ledger, now, self._where_stuck)
@@ -165,7 +166,8 @@ class ChildRun:
                 reason, code = "error", 1
                 self._send_error(self._explain(failure))
         finally:
-            self._ship_own_samples(final=True)
+            if self.recorder.streaming:
+                self._ship_own_samples(final=True)
             sampler.stop()
             self.recorder.stop(sample=False)
             reap_workers()

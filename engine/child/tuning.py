@@ -27,13 +27,14 @@ from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.analyse.ceiling import ceiling_of, what_if
+from dataloader_tuner.analyse.ceiling import cache_row, cached_prediction, ceiling_of, what_if
+from dataloader_tuner.child.cached import GATHER_S, measure_cached
 from dataloader_tuner.analyse.fixes import named_fixes
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.recommend import Limits
+from dataloader_tuner.tune.recommend import Limits, uncertainty_pct
 from dataloader_tuner.child.starting import snippet_names
 from dataloader_tuner.settings import recommended_config
 from dataloader_tuner.child.target import ResolvedTarget
@@ -187,13 +188,17 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     document = tune_document(outcome, baseline, config, time_limit.spent(),
                              snippet_names(resolved, config))
     stacks = runner.stacks.summary()
+    cached = (measure_cached(runner, final) if runner.time_limit.fits(
+        GATHER_S + _estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
-            **ceiling_fields(outcome, stacks)}
+            **ceiling_fields(outcome, stacks, final.num_workers, cached)}
 
 
-def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None) -> dict[str, Any]:
+def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
+                   cached: tuple[list[TrialResult], int] | None) -> dict[str, Any]:
     """The most this machine can make for this dataset, against the pick's rate, and what
-    would raise it (analyse/ceiling.py), where the cost model was learnt."""
+    would raise it (analyse/ceiling.py), where the cost model was learnt; ``cached``: the
+    pick (``workers``) measured over samples held in RAM (child/cached.py), and how many."""
     profile, serial = outcome.profile, [t for t in outcome.trials if t.num_workers == 0]
     if profile is None or not serial:
         return {}
@@ -204,6 +209,11 @@ def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None) -> dict[
     cost = profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
     measured = outcome.recommendation.expected_samples_per_s
     changes = what_if(cost, stacks, measured)
+    if cached is not None:  # measured: first among the changes, beside its prediction
+        trials, held = cached
+        changes.insert(0, cache_row(cached_prediction(cost, stacks, workers),
+                                    statistics.fmean(t.samples_per_s for t in trials),
+                                    uncertainty_pct(trials), held, measured))
     codes = [w.code for w in outcome.recommendation.warnings]
     return {"ceiling": ceiling_of(cost, measured).to_dict(), "what_if": changes,
             "fixes": named_fixes(stacks, changes, codes, outcome.limits.gpu_available)}

@@ -35,8 +35,8 @@ CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune...
 MAX_CLAIM_PAIRS = 4  # ...and more pairs, up to this, while the claim is wider than...
 CLAIM_WITHIN_PCT = 10.0  # ...this: a wider one is not claimed, the figures shown side by side
 # Trials made after the search (or before it): not the search's early figures of a setting.
-OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "in_order", "out_of_order", "threads_default",
-                  "threads_one", "heap_fresh")
+OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "cached", "in_order", "out_of_order",
+                  "threads_default", "threads_one", "heap_fresh")
 DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
 
 

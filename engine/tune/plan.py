@@ -100,6 +100,13 @@ class Baseline:
     epoch_batches: int | None  # batches in an epoch (None: unknown or endless)
 
 
+# The cache measured at a tune's end (child/cached.py): at most this long making the samples to
+# hold, about this many batches of them
+CACHE_GATHER_S = 5.0
+CACHE_BATCHES = 256
+CACHE_TRIALS = 2  # (their spread says how well the cached rate is known)
+
+
 def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
                   serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
                   trial: TrialTime = trial_seconds,
@@ -135,11 +142,15 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
         confirm = CONFIRM_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
                             trial, steady) if claims else 0.0
-        return spent_s + search + confirm + end
+        # the pick over samples held in RAM (child/cached.py): making them, then a trial
+        cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * trial(
+            batch_s(predicted), predicted, 0, 0.0)
+        return spent_s + search + confirm + end + cache
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
-        trials=measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims,
+        trials=(measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
+                + CACHE_TRIALS),
         estimated_s=total(trial_seconds, MIN_STEADY_BATCHES, CLAIM_PAIRS),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
         at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS if claims else 0))
