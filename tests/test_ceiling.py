@@ -30,6 +30,7 @@ def test_a_cpu_bound_loader_s_ceiling_is_its_cpus_over_a_batch_s_cpu():
     doc = ceiling.to_dict()
     assert set(doc) >= {"samples_per_s", "binding", "limits", "step_demand_samples_per_s"}
     assert not ceiling_of(cost(), measured=3000.0).at_ceiling
+    assert "6,200 samples/s against the model's ~6,095" in ceiling_of(cost(), 6200.0).sentence()
     assert "Below its ceiling: 3,000" in ceiling_of(cost(), measured=3000.0).sentence()
 
 
@@ -76,27 +77,27 @@ def test_what_if_ranks_changes_by_their_gain_bounded_by_the_limits_they_leave():
     assert gone["stage"] == "decode" and gone["measured_samples_per_s"] is None
     half = next(r for r in rows if r["change"] == "decode at half its cost")
     assert half["predicted_gain"] < gone["predicted_gain"]
-    assert "ImageFile.load at half its cost" in changes and "4 usable CPUs" in changes
+    assert "ImageFile.load at half its cost" in changes and "2x the usable CPUs (~4)" in changes
     # not for a part holding the whole loader, nor for one too small to matter
     assert not any("ImageFolder.__getitem__" in c or "tiny" in c or "collate" in c
                    for c in changes)
     # more cores: bounded by the main process's 0.5 ms a batch
     many = what_if(cost(receive_ms=2.0), None, measured=None)
-    eight = next(r for r in many if r["change"] == "8 usable CPUs")
+    eight = next(r for r in many if r["change"] == "4x the usable CPUs (~8)")
     assert eight["then_binding"] == "main_process"
     assert eight["predicted_samples_per_s"] == pytest.approx(1000 / 2.0 * 32, rel=1e-3)
 
 
 def test_no_stage_what_if_without_a_profile_to_rest_on():
     rows = what_if(cost(), {**SAMPLED, "enough": False}, measured=6000.0)
-    assert [r["change"] for r in rows] == ["8 usable CPUs", "4 usable CPUs"]
+    assert [r["change"] for r in rows] == ["4x the usable CPUs (~8)", "2x the usable CPUs (~4)"]
 
 
 def test_the_text_says_the_ceiling_and_the_changes_that_would_raise_it():
     ceiling = ceiling_of(cost(), measured=5800.0).to_dict()
     lines = ceiling_text(ceiling, what_if(cost(), SAMPLED, measured=5800.0))
     assert lines[1].startswith("At its ceiling")
-    assert "not measured" in lines[2] and "8 usable CPUs" in lines[3]
+    assert "not measured" in lines[2] and "4x the usable CPUs (~8)" in lines[3]
     assert any("decode gone" in line for line in lines[3:])
     assert ceiling_text(None, []) == []
 

@@ -33,7 +33,7 @@ AT_CEILING = 0.9  # measured this close to the ceiling: more of the loader's kno
 MIN_SHARE = 0.05  # a stage or function under this share is not worth a what-if
 ALL_OF_IT = 0.9  # a stage or function holding this much is the whole loader, not a part
 FUNCTIONS = 3  # the top functions given a what-if, beside the stages
-MORE_CORES = (2, 4)  # "with 2x / 4x the usable CPUs"
+MORE_CORES = (2, 4)  # "2x / 4x the usable CPUs"
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,9 @@ class Ceiling:
             return f"This machine can make {ceiling} for this dataset at most: {why}."
         measured = f"{self.measured_samples_per_s:,.0f} samples/s"
         if self.at_ceiling:
-            return (f"At its ceiling: {measured} of the {ceiling} this machine can make for "
+            of = ("of the " if self.measured_samples_per_s < self.samples_per_s
+                  else "against the model's ")  # (the model is an estimate: it may be passed)
+            return (f"At its ceiling: {measured} {of}{ceiling} this machine can make for "
                     f"this dataset ({why}); other loader settings will not pay, cheaper "
                     "samples or more cores would.")
         return (f"Below its ceiling: {measured} of the {ceiling} this machine can make for "
@@ -189,7 +191,7 @@ def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
                 changes.append((f"{function['function']} {said}", function["stage"],
                                 function["function"], cost.cheaper(share, share, by)))
     for times in MORE_CORES:
-        changes.append((f"{cost.cpus * times:g} usable CPUs", None, None,
+        changes.append((f"{times}x the usable CPUs (~{cost.cpus * times:.0f})", None, None,
                         replace(cost, cpus=cost.cpus * times)))
     rows = []
     for change, stage, function, changed in changes:
