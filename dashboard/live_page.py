@@ -294,18 +294,7 @@ def _recommendation_block(jobs: Jobs) -> None:
         for reason in tuned.reasons:
             st.markdown(f"- {reason}")
         views.warnings_list(tuned.warnings)
-        if tuned.ceiling:
-            st.markdown(f"**{tuned.ceiling['sentence']}**")
-            st.plotly_chart(charts.what_if_figure(tuned.what_if,
-                                                  tuned.ceiling["measured_samples_per_s"]),
-                            key="what-if")
-            if tuned.fixes:
-                st.dataframe([{"fix": f["fix"], "stage": f["stage"],
-                               "predicted": (f"{f['predicted_gain']:.2f}x"
-                                             if f["predicted_gain"] else ""),
-                               "how": f["how"]} for f in tuned.fixes], hide_index=True)
-            st.caption("Predicted from the tune's cost model and its sampled profile, not "
-                       "measured: docs/ceiling.md.")
+        views.ceiling_view(tuned.ceiling, tuned.what_if, tuned.fixes, key="tune")
         if tuned.stacks:  # (none where the trials' work was too quick to be seen)
             with st.expander("Where the trials' time went"):
                 views.where_time_goes(tuned.stacks, key="tune",
@@ -367,6 +356,8 @@ def _run_view(jobs: Jobs, handle: RunHandle) -> None:
     views.run_charts(result, list(live.batches), key="live")
     views.where_time_goes(views.sampled_of(result), key="live",
                           name=f"profile of {handle.request.target}")
+    if state.done:  # (read from the whole run: said once it ended)
+        views.ceiling_view(result.ceiling, result.what_if, result.fixes, key="live")
     with st.expander("Workers and the main process", expanded=False):
         views.workers_table(result)
     st.markdown("**System**")

@@ -225,3 +225,20 @@ def where_time_goes(summary: dict[str, Any] | None, key: str, name: str) -> None
                            file_name=f"dataloader-tuner-{key}.speedscope.json",
                            mime="application/json", key=f"{key}-speedscope",
                            help="Every sampled stack, for https://www.speedscope.app")
+
+
+def ceiling_view(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any]],
+                 fixes: Sequence[dict[str, Any]], key: str) -> None:
+    """How far this machine can go for the dataset, what would raise it and the fixes named
+    (docs/ceiling.md): the sentence, the what-if chart, the fixes' table."""
+    if not ceiling:
+        return
+    st.markdown(f"**{ceiling['sentence']}**")
+    st.plotly_chart(charts.what_if_figure(what_if, ceiling["measured_samples_per_s"]),
+                    key=f"{key}-what-if")
+    if fixes:
+        st.dataframe([{"fix": f["fix"], "stage": f["stage"],
+                       "predicted": f"{f['predicted_gain']:.2f}x" if f["predicted_gain"] else "",
+                       "how": f["how"]} for f in fixes], hide_index=True)
+    st.caption("Predicted from the cost model and the sampled profile, not measured (where a "
+               "change was measured, its bar is filled): docs/ceiling.md.")

@@ -125,6 +125,9 @@ def test_start_streams_a_run_and_shows_every_chart(app_env):
     assert "Pinned-memory transfer" in page and "not measured" in page
     assert "ok" in page and "num_workers=2" in at.code[0].value
     assert get_jobs().store.list_runs()[0].status == "ok"
+    # once it ended, how far this machine can go for the dataset (docs/ceiling.md)
+    ceiling = get_jobs().store.list_runs()[0].result.ceiling
+    assert ceiling["sentence"] in page and "What would raise the ceiling" in titles
 
 
 def test_a_bad_target_shows_an_error_card_and_the_page_stays_usable(app_env):

@@ -190,3 +190,23 @@ def test_a_cache_is_predicted_to_leave_collate_and_the_hand_off():
     assert predicted == pytest.approx(min(2000 / (1.0 + 0.5), 1000 / 0.5, 2000 / 1.05) * 32,
                                       rel=1e-3)
     assert cached_prediction(cost(), None, 2) is None
+
+
+def test_a_run_with_workers_reads_its_batch_cost_from_its_own_figures():
+    from dataloader_tuner.analyse.ceiling import measured_cost
+
+    per_batch = {"fetch_ms": 8.9, "fetch_cpu_ms": 8.5, "collate_ms": 0.2}
+    # the main process at 13% of a CPU for 187 batches a second: 0.7 ms a batch
+    cost = measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, False, 2.0, 2, 32)
+    assert cost.worker_cpu_ms == pytest.approx(8.7) and cost.worker_ms == pytest.approx(9.1)
+    assert cost.receive_ms == pytest.approx(0.7, rel=0.01) and cost.samples_per_batch == 8.0
+    ceiling = ceiling_of(cost, 1496.0)
+    assert ceiling.binding == "cpu" and ceiling.samples_per_s == pytest.approx(
+        2000 / (8.7 + 0.7) * 8, rel=0.01)
+    # a CPU step in the main process is its own, not the receiving's
+    stepped = measured_cost(per_batch, 60.0, 100.0, 800.0, 5.0, True, 2.0, 2, 32)
+    assert stepped.receive_ms == pytest.approx(1.0) and stepped.step_ms == 5.0
+    # without workers what receiving costs is not seen; nor without the CPU figures
+    assert measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, False, 2.0, 0, 32) is None
+    assert measured_cost({"fetch_ms": 8.9, "fetch_cpu_ms": None}, 13.1, 187.0, 1496.0, 0.0,
+                         False, 2.0, 2, 32) is None

@@ -62,6 +62,12 @@ def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path)
     assert seen["enough"] and seen["processes"] >= max(workers, 1)  # (+ the main process)
     # what the handlers took, measured in each process and shown (bench/profile_cost.py: ~1%)
     assert 0 < seen["sampling_share"] < 0.02, seen
+    # the ceiling, from the run's own figures where it had workers (docs/ceiling.md)
+    if workers:
+        assert result.ceiling["binding"] == "cpu", result.ceiling  # spins on 2 CPUs
+        assert result.ceiling["samples_per_s"] >= 0.8 * result.samples_per_s
+    else:
+        assert result.ceiling is None
     shares = _shares_of(result)
     independent = _cprofile_shares()
     for name, known in known_stages.SHARES.items():

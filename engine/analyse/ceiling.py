@@ -131,6 +131,27 @@ class Ceiling:
                 "at_ceiling": self.at_ceiling, "sentence": self.sentence()}
 
 
+def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
+                  batches_per_s: float | None, samples_per_s: float | None, step_ms: float,
+                  step_on_cpu: bool, cpus: float, num_workers: int,
+                  max_workers: int) -> BatchCost | None:
+    """A batch's cost as one run with workers measured it (a profile, a watched job): each
+    worker's fetch and collate (their CPU, their time), and the main process's CPU a batch
+    (receiving it, and the step where it runs there). None at num_workers=0 (what receiving
+    from a worker costs is not seen there) or where a figure is missing."""
+    if (num_workers == 0 or not per_batch or per_batch.get("fetch_cpu_ms") is None
+            or main_cpu_pct is None or not batches_per_s or not samples_per_s):
+        return None
+    collate = per_batch.get("collate_ms") or 0.0
+    worker_ms = per_batch["fetch_ms"] + collate
+    main_ms = 10.0 * main_cpu_pct / batches_per_s  # (cpu_percent / 100 * 1000 ms)
+    receive_ms = max(main_ms - (step_ms if step_on_cpu else 0.0), 0.01)
+    return BatchCost(serial_ms=worker_ms + step_ms, worker_ms=worker_ms,
+                     worker_cpu_ms=per_batch["fetch_cpu_ms"] + collate, receive_ms=receive_ms,
+                     step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,
+                     samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers)
+
+
 NOT_FETCH = ("collate", "hand-off", "pinning")  # what a cache of each sample's output still pays
 
 

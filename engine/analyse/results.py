@@ -124,6 +124,11 @@ class ProfileResult(_Result):
     stacks_sampled: dict[str, Any] | None = None
     # the stacks themselves (hotspots.py's "collapsed"), for an export (speedscope.py)
     stacks_collapsed: dict[str, Any] | None = None
+    # how far this machine can go for the dataset, what would raise it, and the fixes named
+    # (analyse/ceiling.py, fixes.py): with workers only, from this run's own figures
+    ceiling: dict[str, Any] | None = None
+    what_if: tuple[dict[str, Any], ...] = ()
+    fixes: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return _ordered(super().to_dict(), PROFILE_KEYS)
@@ -134,7 +139,9 @@ class ProfileResult(_Result):
         return dataclasses.replace(result, workers=tuple(doc.get("workers") or ()),
                                    stages=tuple(doc.get("stages") or ()),
                                    hotspots=tuple(doc.get("hotspots") or ()),
-                                   flame=tuple(doc.get("flame") or ()))
+                                   flame=tuple(doc.get("flame") or ()),
+                                   what_if=tuple(doc.get("what_if") or ()),
+                                   fixes=tuple(doc.get("fixes") or ()))
 
     @property
     def headline_samples_per_s(self) -> float | None:
@@ -207,8 +214,8 @@ PROFILE_KEYS = (
     "batches", "warmup_batches", "steady_batches", "samples_per_s", "batches_per_s",
     "batch_latency_ms", "startup_s", "per_batch", "counting", "workers", "main_process",
     "consumer_idle_frac", "input_wait", "input_bound", "transfer", "gpu_idle", "not_measured",
-    "stages", "hotspots", "flame", "stacks_sampled", "stacks_collapsed", "system", "warnings",
-    "error", "run_id")
+    "stages", "hotspots", "flame", "stacks_sampled", "stacks_collapsed", "ceiling", "what_if",
+    "fixes", "system", "warnings", "error", "run_id")
 TUNE_KEYS = (
     "status", "target", "dataset", "system", "consumer", "torch", "recommended", "snippet",
     "expected_samples_per_s", "expected_consumer_idle_frac", "uncertainty_pct", "baseline",

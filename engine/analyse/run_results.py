@@ -9,7 +9,9 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
+from dataloader_tuner.analyse.ceiling import ceiling_of, measured_cost, what_if
 from dataloader_tuner.analyse.diagnostic import Diagnostic
+from dataloader_tuner.analyse.fixes import named_fixes
 from dataloader_tuner.analyse.shm import shm_check, tightest_shm
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.analyse.hotspots import SampledProfile
@@ -17,7 +19,7 @@ from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
-from dataloader_tuner.protocol import Overdue
+from dataloader_tuner.protocol import DEFAULT_MAX_WORKERS, Overdue
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -83,6 +85,8 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     made = timed(measured)  # once: the costs, the counting and the CPU share read it
     per_batch = metrics.per_batch_costs(measured, made)
     wait = metrics.input_wait(batches) if has_consumer else None
+    warnings = tuple(live.output.diagnostics() + _warnings(live, steady, made, per_batch, gpu_info))
+    sampled = live.stacks.summary()
     return ProfileResult(
         status=status,
         target=live.target,
@@ -112,11 +116,35 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         gpu_idle=_gpu_idle(measured) if gpu_info.get("available") else None,
         not_measured=None if gpu_info.get("available") else gpu_info.get("reason"),
         system=live.system,
-        warnings=tuple(live.output.diagnostics()
-                       + _warnings(live, steady, made, per_batch, gpu_info)),
+        warnings=warnings,
         error=live.error,
-        **_where_time_goes(live.stacks.summary()),
+        **_where_time_goes(sampled),
+        **_ceiling(live, steady, measured, per_batch, sampled, [w.code for w in warnings]),
     )
+
+
+def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[BatchRecord],
+             per_batch: dict[str, Any] | None, sampled: dict[str, Any] | None,
+             codes: list[str]) -> dict[str, Any]:
+    """The ceiling of a run with workers, read from its own figures (ceiling.measured_cost),
+    what would raise it and the fixes named; none where they cannot be read."""
+    main = _main_process(live) or {}
+    consumer = live.consumer
+    step_s = (metrics.percentile([b.step_s for b in measured], 50)
+              if consumer is not None and consumer.steps and measured else None)
+    step_ms = 1000.0 * step_s if step_s is not None else 0.0
+    cost = measured_cost(
+        per_batch, main.get("cpu_percent"), steady.batches_per_s if steady else None,
+        steady.samples_per_s if steady else None, step_ms,
+        consumer is not None and consumer.kind in ("train_step", "training_loop"),
+        live.system.cpu_budget() if live.system is not None else 1.0,
+        int((live.config or {}).get("num_workers") or 0), DEFAULT_MAX_WORKERS)
+    if cost is None or steady is None:
+        return {}
+    changes = what_if(cost, sampled, steady.samples_per_s)
+    gpu = live.system is not None and live.system.gpu_available
+    return {"ceiling": ceiling_of(cost, steady.samples_per_s).to_dict(),
+            "what_if": tuple(changes), "fixes": tuple(named_fixes(sampled, changes, codes, gpu))}
 
 
 def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:

@@ -49,6 +49,7 @@ def profile_text(result: ProfileResult) -> str:
             f"{w['batches']} batches"
         )
     lines += where_time_goes_text(result)
+    lines += ceiling_text(result.ceiling, result.what_if, result.fixes)[1:]  # (no blank line)
     if result.not_measured:
         lines.append(f"GPU: not measured: {result.not_measured}.")
     elif result.transfer:
