@@ -45,8 +45,9 @@ FAILURES = [
      ["KeyError", "sample index 7"]),
     (dataset_path("getitem_raises.py"), ["--num-workers", "2"], "worker_error",
      ["KeyError", "worker process", "sample index 7"]),
-    (broken("iter_raises.py"), ["--num-workers", "2"], "worker_error",
-     ["OSError", "connection to the shard server was reset", "after 5 items"]),
+    pytest.param(broken("iter_raises.py"), ["--num-workers", "2"], "worker_error",
+                 ["OSError", "connection to the shard server was reset", "after 5 items"],
+                 marks=pytest.mark.slow),  # (the quick loop has a worker's error above)
     pytest.param(broken("collate_raises.py"), ["--num-workers", "2"], "worker_error",
                  ["ValueError", "in collate_fn for batch indices [0, 1, 2, 3]"],
                  marks=pytest.mark.slow),  # (the quick loop has it without workers)
@@ -99,12 +100,11 @@ def test_invalid_settings_are_rejected_before_starting(db_path):
 
 
 # Each rule is unit-tested on recorded figures in test_pitfalls.py; here the engine finds them in
-# real runs, one in the quick loop and the rest (3-13 s each) marked slow.
+# real runs (3-13 s each), all in the slow set (the full suite, as CI runs it, has them).
 SLOW = pytest.mark.slow
-PITFALLS = [
+PITFALLS = [pytest.param(*case, marks=SLOW) for case in [
     (broken("shared_rng.py"), ["--num-workers", "2"], "duplicated_random_streams",
      "worker_init_fn"),
-] + [pytest.param(*case, marks=SLOW) for case in [
     (broken("skewed_labels.py"), [], "skewed_labels", "WeightedRandomSampler"),
     # growth is judged over at least 8 s after a worker's first 2 s (pitfalls.py)
     (broken("leaky_cache.py"), ["--num-workers", "2", "--seconds", "13"], "worker_memory_growth",
@@ -137,7 +137,7 @@ def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_ph
     assert diagnostic["evidence"] and fix_phrase in diagnostic["fix"]
 
 
-@pytest.mark.slow  # 4 s: the flagged case above stays in the quick loop
+@pytest.mark.slow  # 4 s, as the flagged case above
 def test_fixed_rng_is_not_flagged(db_path):
     """The same dataset with worker_init_fn giving each worker its own generator."""
     code, doc, _ = profile(broken("shared_rng_fixed.py"), "--num-workers", "2", "--seconds", "3",
