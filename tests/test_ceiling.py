@@ -180,6 +180,17 @@ def test_the_cache_holds_the_first_samples_and_serves_them_over_the_dataset_s_le
 
     assert cached.cached_samples(Stream(), batch_size=4) is None  # no index to cache by
 
+    class Broken(Squares):
+        def __getitem__(self, i):
+            if i == 40:
+                raise KeyError(i)
+            return super().__getitem__(i)
+
+    assert cached.cached_samples(Broken(), batch_size=4) is None  # the tune goes on without it
+    Squares.made = 0
+    monkeypatch.setattr(cached, "CACHE_BYTES", 16 * 1024)  # 16 samples: under 8 batches of 4
+    assert cached.cached_samples(Squares(), batch_size=4) is None and Squares.made == 1
+
 
 def test_a_cache_is_predicted_to_leave_collate_and_the_hand_off():
     from dataloader_tuner.analyse.ceiling import cached_prediction

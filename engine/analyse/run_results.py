@@ -85,7 +85,8 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     made = timed(measured)  # once: the costs, the counting and the CPU share read it
     per_batch = metrics.per_batch_costs(measured, made)
     wait = metrics.input_wait(batches) if has_consumer else None
-    warnings = tuple(live.output.diagnostics() + _warnings(live, steady, made, per_batch, gpu_info))
+    warnings = tuple(live.output.diagnostics()
+                     + _warnings(live, steady, made, per_batch, gpu_info))
     sampled = live.stacks.summary()
     return ProfileResult(
         status=status,

@@ -98,9 +98,9 @@ def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any
     if raising:
         lines.append("what would raise it (predicted from the cost model and the profile, "
                      "not measured):")
-        lines += [f"  {w['predicted_gain']:.2f}x  {w['change']}: ~{w['predicted_samples_per_s']:,.0f}"
-                  f" samples/s, then {w['then_binding'].replace('_', ' ')} binds"
-                  for w in raising]
+        lines += [f"  {w['predicted_gain']:.2f}x  {w['change']}: "
+                  f"~{w['predicted_samples_per_s']:,.0f} samples/s, then "
+                  f"{w['then_binding'].replace('_', ' ')} binds" for w in raising]
     if fixes:
         lines.append("fixes to try (predicted, not measured):")
         lines += [(f"  {f['predicted_gain']:.2f}x  " if f["predicted_gain"] else "  ")

@@ -46,24 +46,30 @@ def cached_samples(dataset: Any, batch_size: int | None) -> CachedSamples | None
         length = len(dataset)
     except TypeError:
         return None
+    needed = MIN_BATCHES_HELD * batch_size
     samples: list[Any] = []
     held = 0
     deadline = time.monotonic() + GATHER_S
-    for index in range(min(length, CACHE_SAMPLES)):
-        sample = dataset[index]
-        samples.append(sample)
-        held += payload_bytes(sample)
-        if held >= CACHE_BYTES or time.monotonic() > deadline:
-            break
-    if len(samples) < MIN_BATCHES_HELD * batch_size:
+    try:  # (the tune has its pick: a sample that fails here costs only this measurement)
+        for index in range(min(length, CACHE_SAMPLES)):
+            sample = dataset[index]
+            samples.append(sample)
+            held += payload_bytes(sample)
+            if index == 0 and held * needed > CACHE_BYTES:
+                return None  # samples this large: too few would fit to tell
+            if held >= CACHE_BYTES or time.monotonic() > deadline:
+                break
+    except Exception:  # noqa: BLE001 - the user's dataset, outside the tune's own trials
         return None
-    return CachedSamples(samples, length)
+    return CachedSamples(samples, length) if len(samples) >= needed else None
 
 
 def measure_cached(runner: TrialRunner, config: LoaderConfig
                    ) -> tuple[list[TrialResult], int] | None:
     """CACHE_TRIALS trials of ``config`` over the cached samples (their spread says how well
     the rate is known): (the trials, samples held)."""
+    if config.multiprocessing_context is not None:  # (spawned workers would each get a copy)
+        return None
     cache = cached_samples(runner.resolved.dataset, config.batch_size)
     if cache is None:
         return None
