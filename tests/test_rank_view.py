@@ -209,3 +209,18 @@ def test_figures_come_from_a_rank_s_batches():
     assert summary.rank == 1 and summary.batches == 50 and summary.node_cpu_pct is None
     view = job_view([(0.0, summary), (0.0, replace(summary, rank=0))], 1.0, False)
     assert [r.state for r in view.ranks] == ["finished", "finished"] and view.straggler is None
+
+
+def test_a_rank_sums_its_profile_up_for_its_reports_at_most_every_ten_seconds(monkeypatch):
+    from dataloader_tuner.watcher import job_report
+
+    now = [100.0]
+    monkeypatch.setattr(job_report.time, "monotonic", lambda: now[0])
+    reads = []
+    sampled = job_report.throttled(lambda: reads.append(now[0]) or {"n": len(reads)}, 10.0)
+    assert sampled() == {"n": 1}
+    now[0] += 2.0
+    assert sampled() == {"n": 1} and reads == [100.0]  # a report 2 s later: the last answer
+    assert sampled(fresh=True) == {"n": 2}  # the final report reads it now
+    now[0] += 10.0
+    assert sampled() == {"n": 3}

@@ -15,6 +15,7 @@ All of it on a thread of its own: a slow or vanished store delays reports, never
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -40,6 +41,23 @@ STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
 SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often
 COLLECTOR_RANK = 0
 HOST = socket.gethostname()  # this process's node, as its reports name it
+# A rank's profile is summed up for its reports this often (and for its final one): each
+# summary holds the GIL a few ms in the training process (~1.4 ms for 41 stacks here)
+PROFILE_EVERY_S = 10.0
+
+
+def throttled(read: Callable[[], dict | None], seconds: float) -> Callable[..., dict | None]:
+    """``read()`` at most every ``seconds``, its last answer in between; ``fresh=True`` reads
+    now."""
+    last: list = [-math.inf, None]
+
+    def call(fresh: bool = False) -> dict | None:
+        now = time.monotonic()
+        if fresh or now - last[0] >= seconds:
+            last[0], last[1] = now, read()
+        return last[1]
+
+    return call
 
 
 def job_store():
@@ -69,7 +87,7 @@ class RankReporter:
         """``sampled()``: where the rank's loader's time went so far (run/sinks.py)."""
         self.identity, self.loader, self.recorder = identity, loader, recorder
         self.stalls = stalls  # the watcher's: where a batch reported overdue is being made
-        self.sampled = sampled
+        self.sampled = throttled(sampled, PROFILE_EVERY_S)
         self.connect = connect
         self.keys = [report_key(loader, rank) for rank in range(identity.world_size)]
         self.gatherer = (JobGatherer(history, run_id, self.keys)
@@ -137,7 +155,8 @@ class RankReporter:
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
             shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
             waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3),
-            stuck_at=stuck_at(waiting_on.get("stack")), **profile_fields(self.sampled()))
+            stuck_at=stuck_at(waiting_on.get("stack")),
+            **profile_fields(self.sampled(fresh=status != "running")))
 
     def _node_cpu_pct(self) -> float | None:
         """The whole node's CPU busy since this reporter's last look (its own baseline: psutil's
