@@ -37,6 +37,9 @@ def test_a_cpu_bound_loader_s_ceiling_is_its_cpus_over_a_batch_s_cpu():
 def test_the_step_and_the_main_process_bind_where_they_take_longer():
     # a GPU step of 20 ms a batch (without workers the main process makes and steps in turn)
     stepped = ceiling_of(cost(step_ms=20.0, serial_ms=30.5), measured=None)
+    fed = ceiling_of(cost(step_ms=20.0, serial_ms=30.5), measured=1500.0).sentence()
+    assert fed.startswith("At its ceiling") and "faster loading will not speed training" in fed
+    assert fed.endswith("will not pay.")  # no cheaper samples offered: the step binds
     assert stepped.binding == "step" and stepped.samples_per_s == pytest.approx(
         1000 / 20.5 * 32)
     assert stepped.step_demand_samples_per_s == pytest.approx(1000 / 20 * 32)

@@ -83,6 +83,16 @@ class BatchCost:
                        worker_cpu_ms=self.worker_cpu_ms * (1 - cpu_share * by))
 
 
+# What would raise a ceiling, by the limit that binds it (said after "will not pay")
+RAISED_BY = {
+    "cpu": ", cheaper samples or more cores would",
+    "workers": ", more workers than allowed might (--max-workers)",
+    "main_process": ", a cheaper hand-off would (smaller batches, fewer Python objects in them)",
+    "step": "",  # the step is the limit: loading faster does not speed training
+    "without_workers": ", cheaper samples would",
+}
+
+
 @dataclass(frozen=True)
 class Ceiling:
     samples_per_s: float
@@ -116,8 +126,8 @@ class Ceiling:
             of = ("of the " if self.measured_samples_per_s < self.samples_per_s
                   else "against the model's ")  # (the model is an estimate: it may be passed)
             return (f"At its ceiling: {measured} {of}{ceiling} this machine can make for "
-                    f"this dataset ({why}); other loader settings will not pay, cheaper "
-                    "samples or more cores would.")
+                    f"this dataset ({why}); other loader settings will not pay"
+                    + RAISED_BY[self.binding] + ".")
         return (f"Below its ceiling: {measured} of the {ceiling} this machine can make for "
                 f"this dataset ({why}).")
 
