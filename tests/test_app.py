@@ -325,6 +325,8 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     titles = chart_titles(at)
     for name in ("Batch latency", "Worker utilization", "GPU idle gaps"):
         assert any(t.startswith(name) for t in titles), (name, titles)
+    saved = get_jobs().store.list_runs()[0].result  # its ceiling, where its figures tell one
+    assert saved.ceiling is None or saved.ceiling["sentence"] in texts(at)
 
 
 def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatch, tmp_path):

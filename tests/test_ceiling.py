@@ -26,7 +26,8 @@ def test_a_cpu_bound_loader_s_ceiling_is_its_cpus_over_a_batch_s_cpu():
     assert ceiling.at_ceiling and ceiling.step_demand_samples_per_s is None
     said = ceiling.sentence()
     assert said.startswith("At its ceiling: 5,800 samples/s of the ~6,095 samples/s")
-    assert "2 usable CPUs" in said
+    assert "the 2 usable CPUs" in said
+    assert "the 1.2 usable CPUs" in ceiling_of(cost(cpus=1.19729), 1000.0).sentence()
     doc = ceiling.to_dict()
     assert set(doc) >= {"samples_per_s", "binding", "limits", "step_demand_samples_per_s"}
     assert not ceiling_of(cost(), measured=3000.0).at_ceiling
@@ -211,16 +212,22 @@ def test_a_run_with_workers_reads_its_batch_cost_from_its_own_figures():
 
     per_batch = {"fetch_ms": 8.9, "fetch_cpu_ms": 8.5, "collate_ms": 0.2}
     # the main process at 13% of a CPU for 187 batches a second: 0.7 ms a batch
-    cost = measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, False, 2.0, 2, 32)
+    cost = measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, "none", 2.0, 2, 32)
     assert cost.worker_cpu_ms == pytest.approx(8.7) and cost.worker_ms == pytest.approx(9.1)
     assert cost.receive_ms == pytest.approx(0.7, rel=0.01) and cost.samples_per_batch == 8.0
     ceiling = ceiling_of(cost, 1496.0)
     assert ceiling.binding == "cpu" and ceiling.samples_per_s == pytest.approx(
         2000 / (8.7 + 0.7) * 8, rel=0.01)
     # a CPU step in the main process is its own, not the receiving's
-    stepped = measured_cost(per_batch, 60.0, 100.0, 800.0, 5.0, True, 2.0, 2, 32)
+    stepped = measured_cost(per_batch, 60.0, 100.0, 800.0, 5.0, "train_step", 2.0, 2, 32)
     assert stepped.receive_ms == pytest.approx(1.0) and stepped.step_ms == 5.0
     # without workers what receiving costs is not seen; nor without the CPU figures
-    assert measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, False, 2.0, 0, 32) is None
+    assert measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, "none", 2.0, 0, 32) is None
     assert measured_cost({"fetch_ms": 8.9, "fetch_cpu_ms": None}, 13.1, 187.0, 1496.0, 0.0,
-                         False, 2.0, 2, 32) is None
+                         "none", 2.0, 2, 32) is None
+    # a job's own loop: its step on the CPU where the process used the CPU through it...
+    busy = measured_cost(per_batch, 60.0, 100.0, 800.0, 5.0, "training_loop", 2.0, 2, 32)
+    assert busy.step_on_cpu and busy.receive_ms == pytest.approx(1.0)
+    # ...and off it where the process waited (a GPU step, a sleep): 0.7 ms of CPU a 5 ms step
+    waiting = measured_cost(per_batch, 7.0, 100.0, 800.0, 5.0, "training_loop", 2.0, 2, 32)
+    assert not waiting.step_on_cpu and waiting.receive_ms == pytest.approx(0.7)

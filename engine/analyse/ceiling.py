@@ -110,7 +110,7 @@ class Ceiling:
     def sentence(self) -> str:
         """One sentence: where the loader stands against the ceiling, and why."""
         why = {
-            "cpu": f"the {self.cpus:g} usable CPUs are busy making batches",
+            "cpu": f"the {_cpus(self.cpus)} usable CPUs are busy making batches",
             "main_process": "the main process takes one batch at a time from the workers",
             "step": "your step takes the main process's time: faster loading will not speed "
                     "training",
@@ -141,20 +141,32 @@ class Ceiling:
                 "at_ceiling": self.at_ceiling, "sentence": self.sentence()}
 
 
+STEP_ON_CPU = 0.8  # a loop's main process using this much CPU of its step's time: a CPU step
+
+
+def _cpus(cpus: float) -> str:
+    """2 -> "2", 1.85 -> "1.8": a budget less the other load is rarely whole."""
+    return f"{cpus:.1f}".rstrip("0").rstrip(".")
+
+
 def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                   batches_per_s: float | None, samples_per_s: float | None, step_ms: float,
-                  step_on_cpu: bool, cpus: float, num_workers: int,
+                  consumer: str, cpus: float, num_workers: int,
                   max_workers: int) -> BatchCost | None:
     """A batch's cost as one run with workers measured it (a profile, a watched job): each
     worker's fetch and collate (their CPU, their time), and the main process's CPU a batch
-    (receiving it, and the step where it runs there). None at num_workers=0 (what receiving
-    from a worker costs is not seen there) or where a figure is missing."""
+    (receiving it, and the step where it runs there: a ``train_step`` does; a job's own loop
+    does where its process used the CPU through it, not where it waited on a GPU). None at
+    num_workers=0 (what receiving from a worker costs is not seen there) or where a figure is
+    missing."""
     if (num_workers == 0 or not per_batch or per_batch.get("fetch_cpu_ms") is None
             or main_cpu_pct is None or not batches_per_s or not samples_per_s):
         return None
     collate = per_batch.get("collate_ms") or 0.0
     worker_ms = per_batch["fetch_ms"] + collate
     main_ms = 10.0 * main_cpu_pct / batches_per_s  # (cpu_percent / 100 * 1000 ms)
+    step_on_cpu = consumer == "train_step" or (
+        consumer == "training_loop" and step_ms > 0 and main_ms >= STEP_ON_CPU * step_ms)
     receive_ms = max(main_ms - (step_ms if step_on_cpu else 0.0), 0.01)
     return BatchCost(serial_ms=worker_ms + step_ms, worker_ms=worker_ms,
                      worker_cpu_ms=per_batch["fetch_cpu_ms"] + collate, receive_ms=receive_ms,

@@ -88,6 +88,7 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     warnings = tuple(live.output.diagnostics()
                      + _warnings(live, steady, made, per_batch, gpu_info))
     sampled = live.stacks.summary()
+    workers = tuple(_workers(live, batches, window))
     return ProfileResult(
         status=status,
         target=live.target,
@@ -107,7 +108,7 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         startup_s=live.epochs[0]["startup_s"] if live.epochs else None,
         per_batch=per_batch,
         counting=_counting(live.counting, measured, len(made)),
-        workers=tuple(_workers(live, batches, window)),
+        workers=workers,
         main_process=_main_process(live),
         consumer_idle_frac=idle if has_consumer else None,
         input_wait=wait.to_dict() if wait is not None else None,
@@ -120,25 +121,29 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         warnings=warnings,
         error=live.error,
         **_where_time_goes(sampled),
-        **_ceiling(live, steady, measured, per_batch, sampled, [w.code for w in warnings]),
+        **_ceiling(live, steady, measured, per_batch, sampled, [w.code for w in warnings],
+                   workers),
     )
 
 
 def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[BatchRecord],
              per_batch: dict[str, Any] | None, sampled: dict[str, Any] | None,
-             codes: list[str]) -> dict[str, Any]:
+             codes: list[str], workers: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     """The ceiling of a run with workers, read from its own figures (ceiling.measured_cost),
-    what would raise it and the fixes named; none where they cannot be read."""
+    what would raise it and the fixes named; none where they cannot be read. The CPUs counted
+    are the machine's budget (its cores less the other load seen as the run started), or what
+    the loader's processes were seen using, where more: other load comes and goes."""
     main = _main_process(live) or {}
     consumer = live.consumer
     step_s = (metrics.percentile([b.step_s for b in measured], 50)
               if consumer is not None and consumer.steps and measured else None)
     step_ms = 1000.0 * step_s if step_s is not None else 0.0
+    used = sum((p.get("cpu_percent") or 0.0) for p in (*workers, main)) / 100.0
     cost = measured_cost(
         per_batch, main.get("cpu_percent"), steady.batches_per_s if steady else None,
         steady.samples_per_s if steady else None, step_ms,
-        consumer is not None and consumer.kind in ("train_step", "training_loop"),
-        live.system.cpu_budget() if live.system is not None else 1.0,
+        consumer.kind if consumer is not None else "none",
+        max(live.system.cpu_budget() if live.system is not None else 1.0, used),
         int((live.config or {}).get("num_workers") or 0), DEFAULT_MAX_WORKERS)
     if cost is None or steady is None:
         return {}
