@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, RunStore, StoredRun
-from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord, where_time_goes
+from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord, spends_most_in
 
 from . import job_board, views
 from .shared import get_jobs
@@ -125,7 +125,7 @@ def _ranks_view() -> None:
             "step ms": None if r.summary.step_ms is None else round(r.summary.step_ms, 2),
             "workers busy %": _pct(r.summary.worker_busy_frac),
             "memory MB": r.summary.memory_mb, "batches": r.summary.batches,
-            "loader's time goes": where_time_goes(r.summary), "note": r.note,
+            "loader's time goes": spends_most_in(r.summary), "note": r.note,
         } for r in view.ranks], hide_index=True)
         if view.stages:
             st.caption("Where all ranks' loaders' time goes (sampled in their workers, "

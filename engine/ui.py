@@ -8,7 +8,7 @@ from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashb
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
-                                            where_time_goes, window_figures)
+                                            spends_most_in, window_figures)
 from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.speedscope import speedscope_document
 from dataloader_tuner.analyse.text import (counting_text, fmt, sampled_basis, speedup_text,
@@ -37,5 +37,5 @@ __all__ = [
     "speedup_text", "startup_text", "speedscope_document", "sampled_basis",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
-    "where_time_goes",
+    "spends_most_in",
 ]

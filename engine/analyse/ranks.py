@@ -128,7 +128,7 @@ def job_stages(summaries: Sequence[RankSummary]) -> list[tuple[str, float]]:
                   key=lambda kv: -kv[1]) if total else []
 
 
-def where_time_goes(rank: RankSummary) -> str | None:
+def spends_most_in(rank: RankSummary) -> str | None:
     """"62% in _read_shard (read)": its loader's top function, where sampled."""
     if not rank.top_functions:
         return None
@@ -324,7 +324,7 @@ def slowest_rank(summaries: Sequence[RankSummary],
 
 def _spent_in(rank: RankSummary) -> str:
     """Where its loader's time goes, where sampled: the function a user would open first."""
-    where = where_time_goes(rank)
+    where = spends_most_in(rank)
     return f" Its loader spends {where}." if where else ""
 
 
