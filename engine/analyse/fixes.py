@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dataloader_tuner.analyse.ceiling import ALL_OF_IT, MIN_SHARE
+from dataloader_tuner.analyse.ceiling import ALL_OF_IT, MIN_SHARE, BatchCost, ceiling_of, what_if
 
 IMAGE_FILES = ("/PIL/",)
 TOKENIZER_FILES = ("/tokenizers/", "/transformers/tokenization")
@@ -95,3 +95,13 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
                           "keep the dataset's per-sample data in numpy arrays or one bytes "
                           "buffer, not lists of Python objects", None, what_if))
     return sorted(fixes, key=lambda f: -(f["predicted_gain"] or 0.0))
+
+
+def ceiling_fields(cost: BatchCost, sampled: dict[str, Any] | None, measured: float | None,
+                   codes: Sequence[str], gpu: bool,
+                   measured_first: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """A result's ``ceiling``, ``what_if`` (``measured_first``, then the predictions) and
+    ``fixes``: what a tune and a run with workers say alike."""
+    changes = [*measured_first, *what_if(cost, sampled, measured)]
+    return {"ceiling": ceiling_of(cost, measured).to_dict(), "what_if": tuple(changes),
+            "fixes": tuple(named_fixes(sampled, changes, codes, gpu))}

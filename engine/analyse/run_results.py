@@ -9,9 +9,9 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
-from dataloader_tuner.analyse.ceiling import ceiling_of, measured_cost, what_if
+from dataloader_tuner.analyse.ceiling import measured_cost
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.analyse.fixes import named_fixes
+from dataloader_tuner.analyse.fixes import ceiling_fields
 from dataloader_tuner.analyse.shm import shm_check, tightest_shm
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.analyse.hotspots import SampledProfile
@@ -147,10 +147,8 @@ def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[
         int((live.config or {}).get("num_workers") or 0), DEFAULT_MAX_WORKERS)
     if cost is None or steady is None:
         return {}
-    changes = what_if(cost, sampled, steady.samples_per_s)
-    gpu = live.system is not None and live.system.gpu_available
-    return {"ceiling": ceiling_of(cost, steady.samples_per_s).to_dict(),
-            "what_if": tuple(changes), "fixes": tuple(named_fixes(sampled, changes, codes, gpu))}
+    return ceiling_fields(cost, sampled, steady.samples_per_s, codes,
+                          live.system is not None and live.system.gpu_available)
 
 
 def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:

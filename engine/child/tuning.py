@@ -27,9 +27,9 @@ from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.analyse.ceiling import cache_row, cached_prediction, ceiling_of, what_if
+from dataloader_tuner.analyse.ceiling import cache_row, cached_prediction
+from dataloader_tuner.analyse.fixes import ceiling_fields
 from dataloader_tuner.child.cached import GATHER_S, measure_cached
-from dataloader_tuner.analyse.fixes import named_fixes
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
@@ -191,10 +191,10 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     cached = (measure_cached(runner, final) if runner.time_limit.fits(
         GATHER_S + _estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
-            **ceiling_fields(outcome, stacks, final.num_workers, cached)}
+            **tune_ceiling(outcome, stacks, final.num_workers, cached)}
 
 
-def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
+def tune_ceiling(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
                    cached: tuple[list[TrialResult], int] | None) -> dict[str, Any]:
     """The most this machine can make for this dataset, against the pick's rate, and what
     would raise it (analyse/ceiling.py), where the cost model was learnt; ``cached``: the
@@ -208,15 +208,15 @@ def ceiling_fields(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers:
     cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
     cost = profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
     measured = outcome.recommendation.expected_samples_per_s
-    changes = what_if(cost, stacks, measured)
+    first = []
     if cached is not None:  # measured: first among the changes, beside its prediction
         trials, held = cached
-        changes.insert(0, cache_row(cached_prediction(cost, stacks, workers),
-                                    statistics.fmean(t.samples_per_s for t in trials),
-                                    uncertainty_pct(trials), held, measured))
-    codes = [w.code for w in outcome.recommendation.warnings]
-    return {"ceiling": ceiling_of(cost, measured).to_dict(), "what_if": changes,
-            "fixes": named_fixes(stacks, changes, codes, outcome.limits.gpu_available)}
+        first.append(cache_row(cached_prediction(cost, stacks, workers),
+                               statistics.fmean(t.samples_per_s for t in trials),
+                               uncertainty_pct(trials), held, measured))
+    return ceiling_fields(cost, stacks, measured,
+                          [w.code for w in outcome.recommendation.warnings],
+                          outcome.limits.gpu_available, first)
 
 
 def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:
