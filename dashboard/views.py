@@ -236,9 +236,12 @@ def ceiling_view(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any
     st.markdown(f"**{ceiling['sentence']}**")
     st.plotly_chart(charts.what_if_figure(what_if, ceiling["measured_samples_per_s"]),
                     key=f"{key}-what-if")
+    now = ceiling["measured_samples_per_s"]
     if fixes:
         st.dataframe([{"fix": f["fix"], "stage": f["stage"],
                        "predicted": f"{f['predicted_gain']:.2f}x" if f["predicted_gain"] else "",
+                       "measured": (f"{f['measured_samples_per_s'] / now:.2f}x"
+                                    if f.get("measured_samples_per_s") and now else ""),
                        "how": f["how"]} for f in fixes], hide_index=True)
     st.caption("Predicted from the cost model and the sampled profile, not measured (where a "
                "change was measured, its bar is filled): docs/ceiling.md.")

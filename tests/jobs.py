@@ -5,6 +5,7 @@ before the tree is killed, instead of pytest's timeout showing only the test's o
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,7 +79,7 @@ def stack_of(process: psutil.Process, deadline: float) -> str:
         try:
             dumped = subprocess.run([spy, "dump", "--pid", str(process.pid)],
                                     capture_output=True, text=True, timeout=min(left, 20))
-            return f"{title}\n{dumped.stdout or dumped.stderr}"
+            return f"{title}\n{_compact(dumped.stdout) or dumped.stderr}"
         except subprocess.TimeoutExpired:
             pass
     try:
@@ -86,6 +87,27 @@ def stack_of(process: psutil.Process, deadline: float) -> str:
             return f"{title} waiting in {wchan.read()}"
     except OSError:
         return title
+
+
+IDLE_TOPS = ("Condition.wait ", "Queue._feed ", "Listener.accept ")
+
+
+def _compact(dump: str) -> str:
+    """A py-spy dump with the threads that only wait for work (a Condition, a queue's feeder,
+    a listener) folded into one line: CI shows a part of a failure, and a job's many idle
+    threads pushed its workers' stacks out of it."""
+    kept, idle = [], []
+    for block in re.split(r"\n(?=Thread )", dump.strip()):
+        head, _, frames = block.partition("\n")
+        top = frames.strip().splitlines()[:1]
+        if head.startswith("Thread ") and "MainThread" not in head and top and any(
+                top[0].strip().startswith(name) for name in IDLE_TOPS):
+            idle.append(head.split('"')[1] if '"' in head else head)
+        else:
+            kept.append(block)
+    if idle:
+        kept.append(f"({len(idle)} threads waiting for work: {', '.join(idle)})")
+    return "\n".join(kept)
 
 
 def _kill(process: psutil.Process) -> None:

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.instrument.resources import ResourceSampler
-from dataloader_tuner.analyse.stalls import stuck_at
+from dataloader_tuner.analyse.stalls import outside_users_code, stuck_at
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.instrument.probes import shape_mismatch
 from dataloader_tuner.system import SystemSnapshot
@@ -517,6 +517,9 @@ def test_a_hang_is_placed_in_the_users_code_not_the_tools_or_torchs():
     assert stuck_at(stack.replace("lmdb_reader/store.py", "torch/x.py")) == (
         "faces.py:18 in __getitem__")
     assert stuck_at(f'  File "{stdlib}/threading.py", line 327 in wait') is None
+    # the live line names where such a stack is, and says when there was none
+    assert outside_users_code(stack) == "threading.py:327 in wait, not your code"
+    assert outside_users_code(None) == "its stack could not be read"
 
 
 def test_persistent_workers_are_not_suggested_when_keeping_them_saves_nothing():

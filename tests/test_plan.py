@@ -72,7 +72,9 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
     gather = plan.CACHE_BATCHES * 4.5e-5
     assert made.estimated_s == pytest.approx(
         0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S + gather)
-    assert made.at_most_s == pytest.approx(0.5 + plan.SPAWN_S + trials * MAX_TRIAL_S + gather)
+    # at most: also the pick with threads fetching, which runs where a batch mostly waits
+    assert made.at_most_s == pytest.approx(
+        0.5 + plan.SPAWN_S + (trials + plan.IO_THREAD_TRIALS) * MAX_TRIAL_S + gather)
     assert "if every trial runs to its cap" in made.text()
 
 

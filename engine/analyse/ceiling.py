@@ -193,12 +193,52 @@ def cached_prediction(cost: BatchCost, sampled: dict[str, Any] | None,
     return min(limits["cpu"], limits["main_process"], limits["workers"])
 
 
-def cache_row(predicted: float | None, measured: float, uncertainty_pct: float | None,
-              held: int, now: float | None) -> dict[str, Any]:
-    """The what-if row of the cache measured (child/cached.py) beside its prediction, with how
-    well the measured rate is known (its trials' 95% interval or spread, in %)."""
-    return {"change": f"every sample cached in RAM (measured over {held} held)",
-            "stage": None, "function": None,
+MAX_THREADS = 16
+WAITING = 0.5  # the fetch this much off the CPU (of its time): waiting, worth overlapping
+
+
+def waiting_share(cost: BatchCost) -> float:
+    """The share of a worker's time for a batch spent off the CPU (waiting for storage,
+    sleeping): from the cost model, not the sampled profile, whose looks come with CPU used
+    and are few where a loader mostly waits."""
+    return max(1.0 - cost.worker_cpu_ms / cost.worker_ms, 0.0) if cost.worker_ms > 0 else 0.0
+
+
+def threads_for(cost: BatchCost, batch_size: int | None) -> int | None:
+    """How many threads would overlap the fetch's waits (a batch's time over its CPU: one
+    that waits 9 parts in 10 keeps 10 busy), at most a batch's samples and MAX_THREADS; None
+    where the loader mostly works (threads would not pay) or a batch is one sample."""
+    if not batch_size or batch_size < 2 or waiting_share(cost) < WAITING:
+        return None
+    busy = max(cost.worker_cpu_ms, cost.worker_ms / MAX_THREADS)
+    return max(2, min(math.ceil(cost.worker_ms / busy), batch_size, MAX_THREADS))
+
+
+def threaded_prediction(cost: BatchCost, num_workers: int, threads: int) -> float:
+    """samples/s at ``num_workers`` with the waits overlapped ``threads`` ways (the waiting
+    share of a batch's time cut by 1 - 1/threads, its CPU kept), bounded by the limits."""
+    changed = cost.cheaper(waiting_share(cost), 0.0, 1.0 - 1.0 / threads)
+    limits = replace(changed, max_workers=max(num_workers, 1)).limits()
+    if num_workers == 0:
+        return limits["without_workers"]
+    return min(limits["cpu"], limits["main_process"], limits["workers"])
+
+
+THREADS_CHANGE = "threads fetching each batch"  # a measured row's change (fixes.py finds it)
+
+
+def threads_change(threads: int, num_workers: int) -> str:
+    where = "in each worker" if num_workers else "in the main process"
+    return f"{threads} {THREADS_CHANGE} {where} (measured)"
+
+
+def measured_row(change: str, predicted: float | None, measured: float,
+                 uncertainty_pct: float | None, now: float | None, caveat: str
+                 ) -> dict[str, Any]:
+    """The what-if row of a change the tune measured (a cache, threads fetching) beside its
+    prediction, with how well the measured rate is known (its trials' 95% interval or spread,
+    in %) and what must hold for the job to have it (``caveat``)."""
+    return {"change": change, "stage": None, "function": None, "caveat": caveat,
             "predicted_samples_per_s": None if predicted is None else round(predicted, 1),
             "predicted_gain": round((predicted or measured) / now, 3) if now else math.nan,
             "then_binding": "", "measured_samples_per_s": round(measured, 1),

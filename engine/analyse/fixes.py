@@ -12,22 +12,22 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dataloader_tuner.analyse.ceiling import ALL_OF_IT, MIN_SHARE, BatchCost, ceiling_of, what_if
+from dataloader_tuner.analyse.ceiling import (ALL_OF_IT, MIN_SHARE, THREADS_CHANGE, WAITING,
+                                              BatchCost, ceiling_of, waiting_share, what_if)
 
 IMAGE_FILES = ("/PIL/",)
 TOKENIZER_FILES = ("/tokenizers/", "/transformers/tokenization")
 AUDIO_FILES = ("/soundfile", "/torchaudio/", "/librosa/")
-WAITING = 0.5  # a stage this much off the CPU is waiting for storage, not working
 CACHE_SHARE = 0.3  # a function of the dataset's own with this much of the time: worth a cache
 
 
 def _fix(stage: str, function: str | None, fix: str, how: str, change: str | None,
          what_if: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    predicted = next((w for w in what_if if w["change"] == change), None) if change else None
+    row = next((w for w in what_if if w["change"] == change), None) if change else None
     return {"stage": stage, "function": function, "fix": fix, "how": how,
-            "predicted_samples_per_s": predicted and predicted["predicted_samples_per_s"],
-            "predicted_gain": predicted and predicted["predicted_gain"],
-            "measured_samples_per_s": None}
+            "predicted_samples_per_s": row and row["predicted_samples_per_s"],
+            "predicted_gain": row and row["predicted_gain"],
+            "measured_samples_per_s": row and row["measured_samples_per_s"]}
 
 
 def _files(sampled: dict[str, Any], stage: str) -> str:
@@ -36,14 +36,30 @@ def _files(sampled: dict[str, Any], stage: str) -> str:
 
 
 def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]],
-                warnings: Sequence[str] = (), gpu: bool = True) -> list[dict[str, Any]]:
+                warnings: Sequence[str] = (), gpu: bool = True,
+                waits: bool = False) -> list[dict[str, Any]]:
     """``sampled``: hotspots.py's summary; ``what_if``: ceiling.what_if's rows; ``warnings``:
-    the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not).
-    Ranked by predicted gain (fixes without one last)."""
-    if not sampled or not sampled.get("enough"):
-        return []
-    on_gpu = "" if gpu else " (no GPU is visible here: for the machine that trains)"
+    the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not);
+    ``waits``: the cost model finds a batch's time mostly off the CPU (ceiling.waiting_share:
+    such a loader's profile has few looks, which come with CPU used). Ranked by predicted
+    gain (fixes without one last)."""
+    # the tune's measurement of threads fetching (child/io_threads.py), where it made one
+    threads = next((w["change"] for w in what_if if THREADS_CHANGE in w["change"]), None)
+    enough = bool(sampled and sampled.get("enough"))
+    waiting = [s["stage"] for s in (sampled["stages"] if sampled and enough else [])
+               if s["stage"] in ("read", "your __getitem__") and s["share"] >= MIN_SHARE
+               and s["share"] - s["cpu_share"] >= WAITING * s["share"]]
     fixes = []
+    if waits or waiting:
+        stage = waiting[0] if waiting else "your __getitem__"
+        fixes.append(_fix(stage, None, "overlap the waits for storage",
+                          "more workers, or threads inside each worker fetching a batch's "
+                          "samples (remote storage: pytorch#158218, S3 2.32 -> 1.02 s an "
+                          "iteration with threads)", threads or f"{stage} at half its cost",
+                          what_if))
+    if not sampled or not enough:
+        return fixes
+    on_gpu = "" if gpu else " (no GPU is visible here: for the machine that trains)"
     for stage in sampled["stages"]:
         name, share = stage["stage"], stage["share"]
         if share < MIN_SHARE:
@@ -67,11 +83,8 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
             fixes.append(_fix(name, None, "decode audio once, ahead",
                               "decode and resample once to arrays on local disk (.npy, a "
                               "memmap) and read those", gone, what_if))
-        elif name == "read" and share - stage["cpu_share"] >= WAITING * share:
-            fixes.append(_fix(name, None, "overlap the waits for storage",
-                              "more workers, or threads inside each worker reading ahead "
-                              "(remote storage: pytorch#158218, S3 2.32 -> 1.02 s an "
-                              "iteration with threads)", half, what_if))
+        elif name in waiting:
+            continue  # (its fix is above)
         elif name == "read":
             fixes.append(_fix(name, None, "read shards, not a file per sample",
                               "pack samples into shards read in order (WebDataset tar, LMDB, "
@@ -104,4 +117,5 @@ def ceiling_fields(cost: BatchCost, sampled: dict[str, Any] | None, measured: fl
     ``fixes``: what a tune and a run with workers say alike."""
     changes = [*measured_first, *what_if(cost, sampled, measured)]
     return {"ceiling": ceiling_of(cost, measured).to_dict(), "what_if": tuple(changes),
-            "fixes": tuple(named_fixes(sampled, changes, codes, gpu))}
+            "fixes": tuple(named_fixes(sampled, changes, codes, gpu,
+                                       waiting_share(cost) >= WAITING))}

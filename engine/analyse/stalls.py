@@ -116,9 +116,20 @@ def overdue_now(report: Overdue) -> str:
         text += f" (usually {seconds_text(report.usual_s)} a batch)"
     if report.outstanding:
         holder = report.outstanding[0]
+        stack = holder.get("stack")
         text += ": " + _waited_on(holder.get("worker_id", -1), holder.get("indices"),
-                                  stuck_at(holder.get("stack")), "waiting")
+                                  stuck_at(stack) or outside_users_code(stack), "waiting")
     return text
+
+
+def outside_users_code(stack: str | None) -> str:
+    """Where a stack without the user's code is ("queues.py:113 in get, not your code": a
+    worker idle for indices that never came tells a different story than one inside torch),
+    or that no stack came (a worker that never offered one, or did not answer)."""
+    frame = FRAME.search((stack or "").split("\n\n")[0])
+    if frame is None:
+        return "its stack could not be read"
+    return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}, not your code"
 
 
 def stuck_at(stack: str | None) -> str | None:

@@ -27,9 +27,11 @@ from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.analyse.ceiling import cache_row, cached_prediction
+from dataloader_tuner.analyse.ceiling import (BatchCost, cached_prediction, measured_row, threaded_prediction,
+                                              threads_change, threads_for)
 from dataloader_tuner.analyse.fixes import ceiling_fields
 from dataloader_tuner.child.cached import GATHER_S, measure_cached
+from dataloader_tuner.child.io_threads import measure_threaded
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
@@ -190,30 +192,53 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     stacks = runner.stacks.summary()
     cached = (measure_cached(runner, final) if runner.time_limit.fits(
         GATHER_S + _estimated_s(outcome, final)) else None)
+    cost = tune_cost(outcome)
+    threads = threads_for(cost, final.batch_size) if cost is not None else None
+    threaded = (measure_threaded(runner, final, threads) if threads and runner.time_limit.fits(
+        plan.IO_THREAD_TRIALS * _estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
-            **tune_ceiling(outcome, stacks, final.num_workers, cached)}
+            **tune_ceiling(outcome, stacks, final.num_workers, cached,
+                           (threads, threaded) if threads and threaded else None)}
 
 
-def tune_ceiling(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
-                   cached: tuple[list[TrialResult], int] | None) -> dict[str, Any]:
-    """The most this machine can make for this dataset, against the pick's rate, and what
-    would raise it (analyse/ceiling.py), where the cost model was learnt; ``cached``: the
-    pick (``workers``) measured over samples held in RAM (child/cached.py), and how many."""
+def tune_cost(outcome: TuneOutcome) -> BatchCost | None:
+    """A batch's cost as the tune's cost model learnt it (None where it learnt none)."""
     profile, serial = outcome.profile, [t for t in outcome.trials if t.num_workers == 0]
     if profile is None or not serial:
-        return {}
+        return None
     made = serial[0]
     samples_per_batch = (made.samples_per_s / made.batches_per_s if made.batches_per_s
                          else float(made.batch_size or 1))
     cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
-    cost = profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
+    return profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
+
+
+def tune_ceiling(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
+                 cached: tuple[list[TrialResult], int] | None,
+                 threaded: tuple[int, list[TrialResult]] | None = None) -> dict[str, Any]:
+    """The most this machine can make for this dataset, against the pick's rate, and what
+    would raise it (analyse/ceiling.py), where the cost model was learnt; ``cached``: the
+    pick (``workers``) measured over samples held in RAM (child/cached.py), and how many;
+    ``threaded``: the pick measured with threads fetching (child/io_threads.py), how many."""
+    cost = tune_cost(outcome)
+    if cost is None:
+        return {}
     measured = outcome.recommendation.expected_samples_per_s
     first = []
     if cached is not None:  # measured: first among the changes, beside its prediction
         trials, held = cached
-        first.append(cache_row(cached_prediction(cost, stacks, workers),
-                               statistics.fmean(t.samples_per_s for t in trials),
-                               uncertainty_pct(trials), held, measured))
+        first.append(measured_row(f"every sample cached in RAM (measured over {held} held)",
+                                  cached_prediction(cost, stacks, workers),
+                                  statistics.fmean(t.samples_per_s for t in trials),
+                                  uncertainty_pct(trials), measured,
+                                  "a cache helps only where a sample is the same every epoch"))
+    if threaded is not None:
+        count, trials = threaded
+        first.append(measured_row(threads_change(count, workers),
+                                  threaded_prediction(cost, workers, count),
+                                  statistics.fmean(t.samples_per_s for t in trials),
+                                  uncertainty_pct(trials), measured,
+                                  "where your dataset can be read from several threads"))
     return ceiling_fields(cost, stacks, measured,
                           [w.code for w in outcome.recommendation.warnings],
                           outcome.limits.gpu_available, first)

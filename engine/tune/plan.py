@@ -105,6 +105,9 @@ class Baseline:
 CACHE_GATHER_S = 5.0
 CACHE_BATCHES = 256
 CACHE_TRIALS = 2  # (their spread says how well the cached rate is known)
+# ...and, where the fetch mostly waits, the pick with threads fetching (child/io_threads.py):
+# only where the profile says so, so counted in the "at most", not the expected time
+IO_THREAD_TRIALS = 2
 
 
 def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
@@ -145,7 +148,9 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
         # the pick over samples held in RAM (child/cached.py): making them, then a trial
         cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * trial(
             batch_s(predicted), predicted, 0, 0.0)
-        return spent_s + search + confirm + end + cache
+        threads = IO_THREAD_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0) * (
+            trial is capped_trial_seconds)
+        return spent_s + search + confirm + end + cache + threads
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
