@@ -221,8 +221,18 @@ def test_a_run_with_workers_reads_its_batch_cost_from_its_own_figures():
     # a CPU step in the main process is its own, not the receiving's
     stepped = measured_cost(per_batch, 60.0, 100.0, 800.0, 5.0, "train_step", 2.0, 2, 32)
     assert stepped.receive_ms == pytest.approx(1.0) and stepped.step_ms == 5.0
-    # without workers what receiving costs is not seen; nor without the CPU figures
-    assert measured_cost(per_batch, 13.1, 187.0, 1496.0, 0.0, "none", 2.0, 0, 32) is None
+    # without workers the making is the main process's own CPU (100% of a CPU at 110 batches
+    # a second: 9.1 ms a batch, 8.7 of it making): the loop's 0.4 ms is left, and a worker's
+    # hand-off is not seen there, which the sentence says
+    alone = measured_cost(per_batch, 100.0, 110.0, 880.0, 0.0, "none", 2.0, 0, 32)
+    assert not alone.receive_seen and alone.receive_ms == pytest.approx(9.09 - 8.7, abs=0.01)
+    assert alone.serial_ms == pytest.approx(9.1 + alone.receive_ms)
+    without = ceiling_of(alone, 880.0)
+    assert without.binding == "cpu" and without.samples_per_s == pytest.approx(
+        2000 / (8.7 + alone.receive_ms) * 8, rel=0.01)
+    assert without.sentence().startswith("Below its ceiling: 880 samples/s of the ~1,")
+    assert "hand-off to the main process is not seen" in without.sentence()
+    # nor without the CPU figures
     assert measured_cost({"fetch_ms": 8.9, "fetch_cpu_ms": None}, 13.1, 187.0, 1496.0, 0.0,
                          "none", 2.0, 2, 32) is None
     # a job's own loop: its step on the CPU where the process used the CPU through it...

@@ -49,6 +49,9 @@ class BatchCost:
     cpus: float  # usable by this loader: cgroup quota, affinity, the node's other ranks
     samples_per_batch: float
     max_workers: int
+    # False for a run without workers: a worker's hand-off to the main process is not seen
+    # there, and ``receive_ms`` holds only the main loop's own time
+    receive_seen: bool = True
 
     def limits(self) -> dict[str, float]:
         """samples/s each limit allows (``step_demand`` only with a step)."""
@@ -101,6 +104,7 @@ class Ceiling:
     step_demand_samples_per_s: float | None
     measured_samples_per_s: float | None  # the best measured (the pick's, the run's)
     cpus: float
+    receive_seen: bool = True  # (BatchCost's)
 
     @property
     def at_ceiling(self) -> bool:
@@ -119,6 +123,9 @@ class Ceiling:
                                "workers could hand them over",
         }[self.binding]
         ceiling = f"~{self.samples_per_s:,.0f} samples/s"
+        if not self.receive_seen and self.binding != "without_workers":
+            why += ("; measured without workers, where their hand-off to the main process "
+                    "is not seen: it is left out")
         if self.measured_samples_per_s is None:
             return f"This machine can make {ceiling} for this dataset at most: {why}."
         measured = f"{self.measured_samples_per_s:,.0f} samples/s"
@@ -153,25 +160,31 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                   batches_per_s: float | None, samples_per_s: float | None, step_ms: float,
                   consumer: str, cpus: float, num_workers: int,
                   max_workers: int) -> BatchCost | None:
-    """A batch's cost as one run with workers measured it (a profile, a watched job): each
-    worker's fetch and collate (their CPU, their time), and the main process's CPU a batch
-    (receiving it, and the step where it runs there: a ``train_step`` does; a job's own loop
-    does where its process used the CPU through it, not where it waited on a GPU). None at
-    num_workers=0 (what receiving from a worker costs is not seen there) or where a figure is
-    missing."""
-    if (num_workers == 0 or not per_batch or per_batch.get("fetch_cpu_ms") is None
-            or main_cpu_pct is None or not batches_per_s or not samples_per_s):
+    """A batch's cost as one run measured it (a profile, a watched job): the fetch and the
+    collate (their CPU, their time: in each worker, or in the main process at num_workers=0)
+    and the main process's CPU a batch (receiving it, and the step where it runs there: a
+    ``train_step`` does; a job's own loop does where its process used the CPU through it, not
+    where it waited on a GPU). Without workers, what receiving a batch from a worker costs is
+    not seen (``receive_seen``): the main process's CPU less the making is its loop's own.
+    None where a figure is missing."""
+    if (not per_batch or per_batch.get("fetch_cpu_ms") is None or main_cpu_pct is None
+            or not batches_per_s or not samples_per_s):
         return None
     collate = per_batch.get("collate_ms") or 0.0
     worker_ms = per_batch["fetch_ms"] + collate
+    worker_cpu_ms = per_batch["fetch_cpu_ms"] + collate
     main_ms = 10.0 * main_cpu_pct / batches_per_s  # (cpu_percent / 100 * 1000 ms)
+    if num_workers == 0:  # the making is the main process's own CPU there
+        main_ms = max(main_ms - worker_cpu_ms, 0.0)
     step_on_cpu = consumer == "train_step" or (
         consumer == "training_loop" and step_ms > 0 and main_ms >= STEP_ON_CPU * step_ms)
     receive_ms = max(main_ms - (step_ms if step_on_cpu else 0.0), 0.01)
-    return BatchCost(serial_ms=worker_ms + step_ms, worker_ms=worker_ms,
-                     worker_cpu_ms=per_batch["fetch_cpu_ms"] + collate, receive_ms=receive_ms,
+    serial_ms = worker_ms + step_ms + (0.0 if num_workers else receive_ms)
+    return BatchCost(serial_ms=serial_ms, worker_ms=worker_ms,
+                     worker_cpu_ms=worker_cpu_ms, receive_ms=receive_ms,
                      step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,
-                     samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers)
+                     samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers,
+                     receive_seen=num_workers > 0)
 
 
 NOT_FETCH = ("collate", "hand-off", "pinning")  # what a cache of each sample's output still pays
@@ -249,7 +262,8 @@ def measured_row(change: str, predicted: float | None, measured: float,
 def ceiling_of(cost: BatchCost, measured: float | None) -> Ceiling:
     rate, binding = cost.ceiling()
     limits = cost.limits()
-    return Ceiling(rate, binding, limits, limits.get("step_demand"), measured, cost.cpus)
+    return Ceiling(rate, binding, limits, limits.get("step_demand"), measured, cost.cpus,
+                   cost.receive_seen)
 
 
 def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
