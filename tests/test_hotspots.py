@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from dataloader_tuner.analyse.hotspots import SampledProfile, stage_of
@@ -264,3 +265,94 @@ def test_the_text_says_what_the_profile_rests_on_and_what_sampling_cost():
     older = {k: v for k, v in seen.items() if k != "sampling_share"}  # a run saved before
     assert "sampling took" not in sampled_basis(older)
     assert "too few samples" in stacks_text({**seen, "enough": False}, stages, [])[0]
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def step_of_the_job(seconds: float) -> None:
+    _spin(seconds)
+
+
+def receiving_a_batch(seconds: float) -> None:
+    _spin(seconds)
+
+
+def test_a_job_s_own_process_is_sampled_only_inside_the_loader_s_next():
+    """The window (sampler.NEXT_WINDOW, set around each next() by record/ledger.py): a job
+    spending 3 parts of its CPU in its step and 1 inside next() is charged the 1 part, and
+    its step is never looked at."""
+    from dataloader_tuner.instrument.sampler import NEXT_WINDOW
+
+    sampler = StackSampler(interval_s=0.002, window=NEXT_WINDOW).start()
+    assert sampler is not None
+    try:
+        for _ in range(40):
+            step_of_the_job(0.015)
+            NEXT_WINDOW.since = time.monotonic()  # as record/ledger.py around next()
+            try:
+                receiving_a_batch(0.005)
+            finally:
+                NEXT_WINDOW.since = None
+    finally:
+        sampler.stop()
+    sampled = sampler.take()
+    seen = {f[2] for _, frames, _, _, _ in sampled for f in frames}
+    assert "receiving_a_batch" in seen and "step_of_the_job" not in seen, seen
+    charged = sum(wall for role, _, _, wall, _ in sampled if role == "main")
+    assert charged == pytest.approx(40 * 0.005, rel=0.35), charged  # not the step's 0.6 s
+
+
+@pytest.mark.slow  # ~5 s: each small tensor crosses with its own file descriptor
+def test_a_watched_loader_s_main_process_shows_its_hand_off(tmp_path):
+    """watch(loader) with 2 workers whose batches are 128 small tensors each (costly to
+    rebuild in the main process): the job's own process is sampled inside next() and its
+    rebuilding shows as the hand-off; its step is not looked at."""
+    from dataloader_tuner import watch
+    from dataloader_tuner.instrument import sampler
+
+    class ManyTensors(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, index):
+            return [torch.full((4,), float(index)) for _ in range(16)]
+
+    loader = watch(DataLoader(ManyTensors(), batch_size=8, num_workers=2,
+                              collate_fn=lambda samples: [t for s in samples for t in s]),
+                   db=str(tmp_path / "runs.sqlite"))
+    try:
+        for i, _ in enumerate(loader):
+            step_of_the_job(0.002)
+            if i >= 100:
+                break
+    finally:
+        result = loader.close()
+    assert sampler.running() is None
+    main = [h for h in result.hotspots if h["stage"] == "hand-off"]
+    assert main and any("rebuild" in h["function"] or "loads" in h["function"]
+                        or "Queue.get" in h["function"] for h in main), result.hotspots
+    assert not any("step_of_the_job" in h["function"] for h in result.hotspots)
+
+
+def test_a_job_that_puts_the_signals_back_is_not_ended_by_the_sampler():
+    """A sampler running while the job sets its timer's signal back to the default (as
+    Lightning's trainer does for every signal as a fit ends): the process goes on and ends
+    normally (cpu_timer.py: the timer's signal is one whose default is to be ignored)."""
+    import subprocess
+    import sys
+
+    code = ("import signal, time\n"
+            "from dataloader_tuner.instrument.sampler import StackSampler\n"
+            "s = StackSampler(0.001).start()\n"
+            "assert s is not None\n"
+            "signal.signal(s.timer.signum, signal.SIG_DFL)\n"
+            "end = time.thread_time() + 0.3\n"
+            "while time.thread_time() < end:\n"
+            "    pass\n"
+            "print('alive')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0 and b"alive" in done.stdout, done.stderr.decode()[-500:]

@@ -5,8 +5,10 @@ NOTE [ Sampling inside the workers ]
 
     torch's profiler and ``torch.utils.bottleneck`` do not see ``num_workers > 0``
     (pytorch#6313), and py-spy needs ptrace rights to attach. Each process here samples
-    itself: a CPU-time interval timer (``ITIMER_PROF``, every INTERVAL_S of the process's CPU)
-    raises SIGPROF, and the interpreter runs the handler in the main thread at its next
+    itself: a timer on the process's CPU time (every INTERVAL_S of it) signals the main thread
+    (cpu_timer.py: SIGURG, whose default is to be ignored, or SIGPROF where that cannot be
+    had: NOTE [ A CPU timer that cannot end the process ]), and the interpreter runs the
+    handler in the main thread at its next
     instruction, with the frame that was running. The handler charges the main thread's CPU
     and the time that passed since its last run to that stack, and each other thread's CPU
     (its CPU clock, made from its kernel id) to that thread, by its name: a worker's main
@@ -21,15 +23,28 @@ NOTE [ Sampling inside the workers ]
     after the wait, in the loop's frame, where the wait's time would be misread as work.
 
     Each look arms the next at a jittered interval (0.5-1.5x), so that a periodic loader is
-    not seen at the same phase of each period. A thread that wakes to look (the first design) sees the main thread only where it lets
-    the GIL go: a dataset spinning in Python between two torch calls was seen at the torch
-    call every time, never in the functions that took the time.
+    not seen at the same phase of each period. A thread that wakes to look (the first
+    design) sees the main thread only where it lets the GIL go: a dataset spinning in Python
+    between two torch calls was seen at the torch call every time, never in the functions
+    that took the time.
+
+    A watched job's own process is the job's, not the loader's: there a look is taken only
+    while the loop is inside a watched loader's ``next()`` (NEXT_WINDOW, set around it by
+    record/ledger.py), where the loader's work is receiving batches from the workers (the
+    hand-off's main side: unpickling, rebuilding tensors from shared memory) or, without
+    workers, the fetch itself. Outside, a tick costs the handler two clock reads; the job's
+    step is never walked, nor its stacks shipped. A look inside stands for the main thread's
+    CPU since the tick before (ticks fall at random points of the CPU spent, so the periods
+    ending inside count the window's CPU without bias where the main thread spends it), and
+    for the time waited in ``next()`` beyond it.
+    Measured: a job spending 3 parts of its CPU in its step and 1 in ``next()`` is charged
+    the 1 (tests/test_hotspots.py); a watched loader whose batches are 128 small tensors shows
+    the main process rebuilding them (``_rebuild_tensor``, the resource sharer's sockets).
 
     System calls interrupted by the signal restart (``siginterrupt(False)``); a process whose
-    SIGPROF is taken already (another profiler) is not sampled. Stacks are kept as tuples of
-    code objects while sampling (functions, not lines), and named (file, first line, function)
-    when a delta is taken:
-    ``take()`` returns what was sampled since the last take as plain data that pickles, for
+    signal is taken already (another profiler's SIGPROF, the job's SIGURG) is not sampled.
+    Stacks are kept as tuples of code objects while sampling (functions, not lines), and
+    named (file, first line, function) when a delta is taken: ``take()`` returns what was sampled since the last take as plain data that pickles, for
     the batch's meta to carry to the main process (probes.py).
 """
 
@@ -43,6 +58,9 @@ import sys
 import threading
 import time
 from typing import Any, Iterable
+
+from dataloader_tuner.instrument.cpu_timer import CpuTimer
+from dataloader_tuner.record.ledger import NEXT_WINDOW, NextWindow
 
 # A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
 INTERVAL_S = 0.005
@@ -73,10 +91,12 @@ def _thread_clock(native_id: int | None) -> int | None:
 
 
 class StackSampler:
-    """Samples this process from SIGPROF until ``stop()`` (``start()`` in the main thread)."""
+    """Samples this process from its CPU timer's signal until ``stop()`` (``start()`` in the
+    main thread); with a ``window``, only while the loop is inside a loader's ``next()``."""
 
-    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, interval_s: float = INTERVAL_S, window: NextWindow | None = None) -> None:
         self.interval_s = interval_s
+        self.window = window
         self.main_ident = threading.main_thread().ident
         # (role, stack as code objects and lines) -> [cpu_s, wall_s, looks]
         self.stacks: dict[tuple[str, tuple], list] = {}
@@ -86,42 +106,42 @@ class StackSampler:
         self._last_wall = time.monotonic()
         self._last_cpu = time.thread_time()
         self._previous: Any = None
+        self.timer: CpuTimer | None = None
         self.running = False
         self.spent = 0.0  # seconds in the handler itself since the last take: its own cost
 
     def start(self) -> "StackSampler | None":
-        """Sampling from now, or None where it cannot be (not the main thread, no SIGPROF,
-        or SIGPROF already someone's)."""
-        if threading.current_thread() is not threading.main_thread() or not hasattr(
-                signal, "setitimer"):
+        """Sampling from now, or None where it cannot be (not the main thread, no free
+        signal for the timer: cpu_timer.py)."""
+        if threading.current_thread() is not threading.main_thread():
             return None
-        previous = signal.getsignal(signal.SIGPROF)
-        if previous not in (signal.SIG_DFL, signal.SIG_IGN, None):
+        timer = CpuTimer.make()
+        if timer is None:
             return None
-        self._previous = previous
+        self.timer, self._previous = timer, signal.getsignal(timer.signum)
         self._last_wall, self._last_cpu = time.monotonic(), time.thread_time()
         for thread in threading.enumerate():  # the threads there now: their CPU from now on
             if thread.ident is not None:
                 self._cpu_since(thread.ident, thread.native_id)
-        signal.signal(signal.SIGPROF, self._on_signal)
-        signal.siginterrupt(signal.SIGPROF, False)
-        signal.setitimer(signal.ITIMER_PROF, self.interval_s)
+        signal.signal(timer.signum, self._on_signal)
+        signal.siginterrupt(timer.signum, False)
+        timer.set(self.interval_s)
         self.running = True
-        # Disarmed before the interpreter ends: its finalisation puts SIGPROF back to its
-        # default (ending the process), and a timer still armed then killed a watched job at
-        # exit ("Profiling timer expired").
+        # Stopped before the interpreter ends: its finalisation puts the signal back to its
+        # default, which ends the process for SIGPROF (the fallback timer's): a timer still
+        # armed then killed a watched job at exit ("Profiling timer expired").
         atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
-        if not self.running:
+        if not self.running or self.timer is None:
             return
         self.running = False
         atexit.unregister(self.stop)
-        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        self.timer.delete()
         if threading.current_thread() is threading.main_thread():
-            # ignored, not its default (ending the process), should one be on its way still
-            signal.signal(signal.SIGPROF, signal.SIG_IGN
+            # ignored, not its default (SIGPROF's ends the process), should one still come
+            signal.signal(self.timer.signum, signal.SIG_IGN
                           if self._previous in (signal.SIG_DFL, None) else self._previous)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -131,10 +151,11 @@ class StackSampler:
         # CPU faster than the time passes: a look at most every half interval of that time
         if time.monotonic() - self._last_wall >= self.interval_s / 2:
             self.look(frame)
-        if self.running:  # the next look at a jittered interval: a loader whose samples take
-            # a round number of milliseconds was otherwise seen at the same point of each
-            # (known_stages: decode 0.56 of the CPU against its 0.50, with a 1 ms timer)
-            signal.setitimer(signal.ITIMER_PROF, self.interval_s * (0.5 + random.random()))
+        if self.running and self.timer is not None:  # the next look at a jittered interval:
+            # a loader whose samples take a round number of milliseconds was otherwise seen
+            # at the same point of each (known_stages: decode 0.56 of the CPU against its
+            # 0.50, with a 1 ms timer)
+            self.timer.set(self.interval_s * (0.5 + random.random()))
         self.spent += time.thread_time() - entered
 
     def look(self, frame: Any) -> None:
@@ -142,6 +163,16 @@ class StackSampler:
         now, cpu_now = time.monotonic(), time.thread_time()
         wall, cpu = now - self._last_wall, cpu_now - self._last_cpu
         self._last_wall, self._last_cpu = now, cpu_now
+        window = self.window
+        if window is not None:  # a job's own process: inside a loader's next() only
+            if window.since is None:
+                return
+            # The look stands for this thread's CPU since the tick before, wherever that was:
+            # ticks fall at random points of the CPU spent, so the periods ending inside
+            # next() count its CPU without bias (the time since next() began would miss each
+            # window's start), and for the time waited inside next() beyond it. (Other
+            # threads' CPU is theirs, by their own clocks, below.)
+            wall = max(cpu, min(wall, now - window.since))
         self.looks += 1
         stack = _stack(frame)
         self._charge("main", stack, cpu, wall if _in_work(stack) else min(cpu, wall))
@@ -240,9 +271,11 @@ _watchers = 0  # watched loaders asking for samples (ask/release): forked worker
 
 def _after_fork() -> None:
     global _process
-    if _process is not None and _process.running:  # its handler came along, not its timer
+    sampler = _process
+    if sampler is not None and sampler.running and sampler.timer is not None:
+        # its handler came along, not its timer (neither kind is inherited)
         try:
-            signal.signal(signal.SIGPROF, signal.SIG_DFL)  # (a worker's own start checks it)
+            signal.signal(sampler.timer.signum, signal.SIG_DFL)  # (a worker's start checks it)
         except ValueError:  # forked from another thread: the handler is not ours to reset
             pass
     _process = None  # a worker starts its own, at its first fetch
@@ -258,6 +291,18 @@ def start_if_asked() -> StackSampler | None:
     wanted = os.environ.get(SAMPLE_ENV)
     if _process is None and (wanted == "1" or (_watchers and wanted != "0")):
         _process = StackSampler().start()
+    return _process
+
+
+def start_in_job() -> StackSampler | None:
+    """A watched job's own process (its main thread), looked at only inside its loaders'
+    ``next()`` (NEXT_WINDOW): what receiving batches from the workers costs there, or the
+    fetch itself without workers. Where a watched loader asked (``ask``) and the job did not
+    turn sampling off (SAMPLE_ENV=0); the engine's own process (SAMPLE_ENV=1) samples all of
+    its time instead (start_if_asked)."""
+    global _process
+    if _process is None and _watchers and os.environ.get(SAMPLE_ENV) not in ("0", "1"):
+        _process = StackSampler(window=NEXT_WINDOW).start()
     return _process
 
 

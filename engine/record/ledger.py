@@ -75,6 +75,20 @@ class GapEvents(Protocol):
     def resolved(self) -> list[tuple[int, float]]: ...
 
 
+class NextWindow:
+    """Since when the loop has been inside a loader's ``next()`` (None: it is not), set
+    around each ``next()`` (BatchLedger.next_batch), whichever ledger it is: in a watched
+    job's own process only that is the loader's work, where instrument/sampler.py looks."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+
+NEXT_WINDOW = NextWindow()
+
+
 def samples_of(meta: BatchMeta | UntimedMeta) -> int:
     """The batch's sample count, from either kind of meta."""
     return meta[2] if meta.__class__ is tuple else meta[SAMPLES]  # type: ignore[return-value]
@@ -165,14 +179,15 @@ class BatchLedger:
         if gaps is not None:
             gaps.asking()
         self.next_error = None
-        self.asking_since = t_request = time.monotonic()
+        # (the window: where a job's own process is sampled, instrument/sampler.py)
+        self.asking_since = NEXT_WINDOW.since = t_request = time.monotonic()
         try:
             item = next(iterator)
         except BaseException as exc:
             self.next_error = exc
             raise
         finally:
-            self.asking_since = None
+            self.asking_since = NEXT_WINDOW.since = None
         t_ready = time.monotonic()
         if mark is not None and not mark.opened:
             mark.asked(t_request)

@@ -140,6 +140,7 @@ class WatchedLoader:
         # Its workers sample where their time goes (instrument/sampler.py) until it ends;
         # DATALOADER_TUNER_SAMPLE=0 in the job's environment turns it off.
         sampler.ask()
+        sampler.start_in_job()  # ...and this process, inside the loader's next()
         self.recorder = Recorder(self.history, t0, gaps=StepGaps.create(),
                                  own_workers_only=True, keep_recent=True)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.rows.append, ahead)

@@ -2,7 +2,8 @@
 callback. Prints, as JSON on rank 0, what training_step received (each batch's first index)
 and the loop's own clock of its data wait, read by a callback: from each epoch's start to its
 first batch, and from each batch's end to the next one's start.
-argv: DB [--unwatched] [--ddp] (2 processes on gloo, Lightning's own launcher, loopback)."""
+argv: DB [--unwatched] [--ddp] (2 processes on gloo, Lightning's own launcher, loopback)
+[--no-workers] (both loaders at num_workers=0: their fetch in the job's own process)."""
 
 import json
 import sys
@@ -53,12 +54,15 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+WORKERS = 0 if "--no-workers" in sys.argv else 2
+
+
 class Data(L.LightningDataModule):
     def train_dataloader(self):
-        return DataLoader(Slow(192), batch_size=8, shuffle=True, num_workers=2)
+        return DataLoader(Slow(192), batch_size=8, shuffle=True, num_workers=WORKERS)
 
     def val_dataloader(self):
-        return DataLoader(Slow(48), batch_size=8, num_workers=2)
+        return DataLoader(Slow(48), batch_size=8, num_workers=WORKERS)
 
 
 class LoopClock(L.Callback):

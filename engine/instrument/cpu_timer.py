@@ -1,0 +1,110 @@
+"""A timer on the process's CPU time that signals the main thread, for the sampler
+(sampler.py), with a signal whose default action is to do nothing.
+
+NOTE [ A CPU timer that cannot end the process ]
+
+    ``setitimer(ITIMER_PROF)`` raises SIGPROF, whose default action ends the process. A job
+    may put every signal's handler back as it found it: Lightning's trainer does as a fit
+    ends (its signal connector restores all of them, before any callback hears of the end),
+    and a timer still running then ended the job with "Profiling timer expired" (a watched
+    fit without workers, 4 runs in 6). So on Linux the timer is a POSIX CPU timer
+    (``timer_create`` on CLOCK_PROCESS_CPUTIME_ID, through ctypes) that sends SIGURG, whose
+    default is to be ignored: a handler put back to the default leaves the timer's signals
+    unheard, not the job ended. It is sent to the main thread (SIGEV_THREAD_ID), where
+    Python runs signal handlers anyway. SIGURG is taken only where nobody handles it
+    already (it signals a socket's out-of-band data, rarely used). Elsewhere, or where the
+    POSIX timer cannot be made, ``ITIMER_PROF`` and SIGPROF as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import signal
+import sys
+import threading
+
+CLOCK_PROCESS_CPUTIME_ID = 2
+SIGEV_THREAD_ID = 4  # (Linux) the signal goes to one thread, named by its kernel id
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class _Sigevent(ctypes.Structure):  # Linux's: 64 bytes
+    _fields_ = [("sigev_value", ctypes.c_void_p), ("sigev_signo", ctypes.c_int),
+                ("sigev_notify", ctypes.c_int), ("sigev_tid", ctypes.c_int),
+                ("_pad", ctypes.c_int * 11)]
+
+
+def _librt() -> ctypes.CDLL | None:
+    for name in (None, ctypes.util.find_library("rt")):  # glibc >= 2.34 has it in libc
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+        except OSError:
+            continue
+        if hasattr(lib, "timer_create") and hasattr(lib, "timer_settime"):
+            return lib
+    return None
+
+
+class CpuTimer:
+    """One-shot timers on the process's CPU time, each signalling ``signum`` once; made in
+    the main thread (``make``)."""
+
+    def __init__(self, signum: int, lib: ctypes.CDLL | None, timer_id: ctypes.c_void_p | None
+                 ) -> None:
+        self.signum, self._lib, self._id = signum, lib, timer_id
+
+    @classmethod
+    def make(cls) -> "CpuTimer | None":
+        """A POSIX CPU timer signalling SIGURG where it can be had, else ITIMER_PROF's
+        SIGPROF where that is free; None where neither signal is free."""
+        posix = cls._posix()
+        if posix is not None:
+            return posix
+        if not hasattr(signal, "setitimer"):
+            return None
+        if signal.getsignal(signal.SIGPROF) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            return None  # another profiler's
+        return cls(signal.SIGPROF, None, None)
+
+    @classmethod
+    def _posix(cls) -> "CpuTimer | None":
+        if not sys.platform.startswith("linux") or not hasattr(signal, "SIGURG"):
+            return None
+        if signal.getsignal(signal.SIGURG) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            return None  # the job handles SIGURG itself
+        lib = _librt()
+        native_id = threading.main_thread().native_id
+        if lib is None or native_id is None:
+            return None
+        event = _Sigevent(sigev_signo=signal.SIGURG, sigev_notify=SIGEV_THREAD_ID,
+                          sigev_tid=native_id)
+        timer_id = ctypes.c_void_p()
+        if lib.timer_create(CLOCK_PROCESS_CPUTIME_ID, ctypes.byref(event),
+                            ctypes.byref(timer_id)) != 0:
+            return None
+        return cls(signal.SIGURG, lib, timer_id)
+
+    def set(self, seconds: float) -> None:
+        """Signal once, after ``seconds`` more of the process's CPU (0: never)."""
+        if self._lib is None:
+            if self.signum == signal.SIGPROF:  # (not once a POSIX timer was deleted)
+                signal.setitimer(signal.ITIMER_PROF, seconds)
+            return
+        whole = int(seconds)
+        value = _Itimerspec(_Timespec(0, 0), _Timespec(whole, int((seconds - whole) * 1e9)))
+        self._lib.timer_settime(self._id, 0, ctypes.byref(value), None)
+
+    def delete(self) -> None:
+        """Stopped for good (a POSIX timer's own resources freed)."""
+        self.set(0)
+        if self._lib is not None:
+            self._lib.timer_delete(self._id)
+            self._lib = self._id = None
