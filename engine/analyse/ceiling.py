@@ -136,7 +136,7 @@ class Ceiling:
                     f"this dataset ({why}); other loader settings will not pay"
                     + RAISED_BY[self.binding] + ".")
         return (f"Below its ceiling: {measured} of the {ceiling} this machine can make for "
-                f"this dataset ({why}).")
+                f"this dataset (there, {why}).")
 
     def to_dict(self) -> dict[str, Any]:
         return {"samples_per_s": round(self.samples_per_s, 1), "binding": self.binding,
