@@ -27,8 +27,8 @@ from dataloader_tuner.tune import claim, order, plan
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.analyse.ceiling import (BatchCost, cached_prediction, measured_row, threaded_prediction,
-                                              threads_change, threads_for)
+from dataloader_tuner.analyse.ceiling import (BatchCost, cached_prediction, measured_row,
+                                              threaded_prediction, threads_change, threads_for)
 from dataloader_tuner.analyse.fixes import ceiling_fields
 from dataloader_tuner.child.cached import GATHER_S, measure_cached
 from dataloader_tuner.child.io_threads import measure_threaded

@@ -5,12 +5,12 @@ NOTE [ Sampling inside the workers ]
 
     torch's profiler and ``torch.utils.bottleneck`` do not see ``num_workers > 0``
     (pytorch#6313), and py-spy needs ptrace rights to attach. Each process here samples
-    itself: a timer on the process's CPU time (every INTERVAL_S of it) signals the main thread
+    itself: a timer on the process's CPU time (every INTERVAL_S of it) signals the process
     (cpu_timer.py: SIGURG, whose default is to be ignored, or SIGPROF where that cannot be
     had: NOTE [ A CPU timer that cannot end the process ]), and the interpreter runs the
-    handler in the main thread at its next
-    instruction, with the frame that was running. The handler charges the main thread's CPU
-    and the time that passed since its last run to that stack, and each other thread's CPU
+    handler in the main thread at its next instruction, with the frame that was running. The
+    handler charges the main thread's CPU and the time that passed since its last run to that
+    stack, and each other thread's CPU
     (its CPU clock, made from its kernel id) to that thread, by its name: a worker's main
     thread (fetch, transforms, collate) and its queue's feeder thread (the batch pickled into
     shared memory: the hand-off) are both seen. Other threads' frames are not walked: reading
@@ -44,8 +44,9 @@ NOTE [ Sampling inside the workers ]
     System calls interrupted by the signal restart (``siginterrupt(False)``); a process whose
     signal is taken already (another profiler's SIGPROF, the job's SIGURG) is not sampled.
     Stacks are kept as tuples of code objects while sampling (functions, not lines), and
-    named (file, first line, function) when a delta is taken: ``take()`` returns what was sampled since the last take as plain data that pickles, for
-    the batch's meta to carry to the main process (probes.py).
+    named (file, first line, function) when a delta is taken: ``take()`` returns what was
+    sampled since the last take as plain data that pickles, for the batch's meta to carry to
+    the main process (probes.py).
 """
 
 from __future__ import annotations
