@@ -237,6 +237,7 @@ def test_a_watched_loader_says_where_its_workers_time_went(tmp_path):
     assert max(shares, key=shares.get) == "decode_sample", shares
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch (~1.6 s)
 def test_a_process_left_sampling_ends_normally():
     """The interpreter's end puts SIGPROF back to its default (ending the process): a sampler
     never stopped must be disarmed first (a watched job died at exit of "Profiling timer
