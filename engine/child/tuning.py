@@ -197,7 +197,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     threaded = (measure_threaded(runner, final, threads) if threads and runner.time_limit.fits(
         plan.IO_THREAD_TRIALS * _estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
-            **tune_ceiling(outcome, stacks, final.num_workers, cached,
+            **tune_ceiling(outcome, cost, stacks, final.num_workers, cached,
                            (threads, threaded) if threads and threaded else None)}
 
 
@@ -213,14 +213,15 @@ def tune_cost(outcome: TuneOutcome) -> BatchCost | None:
     return profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
 
 
-def tune_ceiling(outcome: TuneOutcome, stacks: dict[str, Any] | None, workers: int,
+def tune_ceiling(outcome: TuneOutcome, cost: BatchCost | None, stacks: dict[str, Any] | None,
+                 workers: int,
                  cached: tuple[list[TrialResult], int] | None,
                  threaded: tuple[int, list[TrialResult]] | None = None) -> dict[str, Any]:
     """The most this machine can make for this dataset, against the pick's rate, and what
-    would raise it (analyse/ceiling.py), where the cost model was learnt; ``cached``: the
+    would raise it (analyse/ceiling.py), where the cost model was learnt (``cost``:
+    tune_cost's, None where it learnt none); ``cached``: the
     pick (``workers``) measured over samples held in RAM (child/cached.py), and how many;
     ``threaded``: the pick measured with threads fetching (child/io_threads.py), how many."""
-    cost = tune_cost(outcome)
     if cost is None:
         return {}
     measured = outcome.recommendation.expected_samples_per_s
