@@ -296,7 +296,8 @@ def test_a_job_s_own_process_is_sampled_only_inside_the_loader_s_next():
         # points of each, twice a window or once by chance (CI: 0.32 s charged)
         for _ in range(40):
             step_of_the_job(0.0137)
-            NEXT_WINDOW.since = time.monotonic()  # as record/ledger.py around next()
+            # as record/ledger.py around next(), on this (the main) thread
+            NEXT_WINDOW.since, NEXT_WINDOW.thread = time.monotonic(), threading.get_ident()
             try:
                 receiving_a_batch(0.0051)
             finally:
@@ -308,6 +309,16 @@ def test_a_job_s_own_process_is_sampled_only_inside_the_loader_s_next():
     assert "receiving_a_batch" in seen and "step_of_the_job" not in seen, seen
     charged = sum(wall for role, _, _, wall, _ in sampled if role == "main")
     assert charged == pytest.approx(40 * 0.0051, rel=0.35), charged  # not the step's 0.55 s
+    # a next() on another thread: the main thread's frame is not in it, nothing is looked at
+    other = StackSampler(interval_s=0.002, window=NEXT_WINDOW).start()
+    assert other is not None
+    try:
+        NEXT_WINDOW.since, NEXT_WINDOW.thread = time.monotonic(), -1
+        step_of_the_job(0.1)
+    finally:
+        NEXT_WINDOW.since = None
+        other.stop()
+    assert other.looks == 0
 
 
 @pytest.mark.slow  # ~5 s: each small tensor crosses with its own file descriptor

@@ -179,7 +179,8 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
     step_on_cpu = consumer == "train_step" or (
         consumer == "training_loop" and step_ms > 0 and main_ms >= STEP_ON_CPU * step_ms)
     receive_ms = max(main_ms - (step_ms if step_on_cpu else 0.0), 0.01)
-    serial_ms = worker_ms + step_ms + (0.0 if num_workers else receive_ms)
+    # (without workers a batch's whole time is measured: the step's CPU is in the loop's too)
+    serial_ms = worker_ms + step_ms if num_workers else 1000.0 / batches_per_s
     return BatchCost(serial_ms=serial_ms, worker_ms=worker_ms,
                      worker_cpu_ms=worker_cpu_ms, receive_ms=receive_ms,
                      step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,

@@ -43,6 +43,12 @@ class ThreadedFetch(Dataset):
         assert self._pool is not None
         return list(self._pool.map(self.inner.__getitem__, indices))
 
+    def __getattr__(self, name: str) -> Any:
+        # (a worker_init_fn or a sampler reading the dataset's attributes reaches it)
+        if name in ("inner", "_pool", "_pid", "threads"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def __getstate__(self) -> dict[str, Any]:  # (spawned workers: no pool travels)
         return {**self.__dict__, "_pool": None, "_pid": None}
 

@@ -43,13 +43,25 @@ class _Sigevent(ctypes.Structure):  # Linux's: 64 bytes
                 ("_pad", ctypes.c_int * 11)]
 
 
+_LIBRT: list[ctypes.CDLL | None] = []  # found once a process (forked workers inherit it)
+
+
 def _librt() -> ctypes.CDLL | None:
-    for name in (None, ctypes.util.find_library("rt")):  # glibc >= 2.34 has it in libc
+    """The library with timer_create: libc (glibc >= 2.34), else librt, looked for once
+    (``find_library`` runs ldconfig: not at every worker's start)."""
+    if not _LIBRT:
+        _LIBRT.append(_find_librt())
+    return _LIBRT[0]
+
+
+def _find_librt() -> ctypes.CDLL | None:
+    for name in (None, "librt.so.1", "rt"):
         try:
-            lib = ctypes.CDLL(name, use_errno=True)
-        except OSError:
+            lib = ctypes.CDLL(name if name != "rt" else ctypes.util.find_library("rt"),
+                              use_errno=True)
+        except (OSError, TypeError):
             continue
-        if hasattr(lib, "timer_create") and hasattr(lib, "timer_settime"):
+        if all(hasattr(lib, f) for f in ("timer_create", "timer_settime", "timer_delete")):
             return lib
     return None
 
@@ -93,17 +105,27 @@ class CpuTimer:
 
     def set(self, seconds: float) -> None:
         """Signal once, after ``seconds`` more of the process's CPU (0: never)."""
-        if self._lib is None:
+        lib, timer_id = self._lib, self._id  # (once: ``delete`` may run on another thread)
+        if lib is None:
             if self.signum == signal.SIGPROF:  # (not once a POSIX timer was deleted)
                 signal.setitimer(signal.ITIMER_PROF, seconds)
             return
         whole = int(seconds)
         value = _Itimerspec(_Timespec(0, 0), _Timespec(whole, int((seconds - whole) * 1e9)))
-        self._lib.timer_settime(self._id, 0, ctypes.byref(value), None)
+        lib.timer_settime(timer_id, 0, ctypes.byref(value), None)
 
     def delete(self) -> None:
         """Stopped for good (a POSIX timer's own resources freed)."""
-        self.set(0)
-        if self._lib is not None:
-            self._lib.timer_delete(self._id)
-            self._lib = self._id = None
+        lib, timer_id = self._lib, self._id
+        self._lib = self._id = None
+        if lib is None:
+            self.set(0)
+            return
+        disarmed = _Itimerspec(_Timespec(0, 0), _Timespec(0, 0))
+        lib.timer_settime(timer_id, 0, ctypes.byref(disarmed), None)
+        lib.timer_delete(timer_id)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's timer is not this process's (POSIX timers are not
+        inherited, and its id may be a timer this process makes later)."""
+        self._lib = self._id = None

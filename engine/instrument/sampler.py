@@ -127,10 +127,10 @@ class StackSampler:
         for thread in threading.enumerate():  # the threads there now: their CPU from now on
             if thread.ident is not None:
                 self._cpu_since(thread.ident, thread.native_id)
+        self.running = True  # (before the timer: its first tick re-arms it)
         signal.signal(timer.signum, self._on_signal)
         signal.siginterrupt(timer.signum, False)
         timer.set(self.interval_s)
-        self.running = True
         # Stopped before the interpreter ends: its finalisation puts the signal back to its
         # default, which ends the process for SIGPROF (the fallback timer's): a timer still
         # armed then killed a watched job at exit ("Profiling timer expired").
@@ -169,8 +169,8 @@ class StackSampler:
         self._last_wall, self._last_cpu = now, cpu_now
         window = self.window
         if window is not None:  # a job's own process: inside a loader's next() only
-            if window.since is None:
-                return
+            if window.since is None or window.thread != self.main_ident:
+                return  # (a next() on another thread: the main thread's frame is not in it)
             # The look stands for this thread's CPU since the tick before, wherever that was:
             # ticks fall at random points of the CPU spent, so the periods ending inside
             # next() count its CPU without bias (the time since next() began would miss each
@@ -277,7 +277,12 @@ def _after_fork() -> None:
     global _process
     sampler = _process
     if sampler is not None and sampler.running and sampler.timer is not None:
-        # its handler came along, not its timer (neither kind is inherited)
+        # its handler came along, not its timer (neither kind is inherited): the parent's
+        # sampler is left stopped here, and its exit hook with it (a child that exits
+        # normally would otherwise delete a timer of its own by the parent's id)
+        sampler.running = False
+        sampler.timer.forget()
+        atexit.unregister(sampler.stop)
         try:
             signal.signal(sampler.timer.signum, signal.SIG_DFL)  # (a worker's start checks it)
         except ValueError:  # forked from another thread: the handler is not ours to reset

@@ -56,6 +56,7 @@ NOTE [ Measuring cost on the fastest batches ]
 from __future__ import annotations
 
 import time
+from threading import get_ident
 from typing import Any, Callable, Iterator, Protocol
 
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
@@ -80,10 +81,11 @@ class NextWindow:
     around each ``next()`` (BatchLedger.next_batch), whichever ledger it is: in a watched
     job's own process only that is the loader's work, where instrument/sampler.py looks."""
 
-    __slots__ = ("since",)
+    __slots__ = ("since", "thread")
 
     def __init__(self) -> None:
         self.since: float | None = None
+        self.thread: int | None = None  # the thread in next() (threading.get_ident())
 
 
 NEXT_WINDOW = NextWindow()
@@ -181,6 +183,7 @@ class BatchLedger:
         self.next_error = None
         # (the window: where a job's own process is sampled, instrument/sampler.py)
         self.asking_since = NEXT_WINDOW.since = t_request = time.monotonic()
+        NEXT_WINDOW.thread = get_ident()
         try:
             item = next(iterator)
         except BaseException as exc:
