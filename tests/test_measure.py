@@ -149,3 +149,46 @@ def test_worker_only_settings_go_with_the_workers():
     assert alone.multiprocessing_context is None and alone.timeout == 0
     with pytest.raises(ConfigError, match="multiprocessing_context only applies"):
         LoaderConfig(num_workers=0, multiprocessing_context="spawn")
+
+
+def _plain(target, settings, max_batches):
+    resolved = resolve(dataset_path(target))
+    config = starting_config(resolved, settings)
+    columns, epochs = BatchColumns(), []
+    measurement = Measurement(resolved, config, Consumer(), 30.0, columns,
+                              on_epoch=lambda *a: epochs.append(a), max_batches=max_batches,
+                              plain=True)
+    try:
+        measurement.run()
+        return resolved, measurement, columns.rows(), epochs
+    finally:
+        measurement.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_plain_trial_runs_the_user_s_loader_and_counts_every_sample(workers):
+    """NOTE [ Plain trials ] (measure.py): the user's own dataset and collate, nothing of the
+    probes; each batch's samples counted from the batch sampler's own batches."""
+    from dataloader_tuner.child.measure import build_plain_loader
+
+    resolved = resolve(dataset_path("small_map.py"))
+    config = starting_config(resolved, dict(batch_size=8, num_workers=workers))
+    loader, counting = build_plain_loader(resolved.dataset, config)
+    assert loader.dataset is resolved.dataset and loader.collate_fn is not None
+    assert "dataloader_tuner" not in getattr(loader.collate_fn, "__module__", "")
+    assert counting is not None and loader.batch_sampler is counting
+
+    _, _, records, epochs = _plain("small_map.py", dict(batch_size=8, num_workers=workers),
+                                   max_batches=10)
+    assert [r.samples for r in records] == [8] * 10  # 64 samples: epochs of 8 batches
+    assert [e[0] for e in epochs] == [0, 1]
+    assert all(r.fetch_s is None and r.nbytes is None for r in records)  # nothing probed
+    assert records[0].wait_s > 0 and all(r.t_ready >= r.t_request for r in records)
+
+
+def test_a_plain_trial_counts_short_last_batches_and_iterable_samples():
+    records = _plain("small_map.py", dict(batch_size=24), max_batches=6)[2]
+    assert [r.samples for r in records] == [24, 24, 16, 24, 24, 16]  # 64 a epoch
+    # an iterable dataset: each worker's last batch is short, read from the batch itself
+    records = _plain("stream.py", dict(batch_size=30, num_workers=2), max_batches=8)[2]
+    assert sum(r.samples for r in records[:8]) == 200  # 2 workers x (3 x 30 + 10)
