@@ -126,6 +126,23 @@ def test_fixes_are_named_for_the_stages_found_with_their_predicted_gains():
         (f["predicted_gain"] for f in fixes), reverse=True)
 
 
+def test_a_fix_the_tune_measured_is_ranked_by_what_it_measured():
+    """Threads fetching predicted 1.6x but measured at 0.85x of the pick: listed (with its
+    measurement) below the predictions, not first by its prediction."""
+    from dataloader_tuner.analyse.ceiling import measured_row, threads_change
+
+    waiting = {**SAMPLED, "stages": [*SAMPLED["stages"], {"stage": "read", "share": 0.3,
+                                                          "cpu_share": 0.01}]}
+    threads = measured_row(threads_change(4, 2), 9600.0, 5100.0, 3.0, 6000.0, "where ...")
+    changes = [threads, *what_if(cost(), waiting, measured=6000.0)]
+    fixes = named_fixes(waiting, changes)
+    overlap = next(f for f in fixes if f["fix"] == "overlap the waits for storage")
+    assert overlap["predicted_gain"] == 1.6 and overlap["measured_samples_per_s"] == 5100.0
+    assert fixes[-1] is overlap or all(f["predicted_gain"] is None
+                                       for f in fixes[fixes.index(overlap) + 1:])
+    assert fixes[0]["predicted_gain"] > 1.0 and fixes[0] is not overlap
+
+
 def test_no_fix_for_a_stage_the_profile_did_not_find():
     only_collate = {"enough": True, "stages": [{"stage": "your __getitem__", "share": 0.95,
                                                 "cpu_share": 0.95},

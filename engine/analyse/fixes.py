@@ -30,6 +30,17 @@ def _fix(stage: str, function: str | None, fix: str, how: str, change: str | Non
             "measured_samples_per_s": row and row["measured_samples_per_s"]}
 
 
+def ranked_gain(fix: dict[str, Any]) -> float:
+    """What a fix is ranked by: its measured gain where the tune measured it (threads that
+    measured slower than the pick go below the predictions), else its predicted one."""
+    predicted, gain = fix["predicted_samples_per_s"], fix["predicted_gain"] or 0.0
+    measured = fix["measured_samples_per_s"]
+    if measured is None or not gain:
+        return gain
+    now = (predicted or measured) / gain  # (measured_row: the gain is over the pick's rate)
+    return measured / now
+
+
 def _files(sampled: dict[str, Any], stage: str) -> str:
     return " ".join(str(h["file"]).replace("\\", "/") for h in sampled["hotspots"]
                     if h["stage"] == stage)
@@ -41,8 +52,8 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
     """``sampled``: hotspots.py's summary; ``what_if``: ceiling.what_if's rows; ``warnings``:
     the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not);
     ``waits``: the cost model finds a batch's time mostly off the CPU (ceiling.waiting_share:
-    such a loader's profile has few looks, which come with CPU used). Ranked by predicted
-    gain (fixes without one last)."""
+    such a loader's profile has few looks, which come with CPU used). Ranked by gain,
+    measured where it was, else predicted (fixes without one last)."""
     # the tune's measurement of threads fetching (child/io_threads.py), where it made one
     threads = next((w["change"] for w in what_if if THREADS_CHANGE in w["change"]), None)
     enough = bool(sampled and sampled.get("enough"))
@@ -107,7 +118,7 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
         fixes.append(_fix("your __getitem__", None, "stop copy-on-read growth",
                           "keep the dataset's per-sample data in numpy arrays or one bytes "
                           "buffer, not lists of Python objects", None, what_if))
-    return sorted(fixes, key=lambda f: -(f["predicted_gain"] or 0.0))
+    return sorted(fixes, key=lambda f: -ranked_gain(f))
 
 
 def ceiling_fields(cost: BatchCost, sampled: dict[str, Any] | None, measured: float | None,
