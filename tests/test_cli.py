@@ -113,6 +113,7 @@ def test_tune_text_prints_the_code_line(db_path):
     assert "expected:" in result.stdout
 
 
+@pytest.mark.slow  # ~3 s: the same target errors as profile's (test_diagnostics)
 def test_tune_bad_target_exits_1(db_path):
     result = cli("tune", dataset_path("two_classes.py"), "--json", db=db_path)
     assert result.returncode == 1

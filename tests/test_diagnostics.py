@@ -33,16 +33,23 @@ def profile(target: str, *args: str, db: str) -> tuple[int, dict, float]:
 
 FAILURES = [
     # target problems
-    (dataset_path("no_such_file.py"), [], "target_not_found", ["no_such_file.py"]),
-    (dataset_path("syntax_error.py"), [], "target_syntax_error", ["line 3"]),
+    pytest.param(dataset_path("no_such_file.py"), [], "target_not_found", ["no_such_file.py"],
+                 marks=pytest.mark.slow),
+    # (~2.7 s each, one path: the quick loop keeps two; test_target covers each in-process)
+    pytest.param(dataset_path("syntax_error.py"), [], "target_syntax_error", ["line 3"],
+                 marks=pytest.mark.slow),
     (dataset_path("missing_import.py"), [], "target_import_error",
      ["definitely_not_installed_pkg"]),
-    (dataset_path("nothing_here.py"), [], "target_no_dataset", ["make_dataset"]),
-    (dataset_path("two_classes.py"), [], "target_ambiguous", []),
-    (dataset_path("factory_raises.py"), [], "target_factory_error", []),
+    pytest.param(dataset_path("nothing_here.py"), [], "target_no_dataset", ["make_dataset"],
+                 marks=pytest.mark.slow),
+    pytest.param(dataset_path("two_classes.py"), [], "target_ambiguous", [],
+                 marks=pytest.mark.slow),
+    pytest.param(dataset_path("factory_raises.py"), [], "target_factory_error", [],
+                 marks=pytest.mark.slow),
     # the user's code raising, with the sample and the worker
-    (dataset_path("getitem_raises.py"), ["--num-workers", "0"], "dataset_error",
-     ["KeyError", "sample index 7"]),
+    pytest.param(dataset_path("getitem_raises.py"), ["--num-workers", "0"], "dataset_error",
+                 ["KeyError", "sample index 7"],
+                 marks=pytest.mark.slow),  # (the quick loop has collate_raises without workers)
     (dataset_path("getitem_raises.py"), ["--num-workers", "2"], "worker_error",
      ["KeyError", "worker process", "sample index 7"]),
     pytest.param(broken("iter_raises.py"), ["--num-workers", "2"], "worker_error",

@@ -103,6 +103,7 @@ def _check_speedscope(doc: dict, result: ProfileResult) -> None:
     assert set(FUNCTIONS) <= named, named
 
 
+@pytest.mark.slow  # 5.5 s: its 12 s siblings below check the same shares closer
 def test_a_profile_finds_the_known_shares_inside_its_workers(tmp_path):
     """A short run: within 10 points (a few hundred looks; the kernel's tick sets the rate)."""
     _profile_and_check(2, 3.0, 0.1, tmp_path)

@@ -48,6 +48,7 @@ def test_run_with_workers_streams_and_summarises(db_path):
     assert len(store.batches(handle.run_id)) == doc["batches"]
 
 
+@pytest.mark.slow  # ~3 s: waits for six resource samples
 def test_events_are_streamed_at_least_every_half_second():
     times = []
     handle = RunHandle(_request("slow_items.py", seconds=30, num_workers=1)).start()

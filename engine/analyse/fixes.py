@@ -33,12 +33,12 @@ def _fix(stage: str, function: str | None, fix: str, how: str, change: str | Non
 def ranked_gain(fix: dict[str, Any]) -> float:
     """What a fix is ranked by: its measured gain where the tune measured it (threads that
     measured slower than the pick go below the predictions), else its predicted one."""
-    predicted, gain = fix["predicted_samples_per_s"], fix["predicted_gain"] or 0.0
+    predicted, gain = fix["predicted_samples_per_s"], float(fix["predicted_gain"] or 0.0)
     measured = fix["measured_samples_per_s"]
     if measured is None or not gain:
         return gain
-    now = (predicted or measured) / gain  # (measured_row: the gain is over the pick's rate)
-    return measured / now
+    now = float(predicted or measured) / gain  # (measured_row: the gain is over the pick's)
+    return float(measured) / now
 
 
 def _files(sampled: dict[str, Any], stage: str) -> str:
