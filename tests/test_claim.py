@@ -141,20 +141,6 @@ def test_a_late_trial_that_paid_a_restart_is_not_taken_for_drift():
     assert claim.drift(early, claim.side([kept, kept], None), "Your settings") is not None
 
 
-def test_a_plain_loop_at_the_end_is_not_drift_where_measuring_shows_in_the_rate():
-    """NOTE [ Plain trials ]: the end's plain loops read batches under 1 ms faster than the
-    search's probed trials by what measuring costs them, not because anything drifted; slower
-    batches are compared as before."""
-    def late(rate, batches_per_s):
-        return claim.side([dataclasses.replace(trial(0, rate, rate_ci=0.01), plain_loop=True,
-                                               batches_per_s=batches_per_s)] * 2, None)
-
-    early = [dataclasses.replace(trial(0, 1000.0, rate_ci=0.01), batches_per_s=10_000.0)]
-    assert claim.drift(early, late(1200.0, 12_000.0), "The pick") is None  # 83 us batches
-    slow = [dataclasses.replace(trial(0, 1000.0, rate_ci=0.01), batches_per_s=100.0)]
-    assert claim.drift(slow, late(1200.0, 120.0), "The pick") is not None  # 8 ms batches
-
-
 def test_settings_dataloader_runs_alike_need_no_claim():
     explicit = LoaderConfig(batch_size=16, num_workers=2, prefetch_factor=2)
     assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=2), explicit)
@@ -184,11 +170,10 @@ class FakeRunner:
         self.time_limit = TimeLimit(budget_s, clock=lambda: 0.0)
         self.phases = []
 
-    def measuring(self, config, phase, plain=False):
+    def measuring(self, config, phase):
         def measure(repeat):
-            self.phases.append(phase if plain else f"{phase} (probed)")
-            return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=0.02,
-                         plain_loop=plain)
+            self.phases.append(phase)
+            return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=0.02)
         return measure
 
 
@@ -215,7 +200,6 @@ def test_the_end_measures_more_pairs_while_the_claim_is_too_wide_to_make():
     steady = FakeRunner({"baseline": [100.0, 102.0, 101.0], "final": [200.0, 203.0, 201.0]})
     base, pick, result = _pairs(steady)
     assert len(pick) == claim.CLAIM_PAIRS and result.speedup == pytest.approx(201.5 / 101.0)
-    # plain loops each (NOTE [ Plain trials ], measure.py), in turn
     assert steady.phases == ["baseline", "final", "final", "baseline"]
 
 

@@ -4,27 +4,13 @@ This runs in the engine's child process (see runner.py), but it is plain in-proc
 tests and benchmarks can drive it directly. It knows nothing about pipes or databases: each
 batch goes into the ``BatchColumns`` it is given (NOTE [ Rows built off the loop ]), whose
 ``rows()`` are the batches' ``BatchRecord`` rows.
-
-NOTE [ Plain trials ]
-
-    A claim compares the pick with the user's settings, and users check it with a plain loop
-    over their own DataLoader. Measured through the probes (the wrapped dataset and collate,
-    the meta riding with each batch, labels counted), a loader of 100 us batches reads
-    several percent under a plain loop, one of 1 ms batches under 1%: a fast pick against a
-    slower baseline was under-claimed by that share (noisy_worker: 20.8x claimed, 25.8x in
-    plain loops; webdataset_style's 0-worker pick 150-163k samples/s against 172-181k). So
-    the end's trials (tuning.py) run the user's DataLoader as built from the settings, with
-    no probe: the loop keeps only its three clock readings a batch, and each batch's sample
-    count from the batch sampler's own batches (exact), or where there is none (an iterable
-    dataset, batch_size=None) from the batch's leading dimension (tensors.samples_in).
 """
 
 from __future__ import annotations
 
-import collections
 import time
 import traceback
-from typing import Any, Callable, Generator, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 from torch.utils.data import (
@@ -32,7 +18,6 @@ from torch.utils.data import (
     DataLoader,
     IterableDataset,
     RandomSampler,
-    Sampler,
     SequentialSampler,
 )
 
@@ -41,11 +26,10 @@ from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument import gpu, probes
 from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
-from dataloader_tuner.instrument.tensors import samples_in
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.columns import BatchColumns, samples_of_meta
-from dataloader_tuner.record.ledger import UNKNOWN_WORKER, BatchLedger
+from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.loop import BatchSource, ColumnLoop, stop_workers
 from dataloader_tuner.settings import tools_worker_init
 
@@ -64,76 +48,14 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
         # The same batches DataLoader would build from these settings, but remembered, so a
         # hang report can say which sample indices a stuck worker holds. (Without workers
         # the main process is inside the fetch itself: probes.current_indices() says.)
-        use_batch_sampler(kwargs, probes.RecordingBatchSampler(
-            default_batch_sampler(dataset, config),
-            config.num_workers * config.effective_prefetch_factor))
+        sampler = config.sampler or (RandomSampler(dataset) if config.shuffle
+                                     else SequentialSampler(dataset))
+        kwargs["batch_sampler"] = probes.RecordingBatchSampler(
+            BatchSampler(sampler, config.batch_size, config.drop_last),
+            config.num_workers * config.effective_prefetch_factor)
+        for key in ("batch_size", "shuffle", "sampler", "drop_last"):
+            kwargs.pop(key, None)
     return DataLoader(wrap_dataset(dataset), **kwargs)
-
-
-def default_batch_sampler(dataset: Any, config: LoaderConfig) -> BatchSampler:
-    """The batch sampler DataLoader would build from these settings."""
-    sampler = config.sampler or (RandomSampler(dataset) if config.shuffle
-                                 else SequentialSampler(dataset))
-    return BatchSampler(sampler, config.batch_size or 1, config.drop_last)
-
-
-def use_batch_sampler(kwargs: dict[str, Any], batch_sampler: Sampler) -> None:
-    """DataLoader's keyword arguments with ``batch_sampler`` in place of what it replaces."""
-    kwargs["batch_sampler"] = batch_sampler
-    for key in ("batch_size", "shuffle", "sampler", "drop_last"):
-        kwargs.pop(key, None)
-
-
-def build_plain_loader(dataset: Any, config: LoaderConfig
-                       ) -> tuple[DataLoader, "CountingBatchSampler | None"]:
-    """The user's DataLoader from ``config``, nothing of ours inside but the tool's own
-    settings (keep_freed_memory, worker_threads) and, where it has one, a batch sampler that
-    counts (NOTE [ Plain trials ])."""
-    kwargs = config.to_kwargs(torch.__version__)
-    if config.num_workers > 0:
-        kwargs["worker_init_fn"] = tools_worker_init(config.worker_init_fn,
-                                                     config.keep_freed_memory,
-                                                     config.worker_threads)
-    counting = None
-    if not isinstance(dataset, IterableDataset) and (config.batch_sampler is not None
-                                                     or config.batch_size is not None):
-        counting = CountingBatchSampler(config.batch_sampler
-                                        or default_batch_sampler(dataset, config))
-        use_batch_sampler(kwargs, counting)
-    return DataLoader(dataset, **kwargs), counting
-
-
-class CountingBatchSampler(Sampler):
-    """A batch sampler's batches, each one's size kept in the order handed out, as the loader
-    delivers them (with in_order=False only an epoch's short last batch can be counted in
-    another's place: the epoch's total stays exact)."""
-
-    def __init__(self, inner: Iterable[Any]) -> None:
-        self.inner = inner
-        self.sizes: collections.deque[int] = collections.deque()
-
-    def __iter__(self):
-        sizes = self.sizes
-        sizes.clear()  # an epoch cut short left its prefetched batches' sizes
-        for batch in self.inner:
-            sizes.append(len(batch))
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
-
-
-def plain_items(iterator: Iterator[Any], sizes: collections.deque[int] | None
-                ) -> Generator[tuple[Any, tuple[int, int, int]], None, None]:
-    """A plain loader's batches as the measuring loop takes them, ``(batch, meta)``: the
-    meta of a batch whose worker is not known, with its sample count."""
-    if sizes is not None:
-        pop = sizes.popleft
-        for batch in iterator:
-            yield batch, (UNKNOWN_WORKER, 0, pop())
-    else:
-        for batch in iterator:
-            yield batch, (UNKNOWN_WORKER, 0, samples_in(batch))
 
 
 class Measurement:
@@ -157,19 +79,11 @@ class Measurement:
         on_worker: Callable[[int, int, dict | None], None] = lambda *a: None,
         max_batches: int | None = None,
         on_profile: Callable[[int, int, list], None] | None = None,
-        plain: bool = False,
     ) -> None:
-        """``plain``: the user's DataLoader with no probe (NOTE [ Plain trials ])."""
         self.resolved, self.config, self.consumer = resolved, config, consumer
         self.seconds, self.max_batches = seconds, max_batches
         self.columns, self.should_stop = columns, should_stop
-        self.counting: CountingBatchSampler | None = None
-        self.plain = plain
-        if plain:
-            self.loader: DataLoader[Any] | None
-            self.loader, self.counting = build_plain_loader(resolved.dataset, config)
-        else:
-            self.loader = build_loader(resolved.dataset, config)
+        self.loader: DataLoader[Any] | None = build_loader(resolved.dataset, config)
         self.transfer = gpu.TransferTimer.create()
         self.gaps = gpu.GapTimer.create()
         self.iterator: Iterator[Any] | None = None
@@ -201,10 +115,8 @@ class Measurement:
             if self.loader is None:
                 raise RunError("The measurement was closed.", type="engine_internal")
             self.iterator = iter(self.loader)
-            sizes = self.counting.sizes if self.counting is not None else None
-            source = (BatchSource(plain_items(self.iterator, sizes)) if self.plain
-                      else _Measured(self.iterator, self.label_counts))
-            batches: Generator[Any, None, None] = loop.epoch(mark, source)
+            batches: Generator[Any, None, None] = loop.epoch(
+                mark, _Measured(self.iterator, self.label_counts))
             for batch in batches:
                 if not plain_step:
                     loop.step_times = self._consume(batch)

@@ -119,16 +119,14 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                   companions: Companions | None = None, limit_s: float | None = None,
                   on_batches: Callable[[], None] | None = None,
                   rows_out: list[BatchRecord] | None = None,
-                  stacks: SampledProfile | None = None,
-                  plain: bool = False) -> TrialResult | None:
+                  stacks: SampledProfile | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while.
     ``limit_s``: cut it there (the user's time limit); ``on_batches``: called as batches come (the
     child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
     trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
-    processes go (instrument/sampler.py, where the run samples them); ``plain``: the user's
-    DataLoader with no probe (NOTE [ Plain trials ], measure.py)."""
+    processes go (instrument/sampler.py, where the run samples them)."""
     warmup = config.warmup_batches
     columns = BatchColumns()
     others = measurement = None
@@ -149,14 +147,11 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
                                   clock.enough, on_worker=worker_seen,
                                   on_profile=(None if stacks is None else
-                                              lambda pid, worker, sampled: stacks.add(pid, sampled)),
-                                  plain=plain)
+                                              lambda pid, worker, sampled: stacks.add(pid, sampled)))
         measurement.run()
         own = sampler.running()
-        if own is not None:  # this process's (its fetch at 0 workers), not a plain loop's
-            taken = own.take()
-            if stacks is not None and not plain:
-                stacks.add(os.getpid(), taken)
+        if stacks is not None and own is not None:  # this process's (its fetch at 0 workers)
+            stacks.add(os.getpid(), own.take())
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
         workers_threads = worker_threads_read(seen)  # while the workers still run
@@ -185,8 +180,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     )
     if trial is not None:
         trial = replace(trial, worker_threads=config.worker_threads,
-                        keep_freed_memory=config.keep_freed_memory, plain_loop=plain,
-                        **workers_threads)
+                        keep_freed_memory=config.keep_freed_memory, **workers_threads)
     if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
                         node_samples_per_s=others.node_total(trial.samples_per_s))
@@ -212,24 +206,23 @@ class TrialRunner:
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
-                search: bool = False, plain: bool = False) -> TrialResult | None:
+                search: bool = False) -> TrialResult | None:
         if self.time_limit.left() == 0:  # the limit is spent: no worker is started
             self.time_limit.reached = True
             return None
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions, limit_s=self.time_limit.left(),
-                              on_batches=self.on_batches, stacks=self.stacks, plain=plain)
+                              on_batches=self.on_batches, stacks=self.stacks)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
         if trial is not None and report:
             self.on_trial(trial)
         return trial
 
-    def measuring(self, config: LoaderConfig, phase: str, plain: bool = False
-                  ) -> Callable[[int], TrialResult | None]:
+    def measuring(self, config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
         """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it."""
-        return lambda repeat: self.measure(config, phase, repeat, plain=plain)
+        return lambda repeat: self.measure(config, phase, repeat)
 
     def first_batch_s(self, config: LoaderConfig) -> float | None:
         """An untimed pass of ``config`` (the first batches in a fresh process pay for page

@@ -333,10 +333,8 @@ def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
             break
         if not runner.time_limit.fits(pair_s):
             break
-        # plain loops, as users check a claim (NOTE [ Plain trials ], measure.py)
-        more_base, more_pick = claim.alternate(runner.measuring(config, "baseline", plain=True),
-                                               runner.measuring(final, "final", plain=True),
-                                               pairs=1,
+        more_base, more_pick = claim.alternate(runner.measuring(config, "baseline"),
+                                               runner.measuring(final, "final"), pairs=1,
                                                first=len(pick_trials))
         base_trials += more_base
         pick_trials += more_pick

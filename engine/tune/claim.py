@@ -38,9 +38,6 @@ CLAIM_WITHIN_PCT = 10.0  # ...this: a wider one is not claimed, the figures show
 OUTSIDE_SEARCH = ("prewarm", "baseline", "final", "cached", "in_order", "out_of_order",
                   "threads_default", "threads_one", "heap_fresh")
 DRIFT_MIN = 0.15  # an early and a late rate of one setting this far apart (or beyond noise)
-# Batches faster than this: a plain loop's rate (the end's) and a probed one's (the search's)
-# differ by the measuring cost, up to ~15% (NOTE [ Plain trials ], child/measure.py)
-PLAIN_APART_MS = 1.0
 
 
 def alternate(measure_base: Callable[[int], TrialResult | None],
@@ -227,9 +224,6 @@ def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
     late_trials = [t for t in late.trials if not paid_restart(t)]
     if not early or not late_trials:
         return None
-    if any(t.plain_loop for t in late_trials) and not all(t.plain_loop for t in early) and \
-            min(t.ms_per_batch for t in late_trials) < PLAIN_APART_MS:
-        return None  # apart by what measuring costs such batches (NOTE [ Plain trials ])
     before = statistics.median(t.samples_per_s for t in early)
     after = statistics.fmean(t.samples_per_s for t in late_trials)
     noise = [p / 100.0 for p in (uncertainty_pct(early), uncertainty_pct(late_trials))
