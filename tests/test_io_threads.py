@@ -42,6 +42,23 @@ def test_the_threaded_fetch_makes_the_dataset_s_own_batches_in_order(num_workers
                 if t.ident not in before and t.name.startswith("io-thread")]
 
 
+def test_the_threaded_fetch_reads_and_writes_the_dataset_s_attributes():
+    """A worker_init_fn on get_worker_info().dataset reaches the user's dataset both ways (an
+    attribute written on the wrapper was lost: the dataset's __getitem__ failed, the trial with
+    it); copy and pickle keep this object's own special methods."""
+    import copy
+    import pickle
+
+    inner = Squares()
+    threaded = ThreadedFetch(inner, threads=2)
+    threaded.handle = "opened in the worker"
+    assert inner.handle == "opened in the worker" and threaded.handle == inner.handle
+    assert "handle" not in vars(threaded)
+    for again in (copy.deepcopy(threaded), pickle.loads(pickle.dumps(threaded))):
+        assert isinstance(again, ThreadedFetch) and again.threads == 2
+        assert again.handle == "opened in the worker" and again[3][0].tolist() == [9]
+
+
 def test_a_dataset_s_own_batched_fetch_is_left_alone():
     class Batched(Squares):
         def __getitems__(self, indices):

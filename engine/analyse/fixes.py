@@ -10,6 +10,7 @@ found, at MIN_SHARE or more of the loader's time, are given fixes.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from dataloader_tuner.analyse.ceiling import (ALL_OF_IT, MIN_SHARE, THREADS_CHANGE, WAITING,
@@ -35,6 +36,8 @@ def ranked_gain(fix: dict[str, Any]) -> float:
     measured slower than the pick go below the predictions), else its predicted one."""
     predicted, gain = fix["predicted_samples_per_s"], float(fix["predicted_gain"] or 0.0)
     measured = fix["measured_samples_per_s"]
+    if not math.isfinite(gain):  # (measured_row's NaN where no rate was known: last)
+        return 0.0
     if measured is None or not gain:
         return gain
     now = float(predicted or measured) / gain  # (measured_row: the gain is over the pick's)

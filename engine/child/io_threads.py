@@ -19,6 +19,9 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.plan import IO_THREAD_TRIALS
 
+_OWN = ("inner", "threads", "_pool", "_pid")  # ThreadedFetch's own attributes
+
+
 class ThreadedFetch(Dataset):
     """The dataset, each batch's samples fetched by ``threads`` threads, in the batch's order
     (torch's fetcher calls ``__getitems__`` with a batch's indices). The pool is made in the
@@ -44,10 +47,18 @@ class ThreadedFetch(Dataset):
         return list(self._pool.map(self.inner.__getitem__, indices))
 
     def __getattr__(self, name: str) -> Any:
-        # (a worker_init_fn or a sampler reading the dataset's attributes reaches it)
-        if name in ("inner", "_pool", "_pid", "threads"):
+        # (a worker_init_fn or a sampler reading the dataset's attributes reaches it; not
+        # the special names copy and pickle look up, which are this object's)
+        if name in _OWN or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # (a worker_init_fn opening a file on get_worker_info().dataset: the dataset's)
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
 
     def __getstate__(self) -> dict[str, Any]:  # (spawned workers: no pool travels)
         return {**self.__dict__, "_pool": None, "_pid": None}

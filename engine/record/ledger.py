@@ -181,16 +181,19 @@ class BatchLedger:
         if gaps is not None:
             gaps.asking()
         self.next_error = None
-        # (the window: where a job's own process is sampled, instrument/sampler.py)
+        # (the window: where a job's own process is sampled, instrument/sampler.py; its
+        # thread first, so a look between the two never sees a new ``since`` with an old thread)
+        NEXT_WINDOW.thread = ident = get_ident()
         self.asking_since = NEXT_WINDOW.since = t_request = time.monotonic()
-        NEXT_WINDOW.thread = get_ident()
         try:
             item = next(iterator)
         except BaseException as exc:
             self.next_error = exc
             raise
         finally:
-            self.asking_since = NEXT_WINDOW.since = None
+            self.asking_since = None
+            if NEXT_WINDOW.thread == ident:  # (a next() on another thread since: its window)
+                NEXT_WINDOW.since = None
         t_ready = time.monotonic()
         if mark is not None and not mark.opened:
             mark.asked(t_request)
