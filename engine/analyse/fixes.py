@@ -34,14 +34,14 @@ def _fix(stage: str, function: str | None, fix: str, how: str, change: str | Non
 def ranked_gain(fix: dict[str, Any]) -> float:
     """What a fix is ranked by: its measured gain where the tune measured it (threads that
     measured slower than the pick go below the predictions), else its predicted one."""
-    predicted, gain = fix["predicted_samples_per_s"], float(fix["predicted_gain"] or 0.0)
-    measured = fix["measured_samples_per_s"]
+    gain = float(fix["predicted_gain"] or 0.0)
     if not math.isfinite(gain):  # (measured_row's NaN where no rate was known: last)
         return 0.0
+    measured = fix["measured_samples_per_s"]
     if measured is None or not gain:
         return gain
-    now = float(predicted or measured) / gain  # (measured_row: the gain is over the pick's)
-    return float(measured) / now
+    # the gain is over the pick's rate (measured_row): the same ratio, measured
+    return float(measured) * gain / float(fix["predicted_samples_per_s"] or measured)
 
 
 def _files(sampled: dict[str, Any], stage: str) -> str:

@@ -26,10 +26,10 @@ NOTE [ Sampling inside the workers ]
     not seen at the same phase of each period. The kernel fires a CPU timer only at its
     scheduler's tick (4 ms at HZ=250, 1 ms at 1000), so the jitter moves a look by whole
     ticks: work whose period is a whole number of ticks (a synthetic 15 + 5 ms loop) is still
-    seen at the same points; real loaders' periods vary more than a tick. A thread that wakes to look (the first
-    design) sees the main thread only where it lets the GIL go: a dataset spinning in Python
-    between two torch calls was seen at the torch call every time, never in the functions
-    that took the time.
+    seen at the same points; real loaders' periods vary more than a tick. A thread that
+    wakes to look (the first design) sees the main thread only where it lets the GIL go: a
+    dataset spinning in Python between two torch calls was seen at the torch call every
+    time, never in the functions that took the time.
 
     A watched job's own process is the job's, not the loader's: there a look is taken only
     while the loop is inside a watched loader's ``next()`` (NEXT_WINDOW, set around it by
