@@ -20,7 +20,7 @@ from dataloader_tuner import ProfileResult
 
 from .conftest import dataset_path
 from .test_cli import cli
-from .datasets import known_stages
+from .datasets import known_stages, waiting_stages
 
 FUNCTIONS = tuple(known_stages.SHARES)
 
@@ -114,6 +114,61 @@ def test_a_profile_finds_the_known_shares_inside_its_workers(tmp_path):
 def test_a_longer_profile_agrees_within_five_points(workers, tmp_path):
     """~1,000-2,000 looks: within 5 points of the known make-up and of cProfile's."""
     _profile_and_check(workers, 12.0, 0.05, tmp_path)
+
+
+def _wall_cprofile_shares(dataset, names) -> dict[str, float]:
+    """``names``' cumulative wall time (cProfile's clock), over their sum, in a plain loop."""
+    profiler = cProfile.Profile()
+    loader = DataLoader(dataset, batch_size=8)
+    profiler.enable()
+    for i, _ in enumerate(loader):
+        if i == 40:
+            break
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    cumulative = {name: sum(v[3] for (f, _, n), v in stats.items() if n == name)
+                  for name in names}
+    total = sum(cumulative.values())
+    return {name: t / total for name, t in cumulative.items()}
+
+
+@pytest.mark.slow  # a 4 s profile; its unit sibling below is quick
+def test_a_mostly_waiting_worker_is_seen_where_it_waits(tmp_path):
+    """60% of each sample a sleep: a CPU-time timer alone never looked there (the wait's time
+    went to the spins: read_bytes 0.05 of the three, decode 0.47); a second timer on the time
+    passing charges it where it passed, and the CPU stays the spins'."""
+    done = cli("profile", dataset_path("waiting_stages.py"), "--num-workers", "2",
+               "--seconds", "4", "--json", db=str(tmp_path / "runs.db"))
+    assert done.returncode == 0, done.stderr
+    result = ProfileResult.from_dict(json.loads(done.stdout))
+    names = tuple(waiting_stages.SHARES)
+    found = {h["function"]: h for h in result.hotspots if h["function"] in names}
+    total = sum(h["total_share"] for h in found.values())
+    shares = {name: found[name]["total_share"] / total for name in names}
+    independent = _wall_cprofile_shares(waiting_stages.WaitingStages(), names)
+    for name, known in waiting_stages.SHARES.items():
+        assert shares[name] == pytest.approx(known, abs=0.08), (shares, result.stacks_sampled)
+        assert shares[name] == pytest.approx(independent[name], abs=0.08), (shares, independent)
+    # read_bytes is its own leaf (the sleep has no Python frame): its time, hardly any CPU
+    read = found["read_bytes"]
+    assert read["cpu_share"] < 0.2 * read["self_share"], read
+    waited = {s["stage"]: s["share"] - s["cpu_share"] for s in result.stages}
+    assert waited["your __getitem__"] > 0.4, result.stages
+
+
+def test_only_a_process_that_is_all_the_loader_s_looks_on_the_time_passing():
+    """A worker (or the engine's own process) gets the second timer; a job's own process,
+    sampled only inside next(), keeps the CPU timer alone (its step is not the loader's); both
+    timers go when the sampler stops."""
+    from dataloader_tuner.record.ledger import NEXT_WINDOW
+
+    loader_s = StackSampler().start()
+    assert loader_s is not None and loader_s.wall is not None
+    loader_s.stop()
+    assert loader_s.wall.timer._id is None and loader_s.timer._id is None
+    job_s = StackSampler(window=NEXT_WINDOW).start()
+    assert job_s is not None and job_s.wall is None
+    job_s.stop()
 
 
 def test_the_sampler_charges_each_thread_its_own_cpu():

@@ -163,3 +163,19 @@ def test_a_caught_keyboard_interrupt_while_tuning_leaves_no_rank_shown_stuck(db_
         pass
     assert seen == 5 and watched.ledger.asking_since is None
     watched.close()
+
+
+def test_samples_riding_with_a_worker_s_first_batch_are_samples_not_its_probe():
+    """A worker whose first fetch was not probed (a watched loader's later epochs) may send
+    its first samples with its first batch: they go to the profile, and the worker is noted
+    with no probe (it was taken for a first fetch's probe, and its samples lost)."""
+    log: list = []
+    ledger = BatchLedger(time.monotonic(), lambda *a: None,
+                         lambda *a: log.append(("worker", *a)))
+    ledger.on_profile = lambda *a: log.append(("profile", *a))
+    mark = ledger.new_epoch()
+    sampled = [["main", [], 0.001, 0.002, 1]]
+    ledger.handed(mark, ledger.t0, meta(11, probe={"profile": sampled}))
+    ledger.handed(mark, ledger.t0, meta(12, worker_id=1, probe={"rng_used": {}, "pools": {}}))
+    assert log == [("worker", 11, 0, None), ("profile", 11, 0, sampled),
+                   ("worker", 12, 1, {"rng_used": {}, "pools": {}})]

@@ -134,7 +134,9 @@ class SampledProfile:
                 continue
             # the main thread's time is the time that passed; a helper's is its CPU
             spent = wall if role == "main" else cpu
-            work.append((stage, frames, spent, min(cpu, spent), looks))
+            # (cpu unclipped here: with two timers a stack's CPU and its time are sampled
+            # apart, NOTE [ Waiting seen on a clock of its own ]; clipped where summed)
+            work.append((stage, frames, spent, cpu, looks))
         total = sum(w[2] for w in work)
         looks = sum(w[4] for w in work)
         if not work or total <= 0:
@@ -148,7 +150,7 @@ class SampledProfile:
             "looks": looks, "seconds": round(total, 3), "processes": len(self.processes),
             "enough": looks >= MIN_LOOKS, "sampling_share": round(sampling_s / total, 5),
             "stages": [{"stage": stage, "share": round(spent / total, 4),
-                        "cpu_share": round(cpu / total, 4)}
+                        "cpu_share": round(min(cpu, spent) / total, 4)}
                        for stage, (spent, cpu) in sorted(stages.items(), key=lambda kv: -kv[1][0])],
             "hotspots": _functions(work, total),
             "flame": _leaves(work, total),
@@ -239,7 +241,7 @@ def _functions(work: list[Work], total: float) -> list[dict[str, Any]]:
     return [{"function": key[2], "file": key[0], "line": key[1],
              "stage": max(f.stages.items(), key=lambda kv: kv[1])[0],
              "self_share": round(f.self_s / total, 4), "total_share": round(f.total_s / total, 4),
-             "cpu_share": round(f.cpu_s / total, 4)}
+             "cpu_share": round(min(f.cpu_s, f.self_s) / total, 4)}
             for key, f in ranked[:TOP_FUNCTIONS]]
 
 

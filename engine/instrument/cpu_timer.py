@@ -1,5 +1,6 @@
-"""A timer on the process's CPU time that signals the main thread, for the sampler
-(sampler.py), with a signal whose default action is to do nothing.
+"""Timers for the sampler (sampler.py) that signal the process with a signal whose default
+action is to do nothing: one on the process's CPU time, and one on the time passing (for the
+time a process waits: NOTE [ Waiting seen on a clock of its own ] in sampler.py).
 
 NOTE [ A CPU timer that cannot end the process ]
 
@@ -25,6 +26,7 @@ import ctypes.util
 import signal
 import sys
 
+CLOCK_MONOTONIC = 1
 CLOCK_PROCESS_CPUTIME_ID = 2
 SIGEV_SIGNAL = 0  # to the process: the kernel picks a thread, as for ITIMER_PROF
 
@@ -61,7 +63,8 @@ def _find_librt() -> ctypes.CDLL | None:
                               use_errno=True)
         except (OSError, TypeError):
             continue
-        if all(hasattr(lib, f) for f in ("timer_create", "timer_settime", "timer_delete")):
+        if all(hasattr(lib, f) for f in ("timer_create", "timer_settime", "timer_gettime",
+                                         "timer_delete")):
             return lib
     return None
 
@@ -73,6 +76,10 @@ class CpuTimer:
     def __init__(self, signum: int, lib: ctypes.CDLL | None, timer_id: ctypes.c_void_p | None
                  ) -> None:
         self.signum, self._lib, self._id = signum, lib, timer_id
+        self._value = _Itimerspec()  # set in place: a look's cost is mostly cold caches
+        self._value_ref = ctypes.byref(self._value)
+        self._left = _Itimerspec()
+        self._left_ref = ctypes.byref(self._left)
 
     @classmethod
     def make(cls) -> "CpuTimer | None":
@@ -88,7 +95,7 @@ class CpuTimer:
         return cls(signal.SIGPROF, None, None)
 
     @classmethod
-    def _posix(cls) -> "CpuTimer | None":
+    def _posix(cls, clock: int = CLOCK_PROCESS_CPUTIME_ID) -> "CpuTimer | None":
         if not sys.platform.startswith("linux") or not hasattr(signal, "SIGURG"):
             return None
         if signal.getsignal(signal.SIGURG) not in (signal.SIG_DFL, signal.SIG_IGN, None):
@@ -98,10 +105,32 @@ class CpuTimer:
             return None
         event = _Sigevent(sigev_signo=signal.SIGURG, sigev_notify=SIGEV_SIGNAL)
         timer_id = ctypes.c_void_p()
-        if lib.timer_create(CLOCK_PROCESS_CPUTIME_ID, ctypes.byref(event),
-                            ctypes.byref(timer_id)) != 0:
+        if lib.timer_create(clock, ctypes.byref(event), ctypes.byref(timer_id)) != 0:
             return None
         return cls(signal.SIGURG, lib, timer_id)
+
+    def beside(self) -> "CpuTimer | None":
+        """A second timer, on the time passing (CLOCK_MONOTONIC), sending this one's signal;
+        None where this one is not a POSIX timer (ITIMER_PROF's fallback has one of a kind).
+        Made before this one's handler is set: SIGURG is then still free."""
+        if self._lib is None:
+            return None
+        lib, timer_id = self._lib, ctypes.c_void_p()
+        event = _Sigevent(sigev_signo=self.signum, sigev_notify=SIGEV_SIGNAL)
+        if lib.timer_create(CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer_id)) != 0:
+            return None
+        return CpuTimer(self.signum, lib, timer_id)
+
+    def expired(self) -> bool:
+        """This one-shot timer has fired since it was last set (the kernel disarmed it); True
+        for ITIMER_PROF's, whose signal is its own."""
+        lib, timer_id = self._lib, self._id
+        if lib is None:
+            return True
+        left = self._left
+        if lib.timer_gettime(timer_id, self._left_ref) != 0:
+            return False
+        return left.it_value.tv_sec == 0 and left.it_value.tv_nsec == 0
 
     def set(self, seconds: float) -> None:
         """Signal once, after ``seconds`` more of the process's CPU (0: never)."""
@@ -111,8 +140,9 @@ class CpuTimer:
                 signal.setitimer(signal.ITIMER_PROF, seconds)
             return
         whole = int(seconds)
-        value = _Itimerspec(_Timespec(0, 0), _Timespec(whole, int((seconds - whole) * 1e9)))
-        lib.timer_settime(timer_id, 0, ctypes.byref(value), None)
+        value = self._value.it_value
+        value.tv_sec, value.tv_nsec = whole, int((seconds - whole) * 1e9)
+        lib.timer_settime(timer_id, 0, self._value_ref, None)
 
     def delete(self) -> None:
         """Stopped for good (a POSIX timer's own resources freed)."""

@@ -218,11 +218,15 @@ class BatchLedger:
         if meta.__class__ is tuple:  # making not timed (each worker's first batch is)
             return
         pid, probe = meta[1], meta[8]  # type: ignore[misc]  # a BatchMeta
+        # a batch carries a first fetch's probe or a worker's samples (sampler.py), not both;
+        # samples can ride with a first batch where the first fetch was not probed (a
+        # watched loader's later epochs: epoch_iterators._probe_once)
+        sampled = probe is not None and "profile" in probe
         if pid not in self.seen_pids:
             self.seen_pids.add(pid)
-            self.on_worker(pid, meta[0], probe)
-        elif probe is not None and "profile" in probe:  # a worker's samples (sampler.py)
-            self.on_profile(pid, meta[0], probe["profile"])
+            self.on_worker(pid, meta[0], None if sampled else probe)
+        if sampled:
+            self.on_profile(pid, meta[0], probe["profile"])  # type: ignore[index]  # sampled
 
     def row(self, seq: int, epoch: int, t_request: float, t_ready: float, t_back: float,
             meta: BatchMeta | UntimedMeta, h2d_ms: float | None = None,
