@@ -33,10 +33,11 @@ def _shares_of(result) -> dict[str, float]:
     return {name: found.get(name, 0.0) / total for name in FUNCTIONS}
 
 
-def _cprofile_shares() -> dict[str, float]:
-    """The same functions' cumulative time in a plain single-process loop, by cProfile."""
+def _cprofile_shares(dataset=None, names=FUNCTIONS) -> dict[str, float]:
+    """``names``' cumulative time (cProfile's clock: the time passing) in a plain
+    single-process loop over ``dataset`` (known_stages'), over their sum."""
     profiler = cProfile.Profile()
-    loader = DataLoader(known_stages.KnownStages(), batch_size=8)
+    loader = DataLoader(dataset or known_stages.KnownStages(), batch_size=8)
     profiler.enable()
     for i, _ in enumerate(loader):
         if i == 40:
@@ -44,7 +45,7 @@ def _cprofile_shares() -> dict[str, float]:
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     cumulative = {name: sum(v[3] for (f, _, n), v in stats.items() if n == name)
-                  for name in FUNCTIONS}
+                  for name in names}
     total = sum(cumulative.values())
     return {name: t / total for name, t in cumulative.items()}
 
@@ -116,22 +117,6 @@ def test_a_longer_profile_agrees_within_five_points(workers, tmp_path):
     _profile_and_check(workers, 12.0, 0.05, tmp_path)
 
 
-def _wall_cprofile_shares(dataset, names) -> dict[str, float]:
-    """``names``' cumulative wall time (cProfile's clock), over their sum, in a plain loop."""
-    profiler = cProfile.Profile()
-    loader = DataLoader(dataset, batch_size=8)
-    profiler.enable()
-    for i, _ in enumerate(loader):
-        if i == 40:
-            break
-    profiler.disable()
-    stats = pstats.Stats(profiler).stats
-    cumulative = {name: sum(v[3] for (f, _, n), v in stats.items() if n == name)
-                  for name in names}
-    total = sum(cumulative.values())
-    return {name: t / total for name, t in cumulative.items()}
-
-
 @pytest.mark.slow  # a 4 s profile; its unit sibling below is quick
 def test_a_mostly_waiting_worker_is_seen_where_it_waits(tmp_path):
     """60% of each sample a sleep: a CPU-time timer alone never looked there (the wait's time
@@ -145,7 +130,7 @@ def test_a_mostly_waiting_worker_is_seen_where_it_waits(tmp_path):
     found = {h["function"]: h for h in result.hotspots if h["function"] in names}
     total = sum(h["total_share"] for h in found.values())
     shares = {name: found[name]["total_share"] / total for name in names}
-    independent = _wall_cprofile_shares(waiting_stages.WaitingStages(), names)
+    independent = _cprofile_shares(waiting_stages.WaitingStages(), names)
     for name, known in waiting_stages.SHARES.items():
         assert shares[name] == pytest.approx(known, abs=0.08), (shares, result.stacks_sampled)
         assert shares[name] == pytest.approx(independent[name], abs=0.08), (shares, independent)
