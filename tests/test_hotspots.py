@@ -4,6 +4,8 @@ independent profile (cProfile) of a plain loop over it."""
 
 import cProfile
 import json
+import os
+import sys
 import pstats
 import threading
 import time
@@ -13,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dataloader_tuner.analyse.hotspots import SampledProfile, stage_of
-from dataloader_tuner.instrument.sampler import StackSampler
+from dataloader_tuner.instrument.sampler import StackSampler, named
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 
 from dataloader_tuner import ProfileResult
@@ -23,6 +25,7 @@ from .test_cli import cli
 from .datasets import known_stages, waiting_stages
 
 FUNCTIONS = tuple(known_stages.SHARES)
+WORK_FILE_PATH = os.path.join("/p", "engine", "instrument", "probes.py")
 
 
 def _shares_of(result) -> dict[str, float]:
@@ -412,3 +415,50 @@ def test_a_job_that_puts_the_signals_back_is_not_ended_by_the_sampler():
             "print('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert done.returncode == 0 and b"alive" in done.stdout, done.stderr.decode()[-500:]
+
+
+class Compose:
+    """torchvision's Compose loop, as the sampler meets it."""
+
+    def __init__(self, transforms) -> None:
+        self.transforms = transforms
+
+    def __call__(self, image):
+        for t in self.transforms:
+            image = t(image)
+        return image
+
+
+class Normalize:
+    """Ends in operators: it returns before the interpreter next checks for a signal."""
+
+    def __call__(self, x):
+        Normalize.caller = sys._getframe(1)  # the Compose's frame, kept to look at after
+        return (x - 1.0) / 2.0
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return x * 3.0
+
+
+def test_a_look_on_the_compose_s_loop_is_charged_to_the_step_it_just_called():
+    """NOTE [ A step seen after it returned ]: the Compose's frame as a look after a step's
+    return finds it; its step put back as the leaf, by its class (an nn.Module's forward)."""
+    from dataloader_tuner.instrument.sampler import _stack
+
+    Compose([Scale(), Normalize()])(torch.ones(2))
+    stack = _stack(Normalize.caller)
+    assert stack[0] is Normalize.__call__.__code__ and stack[1].co_name == "__call__"
+    assert stage_of("main", named(stack) + ((WORK_FILE_PATH, 1, "TimedMapDataset.__getitems__",
+                                             1),)) == "transform: Normalize"
+
+    class LastCompose(Compose):
+        def __call__(self, image):
+            for t in self.transforms:
+                image = t(image)
+            Normalize.caller = sys._getframe()
+            return image
+
+    LastCompose([Normalize(), Scale()])(torch.ones(2))
+    assert _stack(Normalize.caller)[0] is Scale.forward.__code__

@@ -55,7 +55,7 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
     """``sampled``: hotspots.py's summary; ``what_if``: ceiling.what_if's rows; ``warnings``:
     the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not);
     ``waits``: the cost model finds a batch's time mostly off the CPU (ceiling.waiting_share:
-    such a loader's profile has few looks, which come with CPU used). Ranked by gain,
+    it says so where the profile is too short, or off). Ranked by gain,
     measured where it was, else predicted (fixes without one last)."""
     # the tune's measurement of threads fetching (child/io_threads.py), where it made one
     threads = next((w["change"] for w in what_if if THREADS_CHANGE in w["change"]), None)
