@@ -8,8 +8,9 @@ is in its docstring; the tables they print go straight to the log (capsys.disabl
     python -m pytest -q -m gpu tests/test_gpu_real.py -p no:cacheprovider
 
 Run on an H200 (issue 41, docs/benchmarks.md#gpu): the first 12 passed there once the
-simulated step was fitted; the memory-kind comparison's test was written after that lease and
-has not run on a GPU yet. `bash bench/gpu_truth.sh OUTDIR` runs them with the rest of the GPU
+simulated step was fitted; the memory-kind comparison's test and the pinning stage's (the
+pin-memory thread in the sampled profile) were written after that lease and have not run on a
+GPU yet. `bash bench/gpu_truth.sh OUTDIR` runs them with the rest of the GPU
 checks. Files go under tmp_path, subprocesses have a
 timeout and their trees are reaped (tests/jobs.py), nothing listens on a port.
 """
@@ -706,3 +707,20 @@ def test_tune_pins_memory_only_where_pinned_copies_were_faster(db_path, tmp_path
     for r in workers:
         if r["nvml_pids"] and r["ppid"] in r["nvml_pids"]:  # this PID namespace is NVML's
             assert r["pid"] not in r["nvml_pids"], r
+
+
+def test_a_profile_with_pinned_memory_shows_the_pin_thread_s_share(db_path, capsys):
+    """The pin-memory thread (torch's ``_pin_memory_loop``, started only with an accelerator)
+    is charged its own CPU, by its thread CPU clock, as the stage "pinning" (issue 39: the
+    hand-off's main side includes pinning; without a GPU torch starts no such thread)."""
+    done = cli("profile", "dataloader_tuner.demo", "--num-workers", "2", "--pin-memory",
+               "--seconds", "4", "--json", db=db_path)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    no_cuda_trouble(doc)
+    stages = {s["stage"]: s for s in doc["stages"]}
+    with shown(capsys):
+        print(f"stages with pinned memory: {doc['stages']}; looks {doc['stacks_sampled']}")
+    assert doc["stacks_sampled"]["enough"], doc["stacks_sampled"]
+    assert stages.get("pinning", {}).get("share", 0) > 0, doc["stages"]
+    assert sum(s["share"] for s in doc["stages"]) == pytest.approx(1.0, abs=0.01)

@@ -237,6 +237,8 @@ def test_stages_are_read_from_the_frames():
                  _frame("/usr/lib/python3/multiprocessing/queues.py", "Queue._feed"),
                  role="QueueFeederThread") == "hand-off"
     assert stage(_frame("/home/u/train.py", "train"), role="main") == "not the loader"
+    # the pin-memory thread, charged by its name (its frames are not walked): GPU machines only
+    assert stage(role="Thread-3 (_pin_memory_loop)") == "pinning"
 
 
 @pytest.mark.slow
