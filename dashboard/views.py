@@ -209,16 +209,15 @@ def where_time_goes(summary: dict[str, Any] | None, key: str, name: str) -> None
         return
     st.markdown(f"**Where the time goes** (sampled inside the loader's processes: {basis})")
     st.plotly_chart(charts.where_time_goes_figure(summary["flame"]), key=f"{key}-where")
-    left, right = st.columns([2, 3])
-    with left:
-        st.dataframe([{"stage": s["stage"], "share %": round(s["share"] * 100, 1),
-                       "off CPU %": round((s["share"] - s["cpu_share"]) * 100, 1)}
-                      for s in summary["stages"]], hide_index=True)
-    with right:
-        st.dataframe([{"function": h["function"], "total %": round(h["total_share"] * 100, 1),
-                       "self %": round(h["self_share"] * 100, 1), "stage": h["stage"],
-                       "where": f"{os.path.basename(h['file'])}:{h['line']}"}
-                      for h in summary["hotspots"][:10]], hide_index=True)
+    # one under the other: side by side, in the History page's half-width comparison, the
+    # stage table's figures were cut off
+    st.dataframe([{"stage": s["stage"], "share %": round(s["share"] * 100, 1),
+                   "off CPU %": round((s["share"] - s["cpu_share"]) * 100, 1)}
+                  for s in summary["stages"]], hide_index=True)
+    st.dataframe([{"function": h["function"], "total %": round(h["total_share"] * 100, 1),
+                   "self %": round(h["self_share"] * 100, 1), "stage": h["stage"],
+                   "where": f"{os.path.basename(h['file'])}:{h['line']}"}
+                  for h in summary["hotspots"][:10]], hide_index=True)
     if summary.get("collapsed"):
         st.download_button("Download the stacks for speedscope",
                            json.dumps(speedscope_document(summary["collapsed"], name)),
