@@ -95,7 +95,7 @@ class CpuTimer:
         return cls(signal.SIGPROF, None, None)
 
     @classmethod
-    def _posix(cls, clock: int = CLOCK_PROCESS_CPUTIME_ID) -> "CpuTimer | None":
+    def _posix(cls) -> "CpuTimer | None":
         if not sys.platform.startswith("linux") or not hasattr(signal, "SIGURG"):
             return None
         if signal.getsignal(signal.SIGURG) not in (signal.SIG_DFL, signal.SIG_IGN, None):
@@ -103,23 +103,12 @@ class CpuTimer:
         lib = _librt()
         if lib is None:
             return None
-        event = _Sigevent(sigev_signo=signal.SIGURG, sigev_notify=SIGEV_SIGNAL)
-        timer_id = ctypes.c_void_p()
-        if lib.timer_create(clock, ctypes.byref(event), ctypes.byref(timer_id)) != 0:
-            return None
-        return cls(signal.SIGURG, lib, timer_id)
+        return _created(lib, CLOCK_PROCESS_CPUTIME_ID, signal.SIGURG)
 
     def beside(self) -> "CpuTimer | None":
         """A second timer, on the time passing (CLOCK_MONOTONIC), sending this one's signal;
-        None where this one is not a POSIX timer (ITIMER_PROF's fallback has one of a kind).
-        Made before this one's handler is set: SIGURG is then still free."""
-        if self._lib is None:
-            return None
-        lib, timer_id = self._lib, ctypes.c_void_p()
-        event = _Sigevent(sigev_signo=self.signum, sigev_notify=SIGEV_SIGNAL)
-        if lib.timer_create(CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer_id)) != 0:
-            return None
-        return CpuTimer(self.signum, lib, timer_id)
+        None where this one is not a POSIX timer (ITIMER_PROF's fallback has one of a kind)."""
+        return _created(self._lib, CLOCK_MONOTONIC, self.signum) if self._lib else None
 
     def expired(self) -> bool:
         """This one-shot timer has fired since it was last set (the kernel disarmed it); True
@@ -159,3 +148,12 @@ class CpuTimer:
         """In a forked child: the parent's timer is not this process's (POSIX timers are not
         inherited, and its id may be a timer this process makes later)."""
         self._lib = self._id = None
+
+
+def _created(lib: ctypes.CDLL, clock: int, signum: int) -> CpuTimer | None:
+    """A POSIX one-shot timer on ``clock`` that sends ``signum`` to the process, or None."""
+    event = _Sigevent(sigev_signo=signum, sigev_notify=SIGEV_SIGNAL)
+    timer_id = ctypes.c_void_p()
+    if lib.timer_create(clock, ctypes.byref(event), ctypes.byref(timer_id)) != 0:
+        return None
+    return CpuTimer(signum, lib, timer_id)

@@ -50,8 +50,9 @@ NOTE [ Sampling inside the workers ]
     inside charges at most an interval. The time passing is looked at every 2 INTERVAL_S and
     the CPU every 4 (its shares are the lesser figure), so a busy worker pays about as many
     looks as with one timer (~50-80 us each: the handler runs with cold caches; known_stages
-    at 2 workers: 0.131 s of handlers in a 6 s profile, 0.129 s with one timer). Measured: the same worker now 0.53 read, 0.23 decode, 0.14 augment of its
-    time (truth 0.56, 0.23, 0.14 of its 0.93 in __getitem__), the read's CPU 0.03.
+    at 2 workers: 0.131 s of handlers in a 6 s profile, 0.129 s with one timer). Measured:
+    the same worker now 0.53 read, 0.23 decode, 0.14 augment of its time (truth 0.56, 0.23,
+    0.14 of its 0.93 in __getitem__), the read's CPU 0.03.
     A job's own process keeps the CPU timer alone: its step's time is not the loader's.
 
     NOTE [ A step seen after it returned ]
@@ -191,7 +192,6 @@ class StackSampler:
         signal.siginterrupt(timer.signum, False)
         timer.set(self.interval_s * (CPU_APART if self.wall is not None else 1))
         if self.wall is not None:  # (not in step with the CPU's)
-            self.wall.at = self._last_wall
             self.wall.timer.set(self.interval_s * (0.1 + random.random()))
         # Stopped before the interpreter ends: its finalisation puts the signal back to its
         # default, which ends the process for SIGPROF (the fallback timer's): a timer still
