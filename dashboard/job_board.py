@@ -28,6 +28,17 @@ class Board:
     runs: list[StoredRun]  # the watched runs, newest first
     rates: dict[int, float | None]  # samples/s by run id (see read_board)
 
+    def shown_first(self) -> int | None:
+        """The run the page opens on: the newest running job's first loader (its "train",
+        whose batches keep coming, rather than a "val" watched after it that sits between
+        epochs), else the newest run."""
+        running = [run for run in self.runs if run.status == "running"]
+        if not running:
+            return self.runs[0].id if self.runs else None
+        newest = running[0]
+        same_job = [run for run in running if (run.pid, run.host) == (newest.pid, newest.host)]
+        return min(same_job, key=lambda run: (run.started_at, run.id)).id
+
     def jobs(self) -> dict[JobKey, list[StoredRun]]:
         """Watched runs of torchrun jobs, by (job, loader)."""
         jobs: dict[JobKey, list[StoredRun]] = {}

@@ -168,9 +168,8 @@ def render() -> None:
     ranked_live = any(run.rank and run.status == "running" for run in board.runs)
     st.fragment(_ranks_view, run_every=RANKS_REFRESH_S if ranked_live else None)()
     ids = [run.id for run in board.runs]
-    running = [run.id for run in board.runs if run.status == "running"]
     labels = {run.id: job_board.run_label(run) for run in board.runs}
-    chosen = st.selectbox("Run", ids, index=ids.index(running[0]) if running else 0,
+    chosen = st.selectbox("Run", ids, index=ids.index(board.shown_first() or ids[0]),
                           format_func=labels.__getitem__, key="watched_run")
     if chosen is None:  # only with no runs, which is returned above
         return

@@ -198,9 +198,12 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
         page.locator('[data-testid="stMetric"]').first.wait_for(timeout=60_000)
         first = page.locator('[data-testid="stMarkdown"]').filter(
             has_text=" batches").first.inner_text()
-        time.sleep(3)  # the page follows the job: its batch count grows without a reload
-        later = page.locator('[data-testid="stMarkdown"]').filter(
-            has_text=" batches").first.inner_text()
+        assert first.startswith("train"), first  # the job's first loader, not its "val"
+        later, deadline = first, time.monotonic() + 15
+        while later == first and time.monotonic() < deadline:  # it follows without a reload
+            time.sleep(1)
+            later = page.locator('[data-testid="stMarkdown"]').filter(
+                has_text=" batches").first.inner_text()
         assert first != later, (first, later)
         assert page.locator(".js-plotly-plot").count() >= 3
         steps.no_exception()

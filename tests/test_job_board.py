@@ -104,3 +104,21 @@ def test_recent_batches_of_more_runs_than_one_query_holds(tmp_path, monkeypatch)
     recent = store.recent_batches(runs, last=3)
     for i, run_id in enumerate(runs):
         assert [b.seq for b in recent[run_id]] == [7 + i, 8 + i, 9 + i]
+
+
+def test_the_page_opens_on_the_newest_job_s_first_loader(tmp_path):
+    """A job watching "train" then "val" (which sits between epochs) opens on "train"; an
+    ended run is not preferred over running ones; another process's job is not mixed in."""
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    assert job_board.read_board(store).shown_first() is None
+    ended = _watched(store, label="old")
+    store.finish_run(ended, "ok", LiveRun.stored(store, ended).result("ok"), None)
+    assert job_board.read_board(store).shown_first() == ended  # nothing running: the newest
+    train = _watched(store, label="train")
+    val = _watched(store, label="val")
+    assert job_board.read_board(store).shown_first() == train
+    store.finish_run(train, "ok", LiveRun.stored(store, train).result("ok"), None)
+    assert job_board.read_board(store).shown_first() == val
+    other = _watched(store, label="train")  # a second job, in another process
+    store._conn().execute("UPDATE runs SET pid = pid + 1 WHERE id = ?", (other,))
+    assert job_board.read_board(store).shown_first() == other
