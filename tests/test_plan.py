@@ -152,4 +152,8 @@ def test_the_tune_says_what_it_announced_as_it_started():
 
     assert said({"announced_s": 5.2, "announced_at_most_s": 31.0}) == "~5 s, at most ~31 s"
     assert said({"announced_s": 5.2}) == "~5 s"  # a document from before "at most" was kept
+    assert said({"announced_s": 8.1, "announced_at_most_s": 46.0, "estimated_s": 47.2}) == (
+        "~8 s, at most ~46 s; ~47 s after the first trials")
+    assert said({"announced_s": 8.1, "estimated_s": 8.4}) == "~8 s"
     assert said(None) is None
+

@@ -183,13 +183,18 @@ class TuneResult(_Result):
         return _ordered(super().to_dict(), TUNE_KEYS)
 
     def announced(self) -> str | None:
-        """What the tune said it would take as it started: "~5 s, at most ~30 s"."""
+        """What the tune said it would take as it started, and again after its first trials
+        where that differed: "~8 s, at most ~46 s; ~47 s after the first trials"."""
         plan = self.plan or {}
         expected, most = plan.get("announced_s"), plan.get("announced_at_most_s")
         if not expected:
             return None
         said, said_most = spoken_range(expected, most)
-        return f"~{said}" + (f", at most ~{said_most}" if said_most else "")
+        text = f"~{said}" + (f", at most ~{said_most}" if said_most else "")
+        later = plan.get("estimated_s")
+        if later and spoken_range(later, None)[0] != said:
+            text += f"; ~{spoken_range(later, None)[0]} after the first trials"
+        return text
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":

@@ -354,23 +354,27 @@ def _claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
     warnings = list(rec.warnings)
     reasons = list(rec.reasons)
     if result.pick is not None and result.base is not None:
+        drifts = []
         for who, late, trial_config in (("The pick", result.pick, final),
                                         (f"Your settings ({source})", result.base, config)):
-            found = claim.drift(claim.comparable(early, trial_config), late, who)
+            found = claim.drifted(claim.comparable(early, trial_config), late)
             if found is not None:
-                warnings.append(found)
+                warnings.append(claim.drift_warning(found, who))
+            drifts.append(found)
+        pick_side, base_side = result.pick, result.base
+        result = claim.slowed(result, *drifts)
         reasons.append(claim.end_reason(result, source))
-        rec = replace(rec, expected_samples_per_s=result.pick.rate,
-                      uncertainty_pct=result.pick.uncertainty_pct,
-                      conclusive=all(t.conclusive for t in result.pick.trials))
+        rec = replace(rec, expected_samples_per_s=pick_side.rate,
+                      uncertainty_pct=pick_side.uncertainty_pct,
+                      conclusive=all(t.conclusive for t in pick_side.trials))
         cap = outcome.limits.memory_max_workers
         if result.slower and (cap is None or config.num_workers <= cap):
             # The end measured the user's settings faster (and they fit in memory): kept.
             reasons.insert(0, claim.keep_reason(result, source))
             rec = replace(rec, kwargs=own_kwargs(config),
-                          expected_samples_per_s=result.base.rate,
-                          uncertainty_pct=result.base.uncertainty_pct,
-                          conclusive=all(t.conclusive for t in result.base.trials))
+                          expected_samples_per_s=base_side.rate,
+                          uncertainty_pct=base_side.uncertainty_pct,
+                          conclusive=all(t.conclusive for t in base_side.trials))
             result = result.kept()
     rec = replace(rec, reasons=tuple(reasons), warnings=tuple(warnings))
     trials = [*early, *(t for t in base_trials + pick_trials if t is not None)]

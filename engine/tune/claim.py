@@ -15,6 +15,18 @@ NOTE [ Claims from the end of the tune ]
     Start-up: a setting whose workers restart every epoch (workers, persistent_workers=False)
     pays their start-up once an epoch. A trial that crossed an epoch paid it in its window; one
     that did not is charged it once per epoch of the dataset's length, as the job would.
+
+NOTE [ A side that slowed while tuning ]
+
+    The end's pairs see the machine of the last minute only. On a shared 2-core machine a fast
+    loader's rate moves by a third between minutes (noisy_worker at 0 workers: 131k samples/s
+    early in a tune, 87k in all four of its end trials; plain loops of it in fresh processes
+    88k-145k), and pairs taken in one slow minute agree with each other: a tune claimed 12.78x
+    +-3% where plain loops measured 19.2x. A setting measured slower at the end than early in
+    the tune (beyond the noise, as ``drift`` warns) by more than the other side slowed makes
+    the claim's interval that wide, and one wider than CLAIM_WITHIN_PCT is not made. Only a
+    slowdown: a data source warming up (the case above) makes the end faster, and its end is the
+    steady state; both sides slowing alike is a slow minute the ratio survives.
 """
 
 from __future__ import annotations
@@ -217,9 +229,22 @@ def ratio_uncertainty_pct(base: Side, pick: Side, epoch_items: int | None) -> fl
     return max(known)
 
 
-def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
-    """A warning when ``who``'s trials early in the tune and at its end disagree beyond their
-    noise (and by DRIFT_MIN at least): the data source or the machine changed while tuning."""
+@dataclass(frozen=True)
+class Drift:
+    """One setting's rate early in the tune and at its end, apart beyond their noise."""
+
+    before: float
+    after: float
+    allowed: float  # the change their noise (and DRIFT_MIN) allowed, as a fraction
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1.0
+
+
+def drifted(early: list[TrialResult], late: Side) -> Drift | None:
+    """``late``'s rate against the same setting's ``early`` trials, where they disagree beyond
+    their noise and by DRIFT_MIN at least."""
     # A late window that paid a restart the search's never did is slower by start-up, not drift.
     late_trials = [t for t in late.trials if not paid_restart(t)]
     if not early or not late_trials:
@@ -228,10 +253,35 @@ def drift(early: list[TrialResult], late: Side, who: str) -> Diagnostic | None:
     after = statistics.fmean(t.samples_per_s for t in late_trials)
     noise = [p / 100.0 for p in (uncertainty_pct(early), uncertainty_pct(late_trials))
              if p is not None]
-    allowed = max(DRIFT_MIN, 2 * sum(n ** 2 for n in noise) ** 0.5)
-    change = after / before - 1.0
-    if abs(change) <= allowed:
-        return None
+    found = Drift(before, after, max(DRIFT_MIN, 2 * sum(n ** 2 for n in noise) ** 0.5))
+    return found if abs(found.change) > found.allowed else None
+
+
+def slowed(claim: Claim, pick: Drift | None, base: Drift | None) -> Claim:
+    """The claim where a side measured slower at the end than early in the tune (NOTE [ A
+    side that slowed while tuning ]): no claim where one slowed more than the other by more
+    than CLAIM_WITHIN_PCT (both slowing alike: the machine's slow minute, the ratio holds)."""
+    def slowdown(found: Drift | None) -> float:
+        return max(-found.change, 0.0) if found is not None else 0.0
+
+    apart = abs(slowdown(pick) - slowdown(base))
+    if claim.speedup is None or claim.base is None or claim.pick is None \
+            or 100.0 * apart <= CLAIM_WITHIN_PCT:
+        return claim
+    pct = max(claim.speedup_pct or 0.0, 100.0 * apart)
+    who = "the pick" if slowdown(pick) > slowdown(base) else "your settings"
+    return Claim(None, pct, f"no speedup is claimed: the pick measured {claim.pick.rate:.0f} "
+                 f"samples/s against {claim.base.rate:.0f} ({claim.ratio:.2f}x) at the end of the "
+                 f"tune, but {who} measured {max(slowdown(pick), slowdown(base)):.0%} slower "
+                 "there than earlier in the tune (the machine's load changed while tuning), so "
+                 f"the ratio is known only to ±{pct:.0f}%, too loosely to act on; verify it with "
+                 "Apply", claim.base, claim.pick, claim.ratio)
+
+
+def drift_warning(found: Drift, who: str) -> Diagnostic:
+    """A warning for ``who``'s drift (``drifted``): the data source or the machine changed
+    while tuning."""
+    before, after, allowed, change = found.before, found.after, found.allowed, found.change
     way = "faster" if change > 0 else "slower"
     return Diagnostic(
         "drifted_while_tuning", "warning",
