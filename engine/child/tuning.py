@@ -361,21 +361,21 @@ def _claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
             if found is not None:
                 warnings.append(claim.drift_warning(found, who))
             drifts.append(found)
-        pick_side, base_side = result.pick, result.base
-        result = claim.slowed(result, *drifts)
         reasons.append(claim.end_reason(result, source))
-        rec = replace(rec, expected_samples_per_s=pick_side.rate,
-                      uncertainty_pct=pick_side.uncertainty_pct,
-                      conclusive=all(t.conclusive for t in pick_side.trials))
+        rec = replace(rec, expected_samples_per_s=result.pick.rate,
+                      uncertainty_pct=result.pick.uncertainty_pct,
+                      conclusive=all(t.conclusive for t in result.pick.trials))
         cap = outcome.limits.memory_max_workers
         if result.slower and (cap is None or config.num_workers <= cap):
             # The end measured the user's settings faster (and they fit in memory): kept.
             reasons.insert(0, claim.keep_reason(result, source))
             rec = replace(rec, kwargs=own_kwargs(config),
-                          expected_samples_per_s=base_side.rate,
-                          uncertainty_pct=base_side.uncertainty_pct,
-                          conclusive=all(t.conclusive for t in base_side.trials))
+                          expected_samples_per_s=result.base.rate,
+                          uncertainty_pct=result.base.uncertainty_pct,
+                          conclusive=all(t.conclusive for t in result.base.trials))
             result = result.kept()
+        else:  # NOTE [ A side that slowed while tuning ] (claim.py)
+            result = claim.slowed(result, *drifts)
     rec = replace(rec, reasons=tuple(reasons), warnings=tuple(warnings))
     trials = [*early, *(t for t in base_trials + pick_trials if t is not None)]
     base = result.base

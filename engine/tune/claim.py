@@ -23,7 +23,7 @@ NOTE [ A side that slowed while tuning ]
     early in a tune, 87k in all four of its end trials; plain loops of it in fresh processes
     88k-145k), and pairs taken in one slow minute agree with each other: a tune claimed 12.78x
     +-3% where plain loops measured 19.2x. A setting measured slower at the end than early in
-    the tune (beyond the noise, as ``drift`` warns) by more than the other side slowed makes
+    the tune (beyond the noise, as ``drift_warning`` says) by more than the other side slowed makes
     the claim's interval that wide, and one wider than CLAIM_WITHIN_PCT is not made. Only a
     slowdown: a data source warming up (the case above) makes the end faster, and its end is the
     steady state; both sides slowing alike is a slow minute the ratio survives.
