@@ -260,3 +260,21 @@ def test_a_run_with_workers_reads_its_batch_cost_from_its_own_figures():
     # ...and off it where the process waited (a GPU step, a sleep): 0.7 ms of CPU a 5 ms step
     waiting = measured_cost(per_batch, 7.0, 100.0, 800.0, 5.0, "training_loop", 2.0, 2, 32)
     assert not waiting.step_on_cpu and waiting.receive_ms == pytest.approx(0.7)
+
+
+def test_a_loader_best_without_workers_gains_nothing_from_a_hand_off_it_does_not_have():
+    # noisy_worker: 0.05 ms batches made in the main process, 0.8 ms to receive one from a
+    # worker; the profile merges the search's trials with workers, 62% of it hand-off. Before,
+    # "hand-off gone" scaled the 0-worker batch by that share too: 3.09x predicted
+    tiny = cost(serial_ms=0.05, worker_ms=0.05, worker_cpu_ms=0.05, receive_ms=0.8,
+                samples_per_batch=8.0)
+    sampled = {"enough": True, "stages": [
+        {"stage": "hand-off", "share": 0.62, "cpu_share": 0.62},
+        {"stage": "collate", "share": 0.20, "cpu_share": 0.20},
+        {"stage": "your __getitem__", "share": 0.18, "cpu_share": 0.18}], "hotspots": []}
+    assert ceiling_of(tiny, None).binding == "without_workers"
+    rows = {r["change"]: r for r in what_if(tiny, sampled, measured=160_000.0)}
+    assert rows["hand-off gone"]["predicted_samples_per_s"] == pytest.approx(160_000.0)
+    # collate: 0.20 of the loader's time, 0.20 / 0.38 of a batch made without workers
+    assert rows["collate gone"]["predicted_samples_per_s"] == pytest.approx(
+        8000 / (0.05 * (1 - 0.20 / 0.38)), rel=1e-3)

@@ -78,10 +78,13 @@ class BatchCost:
             binding = "step"  # the main process's time is mostly the step's
         return rate, binding
 
-    def cheaper(self, time_share: float, cpu_share: float, by: float) -> "BatchCost":
+    def cheaper(self, time_share: float, cpu_share: float, by: float,
+                serial_share: float | None = None) -> "BatchCost":
         """The batch with a part of the loader's work (``time_share`` of its time,
-        ``cpu_share`` of its CPU) cut by ``by`` (0.5: half; 1: none of it)."""
-        return replace(self, serial_ms=self.serial_ms * (1 - time_share * by),
+        ``cpu_share`` of its CPU) cut by ``by`` (0.5: half; 1: none of it); ``serial_share``:
+        its share of a batch made without workers, where that differs (``share_without``)."""
+        serial = time_share if serial_share is None else serial_share
+        return replace(self, serial_ms=self.serial_ms * (1 - serial * by),
                        worker_ms=self.worker_ms * (1 - time_share * by),
                        worker_cpu_ms=self.worker_cpu_ms * (1 - cpu_share * by))
 
@@ -188,6 +191,17 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                      receive_seen=num_workers > 0)
 
 
+def share_without(share: float, stage: str | None, sampled: dict[str, Any]) -> float:
+    """A part's share of a batch made without workers, from its share of the profile's loader
+    time: a worker's hand-off to the main process is not there (a 0-worker pick's profile,
+    merged with the search's trials with workers, held 62% hand-off for noisy_worker, and
+    "hand-off gone" predicted 3.09x for a pick that has none), the rest fills its place."""
+    if stage == "hand-off":
+        return 0.0
+    handoff = sum(s["share"] for s in sampled["stages"] if s["stage"] == "hand-off")
+    return min(share / (1.0 - handoff), 1.0) if handoff < 1.0 else 0.0
+
+
 NOT_FETCH = ("collate", "hand-off", "pinning")  # what a cache of each sample's output still pays
 
 
@@ -199,8 +213,9 @@ def cached_prediction(cost: BatchCost, sampled: dict[str, Any] | None,
         return None
     fetch = [s for s in sampled["stages"] if s["stage"] not in NOT_FETCH]
     cpu_total = sum(s["cpu_share"] for s in sampled["stages"]) or 1.0
-    changed = cost.cheaper(sum(s["share"] for s in fetch),
-                           sum(s["cpu_share"] for s in fetch) / cpu_total, 1.0)
+    share = sum(s["share"] for s in fetch)
+    changed = cost.cheaper(share, sum(s["cpu_share"] for s in fetch) / cpu_total, 1.0,
+                           share_without(share, None, sampled))
     limits = replace(changed, max_workers=max(num_workers, 1)).limits()
     if num_workers == 0:
         return limits["without_workers"]
@@ -281,13 +296,15 @@ def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
                 cpu = stage["cpu_share"] / cpu_total
                 for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
                     changes.append((f"{stage['stage']} {said}", stage["stage"], None,
-                                    cost.cheaper(stage["share"], cpu, by)))
+                                    cost.cheaper(stage["share"], cpu, by, share_without(
+                                        stage["share"], stage["stage"], sampled))))
         parts = [h for h in sampled["hotspots"] if MIN_SHARE <= h["total_share"] < ALL_OF_IT]
         for function in parts[:FUNCTIONS]:
             share = function["total_share"]
+            serial = share_without(share, function["stage"], sampled)
             for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
                 changes.append((f"{function['function']} {said}", function["stage"],
-                                function["function"], cost.cheaper(share, share, by)))
+                                function["function"], cost.cheaper(share, share, by, serial)))
     for times in MORE_CORES:
         changes.append((f"{times}x the usable CPUs (~{cost.cpus * times:.0f})", None, None,
                         replace(cost, cpus=cost.cpus * times)))
