@@ -205,7 +205,8 @@ def test_a_watched_training_job_is_followed_live(tmp_path, browser):
             later = page.locator('[data-testid="stMarkdown"]').filter(
                 has_text=" batches").first.inner_text()
         assert first != later, (first, later)
-        assert page.locator(".js-plotly-plot").count() >= 3
+        # (waited for: a refresh redraws the charts, none there for a moment)
+        page.locator(".js-plotly-plot").nth(2).wait_for(timeout=30_000)
         steps.no_exception()
         steps.shot("watched-job-live")
     finally:
