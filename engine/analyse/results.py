@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar, Union
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
-from dataloader_tuner.record.trials import TrialRecord, spoken_range, trial_from_dict
+from dataloader_tuner.record.trials import TrialRecord, duration, spoken_range, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 
 
@@ -191,9 +191,9 @@ class TuneResult(_Result):
             return None
         said, said_most = spoken_range(expected, most)
         text = f"~{said}" + (f", at most ~{said_most}" if said_most else "")
-        later = plan.get("estimated_s")
-        if later and spoken_range(later, None)[0] != said:
-            text += f"; ~{spoken_range(later, None)[0]} after the first trials"
+        later = duration(plan["estimated_s"]) if plan.get("estimated_s") else said
+        if later != said:
+            text += f"; ~{later} after the first trials"
         return text
 
     @classmethod
