@@ -1,11 +1,16 @@
 """The resource sampler finds this process's children (the DataLoader workers) and samples
-them, however it lists them (the kernel's children files, or psutil's scan)."""
+them, however it lists them (the kernel's children files, or psutil's scan), and reads a
+worker's threads' use from its first batch."""
 
 import os
 import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
+from dataloader_tuner.instrument import threads
 from dataloader_tuner.instrument.resources import ResourceSampler
 
 
@@ -31,3 +36,43 @@ def test_children_are_found_and_sampled(listing, monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+# A start-up on the main thread (importing torch in a spawned worker), then a pool at work
+STARTS_THEN_POOL = """
+import sys, threading, time
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+spin(0.6)
+print("made a batch", flush=True)
+threading.Thread(target=spin, args=(30,), daemon=True).start()
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread ids: Linux only")
+def test_a_workers_thread_use_counts_from_its_first_batch_and_skips_other_children():
+    """A spawned worker spends its start-up on its main thread: counted since it started, a
+    pool doing all the work after it read as a share under HELPER_SHARE_MIN for a 4 s profile
+    (0.20-0.22 where it was 0.50), and the resource tracker (no batches) counted as a worker."""
+    worker = subprocess.Popen([sys.executable, "-c", STARTS_THEN_POOL], stdout=subprocess.PIPE,
+                              text=True)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        worker_ids: dict[int, int] = {}
+        sampler = ResourceSampler(worker_ids)
+        assert worker.stdout is not None and worker.stdout.readline() == "made a batch\n"
+        worker_ids[worker.pid] = 0  # as the ledger does when its first batch arrives
+        sampler.sample(0.0)
+        time.sleep(0.8)
+        procs = {p["pid"]: p for p in sampler.sample(0.8).procs}
+        assert procs[worker.pid]["helper_cpu_share"] > 0.9, procs[worker.pid]
+        assert procs[other.pid]["helper_cpu_share"] is None
+        since_start = threads.thread_use(psutil.Process(worker.pid))
+        assert since_start is not None and since_start.helper_share < 0.8  # what it read before
+    finally:
+        for child in (worker, other):
+            child.kill()
+            child.wait()

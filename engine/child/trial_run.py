@@ -44,9 +44,11 @@ def workers_private_mb() -> float | None:
     return sum(sizes) / len(sizes) if sizes else None
 
 
-def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The trial's workers' thread pools (their probes) and how their threads shared their CPU,
-    as TrialResult's fields (NOTE [ Threads per worker ])."""
+def worker_threads_read(seen: dict[int, dict[str, Any]],
+                        threads_from: dict[int, dict[int, float]]) -> dict[str, Any]:
+    """The trial's workers' thread pools (their probes) and how their threads shared their CPU
+    since each made its first batch (``threads_from``: a spawned worker's start-up is not the
+    pools' work), as TrialResult's fields (NOTE [ Threads per worker ])."""
     pools: dict[str, int] = {}
     for probe in seen.values():
         for name, size in (probe.get("pools") or {}).items():
@@ -54,7 +56,7 @@ def worker_threads_read(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
     uses = []
     for pid in seen:
         try:
-            use = threads.thread_use(psutil.Process(pid))
+            use = threads.thread_use(psutil.Process(pid), threads_from.get(pid))
         except psutil.Error:
             use = None
         if use is not None:
@@ -139,10 +141,15 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                            on_batches)
         cpu_before = time.process_time()
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
+        threads_from: dict[int, dict[int, float]] = {}  # and its threads' CPU times by then
 
         def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
             if worker_id >= 0:  # not the main process
                 seen[pid] = probe or {}
+                try:
+                    threads_from[pid] = threads.thread_times(psutil.Process(pid)) or {}
+                except psutil.Error:
+                    pass
 
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
                                   clock.enough, on_worker=worker_seen,
@@ -154,7 +161,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             stacks.add(os.getpid(), own.take())
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
-        workers_threads = worker_threads_read(seen)  # while the workers still run
+        workers_threads = worker_threads_read(seen, threads_from)  # while they still run
     finally:
         try:
             if running is not None:  # the companions stopped before this loader's workers are

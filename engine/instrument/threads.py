@@ -15,9 +15,11 @@ NOTE [ Threads per worker ]
 
     Read in each process after its first fetch (the probe): each pool's size (``pools``). A
     pool can be large and idle (numpy imported, no BLAS called), so what says it works is the
-    share of a worker's CPU done by its threads other than the main one (``thread_use``):
-    0.47-0.51 above with the 2-thread pool, 0.08-0.17 limited to one, 0 for a pure-Python
-    dataset. Oversubscribed: a pool of P > 1 threads in the workers, W x P above the usable
+    share of a worker's CPU done by its threads other than the main one (``thread_use``),
+    since its first batch: 0.47-0.51 above with the 2-thread pool, 0.08-0.17 limited to one,
+    0 for a pure-Python dataset. Counted since the worker started, a spawned worker's second of
+    importing torch on its main thread read 0.20-0.22 for a 4 s profile of
+    tests/datasets/torch_threads.py, where its pool does 0.50. Oversubscribed: a pool of P > 1 threads in the workers, W x P above the usable
     CPUs, and helper threads doing at least HELPER_SHARE_MIN of the workers' CPU
     (analyse/pitfalls.py's ``oversubscribed``, read by the diagnostic and the tuner).
 
@@ -37,7 +39,7 @@ import ctypes
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import psutil
 
@@ -161,7 +163,8 @@ def limits_threads(init_fn: Any) -> bool:
 
 @dataclass(frozen=True)
 class ThreadUse:
-    """How a process's threads shared its CPU since it started."""
+    """How a process's threads shared its CPU since it started, or since a reading of their
+    times (``thread_times``)."""
 
     helper_share: float  # done by its threads other than the main one
     busy_threads: int  # threads that did at least BUSY_SHARE of its CPU each
@@ -172,16 +175,26 @@ class ThreadUse:
 BUSY_SHARE = 0.05
 
 
-def thread_use(process: psutil.Process) -> ThreadUse | None:
-    """None when the threads cannot be read or the process has barely run, and off Linux
-    (where a thread's id is not its process's for the main thread)."""
+def thread_times(process: psutil.Process) -> dict[int, float] | None:
+    """Each thread's CPU seconds so far, by thread id; None where they cannot be read, and off
+    Linux (where a thread's id is not its process's for the main thread)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         threads = process.threads()
     except (psutil.Error, OSError):
         return None
-    times = {t.id: t.user_time + t.system_time for t in threads}
+    return {t.id: t.user_time + t.system_time for t in threads}
+
+
+def thread_use(process: psutil.Process,
+               since: Mapping[int, float] | None = None) -> ThreadUse | None:
+    """Since ``since`` (thread_times read earlier), else since the process started. None when
+    the threads cannot be read or have barely run since."""
+    now = thread_times(process)
+    if now is None:
+        return None
+    times = {tid: cpu - (since or {}).get(tid, 0.0) for tid, cpu in now.items()}
     total = sum(times.values())
     if total < 0.05:  # too little CPU to tell a pool from a blip
         return None
