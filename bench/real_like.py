@@ -52,7 +52,7 @@ process tree (engine children, plain loops, their workers):
 
     ../shared/tools/capped 8 -- python3 bench/real_like.py [--only NAME] [--slow] [--seconds 3]
         [--min-batches 20] [--pairs 3] [--repeats 3] [--passes 3] [--budget-s S] [--quick]
-        [--fast] [--profile-only] [--json PATH]
+        [--fast] [--profile-only] [--claims-only] [--json PATH]
 
 --only NAME: the modules whose name contains NAME; --slow: only the SLOW pipelines; --fast: all
 but them.
@@ -404,13 +404,16 @@ def bench_module(name: str, args) -> dict:
     print(f"\n== {name} ({describe(own)}{', train_step' if row['train_step'] else ''})",
           flush=True)
     try:
-        row["profile"] = reported_vs_plain(target, row["samples_per_batch"], args)
+        if not args.claims_only:
+            row["profile"] = reported_vs_plain(target, row["samples_per_batch"], args)
         if args.profile_only:
             return row
         row["tunes"] = []
         for number in range(1, args.repeats + 1):
             row["tunes"].append(tune_and_verify(target, own, args, with_step))
             print_tune(number, row["tunes"][-1], with_step)
+        if args.claims_only:
+            return row
         picks = [t["pick_key"] for t in row["tunes"]]
         rates = grid(target, grid_points(name, args.quick, own, picks), args,
                      loop_options(args, with_step), base_prefetch)
@@ -462,9 +465,9 @@ def tune_cells(number: int, tune: dict, stable: bool) -> str:
 def table_lines(row: dict) -> list[str]:
     """The row's summary lines: the profile figures, then one line per tune (repeat)."""
     head = f"{row['module'] + ('*' if row['train_step'] else ''):19s} "
-    if "profile" not in row:
+    if "profile" not in row and not row.get("tunes"):
         return [head + f"FAILED: {row.get('error')}"]
-    head += profile_cells(row)
+    head += profile_cells(row) if "profile" in row else " " * 43  # --claims-only
     tunes = row.get("tunes", [])
     stable = len({t["pick_key"] for t in tunes}) <= 1
     lines = [(head if number == 1 else " " * len(head)) + tune_cells(number, tune, stable)
@@ -516,6 +519,9 @@ def parse_args() -> argparse.Namespace:
                              "unless given")
     parser.add_argument("--profile-only", action="store_true",
                         help="1. and 2. only: the reported rate against plain loops, no tunes")
+    parser.add_argument("--claims-only", action="store_true",
+                        help="3. only: tunes and plain loops verifying their claims, no profile "
+                             "comparison nor grid")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
     default = 1 if args.quick else 3

@@ -80,6 +80,8 @@ def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path)
         assert ceiling["limits"]["cpu"] <= ceiling["limits"]["without_workers"], ceiling
     shares = _shares_of(result)
     independent = _cprofile_shares()
+    print(f"{workers} workers, {seconds} s: ours {shares}, cProfile's {independent}, known "
+          f"{known_stages.SHARES}; {seen}")  # the figures a closing note quotes (pytest -rP)
     for name, known in known_stages.SHARES.items():
         assert shares[name] == pytest.approx(known, abs=tolerance), (name, shares, seen)
         assert shares[name] == pytest.approx(independent[name], abs=tolerance), (

@@ -123,6 +123,8 @@ def test_the_stages_agree_with_py_spy_on_the_same_loop(name, top, agree, tmp_pat
     assert summary["enough"] and spy_samples > 1000, (summary["looks"], spy_samples)
     side_by_side = {stage: (round(tool.get(stage, 0.0), 3), round(spy.get(stage, 0.0), 3))
                     for stage in set(tool) | set(spy)}
+    print(f"{name}: stage (ours, py-spy's) {side_by_side}; looks {summary['looks']} against "
+          f"py-spy's {spy_samples}")  # the figures a closing note quotes (pytest -rP)
     for stage, (ours, theirs) in side_by_side.items():
         assert abs(ours - theirs) <= agree, (stage, side_by_side)
     ranked = sorted(tool, key=tool.get, reverse=True)
