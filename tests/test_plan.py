@@ -1,6 +1,8 @@
 """What a tune will take, said before it is spent: trials counted in batches, seconds from the
 first batch and then from the cost model; the user's limit is hard."""
 
+import time
+
 import pytest
 
 from dataloader_tuner.record.cards import Consumer
@@ -9,7 +11,7 @@ from dataloader_tuner.record.trials import TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import CAP_BATCHES, MAX_TRIAL_S
+from dataloader_tuner.tune.trials import CAP_BATCHES, HARD_CAP_S, MAX_TRIAL_S
 
 
 def test_a_trial_is_its_warm_up_and_twenty_steady_batches_at_most_its_caps_thirty():
@@ -82,12 +84,30 @@ def test_the_trial_clock_and_the_plan_cut_a_trial_at_the_same_time():
     from dataloader_tuner.child.trial_run import TrialClock
     from tests.records import columns_of, make_batches
 
-    clock = TrialClock(columns_of(make_batches(40, workers=2)), 4, 2, MAX_TRIAL_S)
-    assert clock.cap(0.004) == MAX_TRIAL_S  # 0.1 ms batches: the 4 s cap
-    assert clock.cap(40.0) == pytest.approx(1.0 * (4 + CAP_BATCHES))  # 1 s batches: 34 of them
+    fast = TrialClock(columns_of(make_batches(40, workers=2)), 4, 2, MAX_TRIAL_S)
+    first = 100.0 + 0.002  # its first batch handed over (t0 100, waited 2 ms)
+    assert not fast.past_cap(first + MAX_TRIAL_S - 0.1, 40)  # 10 ms batches: the 4 s cap...
+    assert fast.past_cap(first + MAX_TRIAL_S + 0.1, 40)  # ...counted from the first batch
+    slow = TrialClock(columns_of(make_batches(40, workers=2, period_s=1.0)), 4, 2, MAX_TRIAL_S)
+    capped = 1.0 * (4 + CAP_BATCHES)  # 1 s batches: 34 of them
+    assert not slow.past_cap(first + capped - 0.5, 40) and slow.past_cap(first + capped + 0.5, 40)
     assert plan.capped_trial_seconds(1.0, 2) == pytest.approx(
         (4 + CAP_BATCHES) * 1.0 + plan.FORK_S)
     assert plan.capped_trial_seconds(1e-4, 2) == MAX_TRIAL_S
+
+
+def test_a_trial_whose_workers_start_slowly_is_not_cut_at_its_first_batch():
+    """Workers spawned fresh (the freed-memory check) took ~5 s to import torch and the
+    dataset's libraries: the clock, asked at the first batch before it joined the columns, cut
+    the trial there (1 batch, no steady state, nothing decided)."""
+    from dataloader_tuner.child.trial_run import TrialClock
+    from dataloader_tuner.record.columns import BatchColumns
+
+    clock = TrialClock(BatchColumns(time.monotonic()), 2, 1, MAX_TRIAL_S)
+    clock.started -= 6.0  # iter() six seconds ago; the first batch in hand, not yet in columns
+    assert not clock.enough()
+    clock.started -= HARD_CAP_S  # a first batch that never comes is still cut
+    assert clock.enough()
 
 
 def test_a_time_limit_lets_a_trial_start_only_where_it_fits():

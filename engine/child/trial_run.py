@@ -93,8 +93,9 @@ class TrialClock:
         if n > self.seen and self.on_batches is not None:
             self.on_batches()
         self.seen = n
-        elapsed = time.monotonic() - self.started
-        if elapsed > self.cap(elapsed) or (self.limit_s is not None and elapsed >= self.limit_s):
+        now = time.monotonic()
+        elapsed = now - self.started
+        if self.past_cap(now, n) or (self.limit_s is not None and elapsed >= self.limit_s):
             return True
         steady = n - warmup
         if steady < MIN_STEADY_BATCHES or columns.t_ready(n - 1) - columns.t_ready(warmup - 1) \
@@ -108,11 +109,20 @@ class TrialClock:
         ci = metrics.ends_rate_interval(self.samples, columns.ends(warmup - 1, n), block)
         return ci is not None and ci <= TARGET_CI
 
-    def cap(self, elapsed: float) -> float:
-        n = len(self.columns)
-        if self.max_trial_s <= PREWARM_S or not n:
-            return self.max_trial_s
-        return trial_cap_s(elapsed / n, self.warmup, self.block, self.max_trial_s)
+    def past_cap(self, now: float, n: int) -> bool:
+        """Whether the trial ran to its cap, counted from its first batch: the workers'
+        start-up is not a batch's time. Counted from ``iter()``, a trial whose first batch came
+        after MAX_TRIAL_S was cut at that batch (a batch joins the columns after the loop's
+        step, so the cap was still MAX_TRIAL_S when the first was checked): workers spawned
+        fresh for the freed-memory check, importing torch and a dataset's libraries for ~5 s
+        on a slow day, never reached a steady state, and nothing was decided."""
+        if self.max_trial_s <= PREWARM_S:
+            return now - self.started > self.max_trial_s
+        if n < 2:
+            return now - self.started > HARD_CAP_S
+        first = self.columns.t0 + self.columns.t_ready(0)
+        per_batch = (self.columns.t_ready(n - 1) - self.columns.t_ready(0)) / (n - 1)
+        return now - first > trial_cap_s(per_batch, self.warmup, self.block, self.max_trial_s)
 
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
