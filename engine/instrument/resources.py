@@ -102,8 +102,8 @@ class ResourceSampler:
         """A worker's threads' use since it made its first batch: a spawned worker's start-up
         (a second of importing torch on its main thread) would otherwise dilute its pool's
         share for the length of a short run, and a process that makes no batches (the
-        resource tracker) is not read."""
-        if pid not in self.worker_ids:
+        resource tracker) is not read, nor the main process (its fetch at 0 workers)."""
+        if pid not in self.worker_ids or pid == self.me.pid:
             return None
         since = self.threads_from.get(pid)
         if since is None:

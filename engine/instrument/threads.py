@@ -19,9 +19,10 @@ NOTE [ Threads per worker ]
     since its first batch: 0.47-0.51 above with the 2-thread pool, 0.08-0.17 limited to one,
     0 for a pure-Python dataset. Counted since the worker started, a spawned worker's second of
     importing torch on its main thread read 0.20-0.22 for a 4 s profile of
-    tests/datasets/torch_threads.py, where its pool does 0.50. Oversubscribed: a pool of P > 1 threads in the workers, W x P above the usable
-    CPUs, and helper threads doing at least HELPER_SHARE_MIN of the workers' CPU
-    (analyse/pitfalls.py's ``oversubscribed``, read by the diagnostic and the tuner).
+    tests/datasets/torch_threads.py, where its pool does 0.50. Oversubscribed: a pool of P > 1
+    threads in the workers, W x P above the usable CPUs, and helper threads doing at least
+    HELPER_SHARE_MIN of the workers' CPU (analyse/pitfalls.py's ``oversubscribed``, read by the
+    diagnostic and the tuner).
 
     Limited by ``LimitThreads``, a worker_init_fn (the user's own runs before it, so one that
     raises torch's pool is overruled): torch's pool,
