@@ -45,22 +45,14 @@ def workers_private_mb() -> float | None:
 
 
 def worker_threads_read(seen: dict[int, dict[str, Any]],
-                        threads_from: dict[int, dict[int, float]]) -> dict[str, Any]:
+                        threads_since: threads.ThreadsSinceFirstBatch) -> dict[str, Any]:
     """The trial's workers' thread pools (their probes) and how their threads shared their CPU
-    since each made its first batch (``threads_from``: a spawned worker's start-up is not the
-    pools' work), as TrialResult's fields (NOTE [ Threads per worker ])."""
+    since each made its first batch, as TrialResult's fields (NOTE [ Threads per worker ])."""
     pools: dict[str, int] = {}
     for probe in seen.values():
         for name, size in (probe.get("pools") or {}).items():
             pools[name] = max(pools.get(name, 0), size)
-    uses = []
-    for pid in seen:
-        try:
-            use = threads.thread_use(psutil.Process(pid), threads_from.get(pid))
-        except psutil.Error:
-            use = None
-        if use is not None:
-            uses.append(use)
+    uses = [use for use in map(threads_since.use, seen) if use is not None]
     return {"worker_pools": pools or None,
             "helper_cpu_share": (round(statistics.median(u.helper_share for u in uses), 3)
                                  if uses else None),
@@ -151,15 +143,12 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                            on_batches)
         cpu_before = time.process_time()
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
-        threads_from: dict[int, dict[int, float]] = {}  # and its threads' CPU times by then
+        threads_since = threads.ThreadsSinceFirstBatch()
 
         def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
             if worker_id >= 0:  # not the main process
                 seen[pid] = probe or {}
-                try:
-                    threads_from[pid] = threads.thread_times(psutil.Process(pid)) or {}
-                except psutil.Error:
-                    pass
+                threads_since.start(pid)
 
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
                                   clock.enough, on_worker=worker_seen,
@@ -171,7 +160,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             stacks.add(os.getpid(), own.take())
         main_cpu = time.process_time() - cpu_before
         private = workers_private_mb() if config.num_workers else None
-        workers_threads = worker_threads_read(seen, threads_from)  # while they still run
+        workers_threads = worker_threads_read(seen, threads_since)  # while they still run
     finally:
         try:
             if running is not None:  # the companions stopped before this loader's workers are

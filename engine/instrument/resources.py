@@ -42,9 +42,9 @@ class ResourceSampler:
         self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
         self.uss_due: dict[int, float] = {}  # pid -> when its next USS reading is due
         self.uss_gate = 0.0  # no worker's reading before this (the shared CPU budget)
-        # pid -> its threads' CPU times when it was first seen to have made a batch: its
-        # threads' use is read since then (NOTE [ Threads per worker ])
-        self.threads_from: dict[int, dict[int, float]] = {}
+        # each worker's threads' use, read from when it was first seen to have made a batch
+        # (NOTE [ Threads per worker ])
+        self.threads_since = threads.ThreadsSinceFirstBatch()
         self.me.cpu_percent(None)
         self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
 
@@ -76,10 +76,10 @@ class ResourceSampler:
                     private = (self._private_mb(pid, proc) if pid == reader
                                else dict.fromkeys(self.PRIVATE_KEYS))
                     # a worker's pools at work (NOTE [ Threads per worker ])
-                    use = self._thread_use(pid, proc)
+                    use = self._thread_use(pid)
             except psutil.Error:
                 self.known.pop(pid, None)
-                self.threads_from.pop(pid, None)
+                self.threads_since.forget(pid)
                 self.uss_due.pop(pid, None)
                 continue
             role = "main" if pid == self.me.pid else "worker"
@@ -98,18 +98,17 @@ class ResourceSampler:
                 pass
         return protocol.Resources(t, procs, gpu_sample)
 
-    def _thread_use(self, pid: int, proc: psutil.Process) -> threads.ThreadUse | None:
+    def _thread_use(self, pid: int) -> threads.ThreadUse | None:
         """A worker's threads' use since it made its first batch: a spawned worker's start-up
         (a second of importing torch on its main thread) would otherwise dilute its pool's
         share for the length of a short run, and a process that makes no batches (the
         resource tracker) is not read, nor the main process (its fetch at 0 workers)."""
         if pid not in self.worker_ids or pid == self.me.pid:
             return None
-        since = self.threads_from.get(pid)
-        if since is None:
-            self.threads_from[pid] = threads.thread_times(proc) or {}
+        if not self.threads_since.started(pid):
+            self.threads_since.start(pid)
             return None
-        return threads.thread_use(proc, since)
+        return self.threads_since.use(pid)
 
     @staticmethod
     def _shm() -> dict[str, float | None]:

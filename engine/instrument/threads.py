@@ -195,10 +195,43 @@ def thread_use(process: psutil.Process,
     now = thread_times(process)
     if now is None:
         return None
-    times = {tid: cpu - (since or {}).get(tid, 0.0) for tid, cpu in now.items()}
+    before = since or {}
+    times = {tid: cpu - before.get(tid, 0.0) for tid, cpu in now.items()}
     total = sum(times.values())
     if total < 0.05:  # too little CPU to tell a pool from a blip
         return None
     others = sum(cpu for tid, cpu in times.items() if tid != process.pid)
     return ThreadUse(round(others / total, 3),
                      sum(1 for cpu in times.values() if cpu >= BUSY_SHARE * total))
+
+
+class ThreadsSinceFirstBatch:
+    """Each worker's threads' use counted from the first batch it made: a spawned worker's
+    start-up (a second of importing torch on its main thread) is not its pool's work."""
+
+    def __init__(self) -> None:
+        self._from: dict[int, dict[int, float]] = {}  # pid -> its threads' CPU times by then
+
+    def started(self, pid: int) -> bool:
+        return pid in self._from
+
+    def start(self, pid: int) -> None:
+        """Called once the worker has made its first batch; later calls keep the first."""
+        if pid not in self._from:
+            try:
+                self._from[pid] = thread_times(psutil.Process(pid)) or {}
+            except psutil.Error:
+                pass
+
+    def use(self, pid: int) -> ThreadUse | None:
+        """Since ``start(pid)``; None before it, or where the threads cannot be read."""
+        since = self._from.get(pid)
+        if since is None:
+            return None
+        try:
+            return thread_use(psutil.Process(pid), since)
+        except psutil.Error:
+            return None
+
+    def forget(self, pid: int) -> None:
+        self._from.pop(pid, None)
