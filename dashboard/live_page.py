@@ -16,8 +16,8 @@ import streamlit as st
 
 from dataloader_tuner import ConfigError, settings_file
 from dataloader_tuner.ui import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
-                                 DEFAULT_SECONDS, DEFAULT_TIMEOUT_S, Inspection, RunHandle,
-                                 check_claim, shm_check, speedup_text)
+                                 DEFAULT_SECONDS, DEFAULT_TIMEOUT_S, BatchLog, Inspection,
+                                 RunHandle, check_claim, shm_check, speedup_text)
 
 from . import charts, views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls,
@@ -350,10 +350,11 @@ def _run_view(jobs: Jobs, handle: RunHandle) -> None:
         return
     views.headline(result)
     if live is not handle.live:
+        whole = BatchLog(handle.live.batches, handle.live.windows).batches
         st.caption(f"While the run goes, figures and charts cover its last "
-                   f"{len(live.batches)} of {len(handle.live.batches)} batches; the saved "
-                   "result covers all of them.")
-    views.run_charts(result, list(live.batches), key="live")
+                   f"{BatchLog(live.batches, live.windows).batches:,} of {whole:,} batches; the "
+                   "saved result covers all of them.")
+    views.run_charts(result, list(live.batches), key="live", windows=live.windows)
     views.where_time_goes(views.sampled_of(result), key="live",
                           name=f"profile of {handle.request.target}")
     if state.done:  # (read from the whole run: said once it ended)

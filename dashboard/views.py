@@ -12,9 +12,9 @@ import psutil
 import streamlit as st
 
 from dataloader_tuner import EngineError, ProfileResult
-from dataloader_tuner.ui import (BatchRecord, Diagnostic, SystemSnapshot, busy_timeline,
-                                 counting_text, fmt, sampled_basis, speedscope_document,
-                                 startup_text)
+from dataloader_tuner.ui import (BatchLog, BatchRecord, BatchWindow, Diagnostic, SystemSnapshot,
+                                 busy_timeline, counting_text, fmt, sampled_basis,
+                                 speedscope_document, startup_text, windows_text)
 
 from . import charts
 
@@ -90,8 +90,12 @@ def input_wait_share(result: ProfileResult) -> float | None:
     return result.consumer_idle_frac
 
 
-def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) -> None:
-    """The four charts of one run."""
+def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str,
+               windows: Sequence[BatchWindow] = ()) -> None:
+    """The four charts of one run. ``windows``: where fast batches were folded, the rows are a
+    sample (NOTE [ Windows for fast loaders ]): the busy shares are scaled by their counts."""
+    if windows and result.counting and result.counting.get("windows"):
+        st.caption(f"In these charts {windows_text(result.counting['windows'])}.")
     warmup = result.warmup_batches or 0
     # (a batch's making ends before the loop has it: its arrival bounds the workers' too)
     end = max((b.t_ready + b.step_s for b in batches), default=0.0)
@@ -105,7 +109,9 @@ def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str) 
     with right:
         window = 1.0 if end - start > 5 else 0.5
         st.plotly_chart(charts.worker_utilization_figure(
-            busy_timeline(batches, end, window, start)), key=f"{key}-busy")
+            busy_timeline(batches, end, window, start,
+                          BatchLog(batches, windows).worker_batches() if windows else None)),
+            key=f"{key}-busy")
     left, right = st.columns(2)
     with left:
         st.plotly_chart(charts.worker_timeline_figure(batches), key=f"{key}-timeline")

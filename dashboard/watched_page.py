@@ -61,7 +61,7 @@ def _run_view(run_id: int) -> None:
     views.headline(result)
     st.caption("Input wait is the real one: the time your training loop spent in next(), "
                "against the time between batches (your step).")
-    views.run_charts(result, live.batches, key=f"watched-{run_id}")
+    views.run_charts(result, live.batches, key=f"watched-{run_id}", windows=live.windows)
     views.where_time_goes(views.sampled_of(result), key=f"watched-{run_id}",
                           name=f"watched {run.label or 'loader'} in {job_board.job_of(run)}")
     views.ceiling_view(result.ceiling, result.what_if, result.fixes, key=f"watched-{run_id}")

@@ -15,6 +15,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Profiled  a process's sampled stacks (sampler.py)
     <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
     <------------------------------------------ LateTimings  GPU times resolved after their rows
+    Windows  fast batches' rows, folded here (record/windows.py)
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Overdue  a batch late, who holds it (stalls.py)
@@ -44,6 +45,7 @@ from dataloader_tuner.record.columns import BatchColumns, rows_from_wire
 from dataloader_tuner.record.trials import TrialRecord, TunePlan, trial_from_dict
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.wire import pack_rows, unpack_rows
+from dataloader_tuner.record.windows import BatchWindow
 
 # Defaults a run starts from, named once: the CLI's flags and the dashboard read them here.
 DEFAULT_SECONDS = 15.0
@@ -159,6 +161,19 @@ class Batches:
         if "columns" in doc:
             return cls(rows_from_wire(doc["columns"]))
         return cls(unpack_rows(doc))
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Batches folded where they came fast (record/windows.py): each a BatchWindow's row. The
+    rows kept whole among them travel as Batches. Made in the parent from the child's rows
+    (run/runner.py), so the history and every figure read windows."""
+
+    kind: ClassVar[str] = "windows"
+    windows: list[Sequence[Any]]
+
+    def folded(self) -> list[BatchWindow]:
+        return [BatchWindow.from_row(row) for row in self.windows]
 
 
 @dataclass(frozen=True)
@@ -306,11 +321,11 @@ def _label(key: str) -> int | str:
         return key
 
 
-Event = Union[Ready, Batches, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
+Event = Union[Ready, Batches, Windows, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
               WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Ready, Batches, LateTimings, Resources, Epoch, Probe, Profiled, Labels, WarningCaught,
-    Overdue, Plan, Measured, Tuned, Error, Finished)}
+    Ready, Batches, Windows, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
+    WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished)}
 
 
 def to_wire(event: Event) -> dict[str, Any]:

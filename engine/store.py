@@ -29,6 +29,7 @@ from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTI
 from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict
 from dataloader_tuner.record.cards import DatasetCard
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -80,6 +81,10 @@ RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "t
                     "shm_used_mb", "shm_total_mb")
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER",
                   "busy_threads": "INTEGER"}
+# Fast batches in windows (record/windows.py), their pairs as JSON text.
+WINDOW_COLUMNS = BatchWindow._fields
+WINDOW_TYPES = {**dict.fromkeys(("first_seq", "batches", "epoch", "samples"), "INTEGER"),
+                "wait_hist": "TEXT", "workers": "TEXT"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
 # ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
 WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json",
@@ -117,6 +122,11 @@ CREATE TABLE IF NOT EXISTS batches (
     {", ".join(f"{c} REAL" for c in BATCH_COLUMNS)}
 );
 CREATE INDEX IF NOT EXISTS batches_run ON batches(run_id, seq);
+CREATE TABLE IF NOT EXISTS batch_windows (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    {", ".join(f"{c} {WINDOW_TYPES.get(c, 'REAL')}" for c in WINDOW_COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS batch_windows_run ON batch_windows(run_id, first_seq);
 CREATE TABLE IF NOT EXISTS resources (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     {", ".join(f"{c} {RESOURCE_TYPES.get(c, 'REAL')}" for c in RESOURCE_COLUMNS)}
@@ -313,6 +323,12 @@ class RunStore:
         rows = self._conn().execute(query, args).fetchall()
         return [BatchRecord.from_row(_typed_batch_row(tuple(r))) for r in rows]
 
+    def windows(self, run_id: int) -> list[BatchWindow]:
+        """The run's windows of fast batches, in order (none for most runs)."""
+        return [BatchWindow.from_row(tuple(r)) for r in self._conn().execute(
+            f"SELECT {', '.join(WINDOW_COLUMNS)} FROM batch_windows WHERE run_id = ? "
+            "ORDER BY first_seq", (run_id,))]
+
     def recent_batches(self, run_ids: Sequence[int], last: int) -> dict[int, list[BatchRecord]]:
         """The ``last`` batches of each run, in order, in one query (a page that shows many
         runs asks once per redraw, not once per run)."""
@@ -444,6 +460,13 @@ def _write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) -
             f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
             [(run_id, *row) for row in event.rows],
         )
+        return
+    if isinstance(event, protocol.Windows):
+        conn.executemany(
+            f"INSERT INTO batch_windows (run_id, {', '.join(WINDOW_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * (len(WINDOW_COLUMNS) + 1))})",
+            [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]))
+             for row in event.windows])
         return
     if isinstance(event, protocol.LateTimings):
         conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",

@@ -3,6 +3,7 @@ public API (``dataloader_tuner``) that the dashboard imports (tests/test_layout.
 so), so a page never reaches into the packages below. Not for users' code: the names here
 may change with the pages."""
 
+from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url,
                                      new_token, tokens_match)
 from dataloader_tuner.analyse.diagnostic import Diagnostic
@@ -12,12 +13,13 @@ from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summ
 from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.speedscope import speedscope_document
 from dataloader_tuner.analyse.text import (counting_text, fmt, sampled_basis, speedup_text,
-                                           startup_text)
+                                           startup_text, windows_text)
 from dataloader_tuner.analyse.trace import chrome_trace
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S)
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
 from dataloader_tuner.run.verify import Verification, check_claim
@@ -35,6 +37,8 @@ __all__ = [
     "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceDecision",
     "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
     "speedup_text", "startup_text", "speedscope_document", "sampled_basis",
+    # fast batches kept in windows (record/windows.py)
+    "BatchLog", "BatchWindow", "windows_text",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     "spends_most_in",

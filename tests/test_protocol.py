@@ -13,6 +13,7 @@ from dataloader_tuner.errors import ERROR_CODES, ConfigError, EngineError, RunEr
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import InPlaceDecision, TrialResult, TunePlan
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.system import SystemSnapshot
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "engine")
@@ -30,6 +31,8 @@ EXAMPLES = [
                    snippet="DataLoader(dataset)", consumer=Consumer("none"), system=SystemSnapshot.from_dict({"cpus_usable": 2}),
                    warmup_batches=1, counting={"samples": "indices"}, torch="2.13.0"),
     protocol.Batches([ROW, ROW]),
+    protocol.Windows([BatchWindow(32, 250, 0, 1.5, 1.6, 8000, 0.02, 0.001, 0.003, 1e-4,
+                                  ((113, 200), (121, 50)), ((-1, 250),)).to_row()]),
     protocol.LateTimings(gaps=[[3, 1.5]], copies=[[3, 0.25, None]]),
     protocol.Resources(t=0.5, procs=[{"pid": 7, "role": "main", "rss_mb": 90.0}]),
     protocol.Epoch(epoch=1, t=2.0, startup_s=0.1),

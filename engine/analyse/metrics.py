@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed, timed_scale
 
@@ -132,15 +132,17 @@ def overlap(start: float, end: float, window_start: float, window_end: float) ->
 
 
 def busy_fraction(
-    batches: Iterable[BatchRecord], window_start: float, window_end: float
+    batches: Iterable[BatchRecord], window_start: float, window_end: float,
+    counts: Mapping[int, int] | None = None
 ) -> dict[int, float]:
-    """Per worker: the share of the window it spent fetching and collating batches."""
+    """Per worker: the share of the window it spent fetching and collating batches.
+    ``counts``: each worker's batches, where ``batches`` are a sample (windows)."""
     span = window_end - window_start
     if span <= 0:
         return {}
     batches = list(batches)
     made = timed(batches)
-    scale = timed_scale(batches, made)  # fast batches' making is timed on a sample
+    scale = timed_scale(batches, made, counts)  # fast batches' making is timed on a sample
     busy: dict[int, float] = {}
     for b in made:
         busy[b.worker_id] = busy.get(b.worker_id, 0.0) + overlap(
@@ -150,16 +152,17 @@ def busy_fraction(
 
 
 def busy_timeline(
-    batches: Sequence[BatchRecord], end: float, window_s: float = 1.0, start: float = 0.0
+    batches: Sequence[BatchRecord], end: float, window_s: float = 1.0, start: float = 0.0,
+    counts: Mapping[int, int] | None = None
 ) -> list[dict[str, float]]:
     """Busy fraction per worker in consecutive windows from ``start`` to ``end``: rows of
-    {t, worker_id, busy_frac}.
+    {t, worker_id, busy_frac}. ``counts`` as for busy_fraction.
 
     One pass over the batches (the live view recomputes this every second on long runs).
     """
     n_windows = int(math.ceil((end - start) / window_s)) if end > start else 0
     made = timed(batches)
-    scale = timed_scale(batches, made)  # fast batches' making is timed on a sample
+    scale = timed_scale(batches, made, counts)  # fast batches' making is timed on a sample
     busy: dict[int, list[float]] = {}
     for b in made:
         totals = busy.setdefault(b.worker_id, [0.0] * n_windows)
@@ -269,10 +272,3 @@ def per_batch_costs(batches: Sequence[BatchRecord],
         "collate_ms": percentile([b.collate_s * 1000 for b in made], 50),
         "bytes": percentile([b.nbytes for b in made if b.nbytes is not None], 50),
     }
-
-
-def read_share(batches: Sequence[BatchRecord]) -> float | None:
-    """The share of batches whose CPU time and bytes were read (1.0: all; see probes)."""
-    if not batches:
-        return None
-    return sum(1 for b in batches if b.fetch_cpu_s is not None) / len(batches)

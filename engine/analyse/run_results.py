@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from dataloader_tuner.analyse import metrics, pitfalls
+from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.stalls import overdue_batches
 from dataloader_tuner.analyse.ceiling import measured_cost
@@ -17,6 +18,7 @@ from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.record.rows import BatchRecord, TimedBatch, timed
 from dataloader_tuner.record.trials import TrialRecord
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.analyse.results import ProfileResult, TuneResult
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.protocol import DEFAULT_MAX_WORKERS, Overdue
@@ -35,6 +37,7 @@ class RunSoFar(Protocol):
     tuned_workers: int | None
     warmup_batches: int
     batches: list[BatchRecord]
+    windows: list[BatchWindow]  # where batches came fast (NOTE [ Windows for fast loaders ])
     resources: list[dict[str, Any]]
     epochs: list[dict[str, Any]]
     error: EngineError | None
@@ -73,10 +76,13 @@ class RunSoFar(Protocol):
 
 def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     batches = list(live.batches)
-    steady = metrics.steady_state(batches, live.warmup_batches)
+    # where batches came fast, the rows are a sample and the windows count them all
+    log = BatchLog(batches, live.windows)
+    steady = log.steady_state(live.warmup_batches)
     measured = batches[live.warmup_batches:] if steady else batches
+    measured_count = steady.batches if steady else log.batches
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
-    idle = metrics.consumer_idle_fraction(batches, steady)
+    idle = log.idle_fraction(steady)
     has_consumer = live.consumer is not None and live.consumer.steps
     # The child reports the GPU (gpu.gpu_info) in its first event; a run that failed before
     # that has no GPU figures either. (No torch here: the parent side stays light.)
@@ -84,11 +90,11 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         "available": False, "reason": "the run ended before the GPU could be checked"}
     made = timed(measured)  # once: the costs, the counting and the CPU share read it
     per_batch = metrics.per_batch_costs(measured, made)
-    wait = metrics.input_wait(batches) if has_consumer else None
+    wait = log.input_wait() if has_consumer else None
     warnings = tuple(live.output.diagnostics()
                      + _warnings(live, steady, made, per_batch, gpu_info))
     sampled = live.stacks.summary()
-    workers = tuple(_workers(live, batches, window))
+    workers = tuple(_workers(live, log, window))
     return ProfileResult(
         status=status,
         target=live.target,
@@ -99,15 +105,15 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         consumer=live.consumer,
         seconds=round(live.elapsed_s, 3),
         epochs=len(live.epochs),
-        batches=len(batches),
+        batches=log.batches,
         warmup_batches=live.warmup_batches,
         steady_batches=steady.batches if steady else 0,
         samples_per_s=steady.samples_per_s if steady else None,
         batches_per_s=steady.batches_per_s if steady else None,
-        batch_latency_ms=metrics.latency_ms([b.wait_s for b in measured]),
+        batch_latency_ms=log.latency_ms(live.warmup_batches if steady else 0),
         startup_s=live.epochs[0]["startup_s"] if live.epochs else None,
         per_batch=per_batch,
-        counting=_counting(live.counting, measured, len(made)),
+        counting=_counting(live.counting, measured, measured_count, len(made), log.windowed()),
         workers=workers,
         main_process=_main_process(live),
         consumer_idle_frac=idle if has_consumer else None,
@@ -183,10 +189,11 @@ def tune_result(live: RunSoFar, status: str) -> TuneResult:
     return TuneResult(**common, trials=tuple(live.trials), warnings=printed)
 
 
-def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord], timed_batches: int
-              ) -> dict[str, Any] | None:
-    """How each figure was counted, with how many batches had their making timed and their CPU
-    time and bytes read."""
+def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord], count: int,
+              timed_batches: int, windows: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How each figure was counted, with how many of the ``count`` batches measured had their
+    making timed and their CPU time and bytes read (``measured``: their rows, all of them or,
+    with windows, a sample holding every timed one)."""
     if rules is None:
         return None
 
@@ -194,9 +201,11 @@ def _counting(rules: dict[str, Any] | None, measured: list[BatchRecord], timed_b
         return ("every batch" if share is None or share >= 1.0
                 else f"{share:.0%} of batches ({rules.get(rule, 'sampled')})")
 
-    timed_share = timed_batches / len(measured) if measured else None
-    return {**rules, "cpu_time_and_bytes_read_on": on(metrics.read_share(measured), "reads"),
-            "making_timed_on": on(timed_share, "making")}
+    timed_share = timed_batches / count if count else None
+    read = sum(1 for b in measured if b.fetch_cpu_s is not None) / count if count else None
+    return {**rules, "cpu_time_and_bytes_read_on": on(read, "reads"),
+            "making_timed_on": on(timed_share, "making"),
+            **({"windows": windows} if windows else {})}
 
 
 def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -209,12 +218,13 @@ def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def _workers(live: RunSoFar, batches: list[BatchRecord], window: tuple[float, float]
+def _workers(live: RunSoFar, log: BatchLog, window: tuple[float, float]
              ) -> list[dict[str, Any]]:
     """One entry per DataLoader worker id; without persistent_workers each epoch starts new
     processes for the same ids, so ``pids`` lists them all and ``pid`` is the latest."""
-    busy = metrics.busy_fraction(batches, *window)
-    pid_to_id = {b.worker_pid: b.worker_id for b in batches if b.worker_id >= 0}
+    counts = log.worker_batches()
+    busy = metrics.busy_fraction(log.rows, *window, counts=counts)
+    pid_to_id = {b.worker_pid: b.worker_id for b in log.rows if b.worker_id >= 0}
     for row in live.resources:
         if row["role"] == "worker" and row["worker_id"] is not None:
             pid_to_id.setdefault(row["pid"], row["worker_id"])
@@ -227,7 +237,7 @@ def _workers(live: RunSoFar, batches: list[BatchRecord], window: tuple[float, fl
             "pid": pids[-1],
             "pids": pids,
             "busy_frac": busy.get(worker_id, 0.0),
-            "batches": sum(1 for b in batches if b.worker_id == worker_id),
+            "batches": counts.get(worker_id, 0),
             **_resource_stats(rows),
         })
     return workers

@@ -143,10 +143,23 @@ def stacks_text(seen: dict[str, Any] | None, stages: Sequence[dict[str, Any]],
 
 
 def counting_text(counting: dict[str, Any]) -> str:
-    """"samples counted: exact: ...; making timed on ...; CPU time and bytes read on ..."."""
-    return (f"samples counted: {counting['samples']}; making timed on "
+    """"samples counted: exact: ...; making timed on ...; CPU time and bytes read on ...",
+    and how rows were kept where batches came in windows."""
+    text = (f"samples counted: {counting['samples']}; making timed on "
             f"{counting.get('making_timed_on', 'every batch')}; CPU time and bytes read on "
             f"{counting.get('cpu_time_and_bytes_read_on', 'every batch')}")
+    windows = counting.get("windows")
+    return f"{text}; {windows_text(windows)}" if windows else text
+
+
+def windows_text(windows: dict[str, Any]) -> str:
+    """What a run's rows are where batches came in windows (NOTE [ Windows for fast loaders ])."""
+    return (f"batches came at {fmt(windows['from_batches_per_s'], ',.0f')} a second, beyond "
+            f"{fmt(windows['above_batches_per_s'], ',.0f')}: they are counted in "
+            f"{windows['window_s']:g} s windows ({windows['windows']:,} of them; counts, samples "
+            f"and times exact, percentiles within ~9%), and a row is kept for every "
+            f"{windows['keep_every']}th batch, each epoch's first and each timed one "
+            f"({windows['rows_kept']:,} rows): a row is one batch, not a window")
 
 
 def startup_text(wait: dict[str, Any]) -> str | None:

@@ -4,7 +4,7 @@ the loops learn its layout without importing the analysis package."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 
 class BatchRecord(NamedTuple):
@@ -96,12 +96,15 @@ def timed(batches: Iterable[BatchRecord]) -> list[TimedBatch]:
             and b.collate_s is not None]
 
 
-def timed_scale(batches: Sequence[BatchRecord], made: Sequence[TimedBatch]) -> dict[int, float]:
+def timed_scale(batches: Sequence[BatchRecord], made: Sequence[TimedBatch],
+                counts: Mapping[int, int] | None = None) -> dict[int, float]:
     """Per worker: its batches over its timed ones, to scale a sum over the timed batches up
-    to all it made (1.0 where every batch was timed)."""
-    counts: dict[int, int] = {}
-    for b in batches:
-        counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
+    to all it made (1.0 where every batch was timed). ``counts``: each worker's batches where
+    ``batches`` are not all of them (windows: analyse/batch_log.py)."""
+    if counts is None:
+        counts = {}
+        for b in batches:
+            counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
     timed_counts: dict[int, int] = {}
     for t in made:
         timed_counts[t.worker_id] = timed_counts.get(t.worker_id, 0) + 1

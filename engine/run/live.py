@@ -15,6 +15,7 @@ from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialRecord, TunePlan
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse import run_results
@@ -36,7 +37,8 @@ class LiveRun:
         # the consumer, the machine, how samples are counted (properties below read it)
         self.ready: protocol.Ready | None = None
         self.warmup_batches = 1  # (a window of the last batches starts its own: recent())
-        self.batches: list[BatchRecord] = []
+        self.batches: list[BatchRecord] = []  # each batch's row, or a sample where windows
+        self.windows: list[BatchWindow] = []  # fast batches (NOTE [ Windows for fast loaders ])
         self.resources: list[dict] = []  # flat rows: t, pid, role, worker_id, cpu_percent, rss_mb
         self.gpu_samples: list[dict] = []
         self.epochs: list[dict] = []
@@ -59,6 +61,10 @@ class LiveRun:
             if self.batches:
                 last = self.batches[-1]
                 self.elapsed_s = max(self.elapsed_s, last.t_ready + last.step_s)
+        elif isinstance(event, protocol.Windows):
+            self.windows.extend(event.folded())
+            if self.windows:
+                self.elapsed_s = max(self.elapsed_s, self.windows[-1].t_end)
         elif isinstance(event, protocol.LateTimings):
             self._set_late_timings(event)
         elif isinstance(event, protocol.Resources):
@@ -164,9 +170,13 @@ class LiveRun:
         if last_batches is not None and batches and batches[0].seq > 0:
             live.warmup_batches = 1
         live.batches = batches
+        since = batches[0].seq if last_batches is not None and batches else 0
+        live.windows = [w for w in store.windows(run_id) if w.first_seq >= since]
         live.resources = store.resources(run_id)
         if batches:
             live.elapsed_s = max(live.elapsed_s, batches[-1].t_ready + batches[-1].step_s)
+        if live.windows:
+            live.elapsed_s = max(live.elapsed_s, live.windows[-1].t_end)
         if live.resources:
             live.elapsed_s = max(live.elapsed_s, live.resources[-1]["t"])
         return live
@@ -184,6 +194,12 @@ class LiveRun:
         view = copy.copy(self)
         view.batches = self.batches[-max_batches:]
         view.warmup_batches = 1
+        view.windows = [w for w in self.windows if w.first_seq >= view.batches[0].seq]
+        if view.windows:  # the rows from the last one before them: it starts the clock
+            first = view.windows[0].first_seq
+            around = self.batches[-max_batches - 1:]
+            view.batches = ([b for b in around if b.seq < first][-1:]
+                            + [b for b in around if b.seq >= first])
         since = view.batches[0].t_request
         view.resources = [r for r in self.resources if r["t"] >= since]
         return view

@@ -31,6 +31,7 @@ from dataloader_tuner.errors import EngineError, RunError, TargetError
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.record.cards import Consumer, DatasetCard
+from dataloader_tuner.record.windows import BatchWindow, Thinner
 from dataloader_tuner.store import RunStore
 
 
@@ -171,6 +172,7 @@ class RunHandle:
         self.run_id: int | None = None
         self.started_at: float | None = None  # time.monotonic() at start
         self.listeners: list[Callable[[protocol.Event], None]] = []
+        self._thinner = Thinner()  # the reader thread's: fast batches into windows
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -289,6 +291,32 @@ class RunHandle:
         return rest
 
     def _apply(self, event: protocol.Event) -> None:
+        """One event from the child; its batches' rows through the thinner first (NOTE
+        [ Windows for fast loaders ])."""
+        if isinstance(event, protocol.Ready):
+            self._thinner.loose_below = event.warmup_batches
+        if isinstance(event, protocol.Batches):
+            self._thinned(*self._thinner.arrived(event.rows))
+            return
+        if isinstance(event, protocol.LateTimings):
+            event = protocol.LateTimings(
+                [g for g in event.gaps if not self._thinner.late(g[0], gpu_gap_ms=g[1])],
+                [c for c in event.copies
+                 if not self._thinner.late(c[0], h2d_ms=c[1], h2d_other_ms=c[2])])
+            if not event.gaps and not event.copies:
+                return
+        if isinstance(event, protocol.Finished):
+            self._thinned(*self._thinner.flush())
+        self._deliver(event)
+
+    def _thinned(self, rows: list, windows: list[BatchWindow]) -> None:
+        # the windows first: a page reading meanwhile sees no kept row outside its window
+        if windows:
+            self._deliver(protocol.Windows([w.to_row() for w in windows]))
+        if rows:
+            self._deliver(protocol.Batches(rows))
+
+    def _deliver(self, event: protocol.Event) -> None:
         self.live.apply(event)
         if isinstance(event, protocol.Ready):
             self._state = RunState.RUNNING
@@ -298,6 +326,7 @@ class RunHandle:
             listener(event)
 
     def _finish(self) -> None:
+        self._thinned(*self._thinner.flush())  # a child that died sent no Finished
         proc = self._child
         try:
             returncode = proc.wait(timeout=STOP_GRACE_S)

@@ -1,0 +1,134 @@
+"""A run's batches as recorded: rows, and where batches came too fast, windows (NOTE [ Windows
+for fast loaders ], record/windows.py). The figures a result shows read from here: with no
+windows each is exactly metrics' over the rows; with windows the counts, samples and summed
+times come from the windows and the rows they cover are a sample kept for the charts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
+                                             BatchWindow, bucket_bounds, wait_bucket)
+
+
+@dataclass(frozen=True)
+class BatchLog:
+    rows: Sequence[BatchRecord]
+    windows: Sequence[BatchWindow] = ()
+    # rows no window covers (every row where there are no windows)
+    loose: list[BatchRecord] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loose", uncovered(self.rows, self.windows))
+
+    @property
+    def batches(self) -> int:
+        return len(self.loose) + sum(w.batches for w in self.windows)
+
+    def steady_state(self, warmup: int) -> metrics.SteadyState | None:
+        """metrics.steady_state, the windows' batches counted (warm-up rows are never folded:
+        Thinner's ``loose_below``)."""
+        if not self.windows:
+            return metrics.steady_state(self.rows, warmup)
+        if self.batches <= warmup or len(self.loose) < warmup:
+            return None
+        first = self.loose[warmup - 1]
+        ends = [w.t_end for w in self.windows[-1:]] + [
+            b.t_ready + b.step_s for b in self.loose[-1:]]
+        return metrics.SteadyState(
+            start=first.t_ready + first.step_s, end=max(ends),
+            batches=self.batches - warmup,
+            samples=(sum(b.samples for b in self.loose[warmup:])
+                     + sum(w.samples for w in self.windows)))
+
+    def idle_fraction(self, steady: metrics.SteadyState | None) -> float | None:
+        """metrics.consumer_idle_fraction, the windows' waits counted (they lie in the steady
+        window: they begin after the warm-up)."""
+        if not self.windows:
+            return metrics.consumer_idle_fraction(self.rows, steady)
+        if steady is None or steady.seconds <= 0:
+            return None
+        waited = sum(metrics.overlap(b.t_request, b.t_ready, steady.start, steady.end)
+                     for b in self.loose) + sum(w.wait_s for w in self.windows)
+        return min(waited / steady.seconds, 1.0)
+
+    def input_wait(self) -> metrics.InputWait | None:
+        """metrics.input_wait, the windows' sums counted; each epoch's first batch is a row."""
+        if not self.windows:
+            return metrics.input_wait(self.rows)
+        waited = sum(b.wait_s for b in self.loose) + sum(w.wait_s for w in self.windows)
+        loop = waited + sum(b.step_s for b in self.loose) + sum(w.step_s for w in self.windows)
+        return metrics.InputWait(waited, loop,
+                                 tuple(b.wait_s for b in metrics.epoch_starts(self.rows)))
+
+    def latency_ms(self, warmup: int) -> dict[str, float | None]:
+        """metrics.latency_ms of the batches after the warm-up; where windows hold some, the
+        percentiles from their histograms (within a bucket), the max and mean exact."""
+        if not self.windows:
+            return metrics.latency_ms([b.wait_s for b in self.rows[warmup:]])
+        waits = [b.wait_s for b in self.loose[warmup:]]
+        hist: dict[int, int] = {}
+        for wait in waits:
+            hist[wait_bucket(wait)] = hist.get(wait_bucket(wait), 0) + 1
+        for window in self.windows:
+            for bucket, count in window.wait_hist:
+                hist[bucket] = hist.get(bucket, 0) + count
+        n = sum(hist.values())
+        most = max([*waits, *(w.wait_max_s for w in self.windows)])
+        total = sum(waits) + sum(w.wait_s for w in self.windows)
+        return {"p50": 1000 * min(hist_percentile(hist, 50), most),
+                "p95": 1000 * min(hist_percentile(hist, 95), most),
+                "max": 1000 * most, "mean": 1000 * total / n}
+
+    def windowed(self) -> dict[str, float | int | None] | None:
+        """How the rows were kept where windows hold batches (None: one row per batch): the
+        rate inside the windows, the window's length, every how many a row was kept."""
+        if not self.windows:
+            return None
+        span = sum(w.t_end - w.t_start for w in self.windows)
+        inside = sum(w.batches for w in self.windows)
+        return {"from_batches_per_s": round(inside / span, 1) if span > 0 else None,
+                "above_batches_per_s": WINDOW_ABOVE_PER_S, "window_s": WINDOW_S,
+                "keep_every": KEEP_EVERY, "windows": len(self.windows),
+                "rows_kept": len(self.rows)}
+
+    def worker_batches(self) -> dict[int, int]:
+        """Batches per worker id (-1: the main process), all counted."""
+        counts: dict[int, int] = {}
+        for b in self.loose:
+            counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
+        for window in self.windows:
+            for worker, n in window.workers:
+                counts[worker] = counts.get(worker, 0) + n
+        return counts
+
+
+def uncovered(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]) -> list[BatchRecord]:
+    """The rows outside every window (both in order of their batches)."""
+    if not windows:
+        return list(rows)
+    loose, at = [], 0
+    for row in rows:
+        while at < len(windows) and windows[at].last_seq < row.seq:
+            at += 1
+        if at == len(windows) or row.seq < windows[at].first_seq:
+            loose.append(row)
+    return loose
+
+
+def hist_percentile(hist: dict[int, int], q: float) -> float:
+    """The q-th percentile (seconds) of the waits a histogram counts: the middle of the bucket
+    that holds it (geometric, the buckets being log-spaced), so within one bucket."""
+    n = sum(hist.values())
+    rank = (n - 1) * q / 100.0
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen > rank:
+            lo, hi = bucket_bounds(bucket)
+            return float((lo * hi) ** 0.5) if lo > 0 else hi / 2
+    lo, hi = bucket_bounds(max(hist))
+    return float((lo * hi) ** 0.5)

@@ -1,0 +1,202 @@
+"""Fast batches kept in windows (NOTE [ Windows for fast loaders ], record/windows.py): the
+figures read from the windows and the rows kept whole against the same figures over every row."""
+
+import os
+import random
+from collections import Counter
+
+import pytest
+
+from dataloader_tuner import protocol
+from dataloader_tuner.analyse.text import profile_text
+from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.run.runner import RunHandle
+from dataloader_tuner.store import RunStore
+from dataloader_tuner.analyse import metrics
+from dataloader_tuner.analyse.batch_log import BatchLog
+from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, Thinner,
+                                             wait_bucket)
+from dataloader_tuner.run.live import LiveRun
+
+from .conftest import live_descendants
+
+WARMUP = 4
+
+
+def fast_run(seed: int = 1, epochs: int = 3, per_epoch: int = 6000,
+             workers: int = 2) -> list[BatchRecord]:
+    """A loader at ~9,000 batches/s with long-tailed waits: each epoch opens with a slow
+    start-up and a few slow batches; each worker's making timed on its every 16th batch."""
+    rng = random.Random(seed)
+    rows, t, seq = [], 0.0, 0
+    made: Counter = Counter()
+    for epoch in range(epochs):
+        for i in range(per_epoch):
+            wait = (0.25 if i == 0 else 0.002 if i < 8
+                    else rng.lognormvariate(-9.9, 0.6))  # ~50 us, a tail to ~0.5 ms
+            step = rng.uniform(30e-6, 70e-6)
+            worker = seq % workers if workers else -1
+            made[worker] += 1
+            timed = made[worker] % 16 == 1
+            rows.append(BatchRecord(
+                seq, epoch, t, wait, step, 32 if i < per_epoch - 1 else 7, None, worker,
+                900 + worker, t - 1e-4 if timed else None, 8e-5 if timed else None,
+                1e-5 if timed else None, 7e-5 if timed else None))
+            t += wait + step
+            seq += 1
+        t += 0.05  # between epochs
+    return rows
+
+
+def thinned(rows, warmup: int = WARMUP, every_s: float = 0.25):
+    """Through a Thinner as the runner feeds it: the child's flushes of ``every_s``."""
+    thinner = Thinner(loose_below=warmup)
+    kept, windows, batch = [], [], []
+    for row in rows:
+        batch.append(tuple(row))
+        if row.t_ready + row.step_s - batch[0][2] >= every_s:
+            out, folded = thinner.arrived(batch)
+            kept += out
+            windows += folded
+            batch = []
+    out, folded = thinner.arrived(batch)
+    kept += out
+    windows += folded
+    out, folded = thinner.flush()
+    return [BatchRecord.from_row(r) for r in kept + out], windows + folded
+
+
+def test_windows_keep_every_count_and_sum_exact_and_few_rows():
+    rows = fast_run()
+    kept, windows = thinned(rows)
+    log = BatchLog(kept, windows)
+    assert windows and len(kept) < len(rows) / 5
+    assert log.batches == len(rows)
+    assert sum(w.samples for w in windows) + sum(b.samples for b in log.loose) == sum(
+        b.samples for b in rows)
+    assert log.worker_batches() == Counter(b.worker_id for b in rows)
+    every = {b.seq for b in rows}
+    assert {b.seq for b in kept} <= every and [b.seq for b in kept] == sorted(b.seq for b in kept)
+    # nothing counted twice or lost: each batch in exactly one window or loose
+    covered = Counter()
+    for w in windows:
+        covered.update(range(w.first_seq, w.first_seq + w.batches))
+    covered.update(b.seq for b in log.loose)
+    assert set(covered) == every and set(covered.values()) == {1}
+    # a window never spans an epoch, each epoch's first batch and every timed one stay rows
+    epoch_of = {b.seq: b.epoch for b in rows}
+    assert all(epoch_of[w.first_seq] == epoch_of[w.last_seq] == w.epoch for w in windows)
+    kept_seqs = {b.seq for b in kept}
+    assert {b.seq for b in metrics.epoch_starts(rows)} <= kept_seqs
+    assert {b.seq for b in rows if b.fetch_s is not None} <= kept_seqs
+    assert all(b.seq < WARMUP or b.seq in kept_seqs for b in rows[:WARMUP])
+
+
+def test_the_figures_from_windows_match_those_over_every_row():
+    rows = fast_run(seed=7)
+    kept, windows = thinned(rows)
+    log = BatchLog(kept, windows)
+    exact = metrics.steady_state(rows, WARMUP)
+    steady = log.steady_state(WARMUP)
+    assert (steady.batches, steady.samples) == (exact.batches, exact.samples)
+    assert steady.start == pytest.approx(exact.start) and steady.end == pytest.approx(exact.end)
+    assert log.idle_fraction(steady) == pytest.approx(
+        metrics.consumer_idle_fraction(rows, exact), rel=1e-9)
+    wait, exact_wait = log.input_wait(), metrics.input_wait(rows)
+    assert wait.waited_s == pytest.approx(exact_wait.waited_s)
+    assert wait.loop_s == pytest.approx(exact_wait.loop_s)
+    assert wait.startup_s == exact_wait.startup_s
+    window = (exact.start, exact.end)
+    assert metrics.busy_fraction(kept, *window, counts=log.worker_batches()) == pytest.approx(
+        metrics.busy_fraction(rows, *window))
+    # percentiles within one bucket of the exact ones; max and mean exact
+    latency = log.latency_ms(WARMUP)
+    truth = metrics.latency_ms([b.wait_s for b in rows[WARMUP:]])
+    for q in ("p50", "p95"):
+        assert abs(wait_bucket(latency[q] / 1000) - wait_bucket(truth[q] / 1000)) <= 1, q
+    assert latency["max"] == pytest.approx(truth["max"])
+    assert latency["mean"] == pytest.approx(truth["mean"])
+
+
+def test_slow_batches_go_through_as_they_came():
+    rows = [tuple(r) for r in fast_run(epochs=1, per_epoch=400)]
+    slow = [r[:2] + (r[0] * 0.01, 0.004, 0.006) + r[5:] for r in rows]  # 100 batches/s
+    thinner = Thinner(loose_below=WARMUP)
+    out, windows = thinner.arrived(slow[:200])
+    assert out == slow[:200] and windows == []
+    assert thinner.flush() == ([], [])
+    assert len(slow) / 4.0 < WINDOW_ABOVE_PER_S and KEEP_EVERY > 1
+
+
+def test_a_late_gpu_timing_lands_on_its_row_in_the_tail():
+    rows = fast_run(epochs=1, per_epoch=20000)  # ~2.2 s
+    thinner = Thinner(loose_below=WARMUP)
+    thinner.arrived([tuple(r) for r in rows[:15000]])
+    target = rows[14900].seq  # within the last second: still in the tail
+    assert thinner.late(target, gpu_gap_ms=1.5)
+    assert not thinner.late(rows[10].seq, gpu_gap_ms=1.0)  # gone out already
+    kept, _ = thinner.flush()
+    assert [b.gpu_gap_ms for b in kept if b.seq == target] == [1.5]
+
+
+def test_a_live_run_and_its_recent_view_count_the_windows():
+    rows = fast_run(seed=3)
+    kept, windows = thinned(rows)
+    live = LiveRun("fast.py")
+    live.warmup_batches = WARMUP
+    live.apply(protocol.Batches([tuple(b) for b in kept]))
+    live.apply(protocol.Windows([w.to_row() for w in windows]))
+    result = live.profile_result("ok")
+    assert result.batches == len(rows)
+    assert result.steady_batches == len(rows) - WARMUP
+    exact = metrics.steady_state(rows, WARMUP)
+    assert result.samples_per_s == pytest.approx(exact.samples_per_s)
+    view = live.recent(300)
+    counted = BatchLog(view.batches, view.windows)
+    # its first window on, after the last row kept before it (which starts its clock)
+    since = [b for b in rows if b.seq >= view.windows[0].first_seq]
+    assert view.batches[0].seq < since[0].seq
+    assert counted.batches == 1 + len(since)
+    assert counted.steady_state(1).samples == sum(b.samples for b in since)
+
+
+class RawRowsHandle(RunHandle):
+    """A real run whose child's rows are also kept as they arrived, before the thinner."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.raw: list[BatchRecord] = []
+
+    def _apply(self, event) -> None:
+        if isinstance(event, protocol.Batches):
+            self.raw.extend(BatchRecord.from_row(row) for row in event.rows)
+        super()._apply(event)
+
+
+def test_a_fast_loader_s_run_is_kept_in_windows_with_its_figures_exact(tmp_path):
+    """tests/real/long_tail.py at 0 workers: ~40-120 us batches, 92 an epoch."""
+    store = RunStore(str(tmp_path / "runs.db"))
+    target = os.path.join(os.path.dirname(__file__), "real", "long_tail.py")
+    handle = RawRowsHandle(RunRequest(target=target, seconds=2.0, sample_stacks=False), store)
+    with handle:
+        handle.wait(60)
+    result = store.get_run(handle.run_id).result
+    rows, windows = store.batches(handle.run_id), store.windows(handle.run_id)
+    raw = handle.raw
+    print(f"{len(raw)} batches, {len(rows)} rows kept, {len(windows)} windows")
+    assert result.status == "ok" and windows and len(rows) < len(raw) / 4
+    assert result.batches == len(raw) == BatchLog(rows, windows).batches
+    exact = metrics.steady_state(raw, result.warmup_batches)
+    assert result.steady_batches == exact.batches
+    assert result.samples_per_s == pytest.approx(exact.samples_per_s, rel=1e-9)
+    truth = metrics.latency_ms([b.wait_s for b in raw[result.warmup_batches:]])
+    for q in ("p50", "p95"):
+        found = result.batch_latency_ms[q] / 1000
+        assert abs(wait_bucket(found) - wait_bucket(truth[q] / 1000)) <= 1, q
+    assert result.counting["windows"]["from_batches_per_s"] > WINDOW_ABOVE_PER_S
+    assert "a row is one batch, not a window" in profile_text(result)
+    # the history's run reads back to the same figures
+    again = LiveRun.stored(store, handle.run_id).profile_result("ok")
+    assert (again.batches, again.samples_per_s) == (result.batches, result.samples_per_s)
+    assert live_descendants() == []
