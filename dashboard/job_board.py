@@ -2,7 +2,8 @@
 their torchrun jobs seen whole, and asking a job to tune. Tests drive it directly.
 
 A redraw reads the runs once and the recent batches of every run it needs once
-(``RunStore.recent_batches``), however many jobs are running.
+(``RunStore.recent_batches``), however many jobs are running, and the windows among them
+once (NOTE [ Windows for fast loaders ]).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataloader_tuner import RunStore, StoredRun
-from dataloader_tuner.ui import (JobView, RankSummary, job_view, summary_from_batches,
-                                 window_figures)
+from dataloader_tuner.ui import (BatchRecord, BatchWindow, JobView, RankSummary, job_view,
+                                 latest_stretch, summary_from_batches, window_figures)
 
 RUNS_SHOWN = 500
 RATE_WINDOW_BATCHES = 500  # a running run's samples/s in the table: its latest batches
@@ -55,9 +56,10 @@ def read_board(store: RunStore, live_rates: bool = True) -> Board:
     if not live_rates:
         return Board(runs, {run.id: run.samples_per_s for run in runs})
     running = [run.id for run in runs if run.samples_per_s is None and run.status == "running"]
-    recent = store.recent_batches(running, RATE_WINDOW_BATCHES)
+    recent = _recent(store, running, RATE_WINDOW_BATCHES)
     rates = {run.id: run.samples_per_s if run.id not in recent
-             else window_figures(recent[run.id])["samples_per_s"] for run in runs}
+             else window_figures(recent[run.id][0], windows=recent[run.id][1])["samples_per_s"]
+             for run in runs}
     return Board(runs, rates)
 
 
@@ -94,19 +96,27 @@ def job_views(store: RunStore, board: Board, now: float | None = None) -> list[S
             shown.append(ShownJob(key, _place(ranks[0])["world_size"], *gathered))
         elif len(ranks) >= 2:
             from_runs[key] = ranks
-    recent = store.recent_batches([run.id for ranks in from_runs.values() for run in ranks],
-                                  RANK_WINDOW_BATCHES)
+    recent = _recent(store, [run.id for ranks in from_runs.values() for run in ranks],
+                     RANK_WINDOW_BATCHES)
     for key, ranks in from_runs.items():
         latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
             run.label or "loader", _place(run), run.host or "", run.pid or 0, run.status,
             (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
-            recent[run.id])) for run in ranks]
+            *recent[run.id])) for run in ranks]
         shown.append(ShownJob(
             key, _place(ranks[0])["world_size"],
             job_view(latest, now, any(run.status == "running" for run in ranks)),
             "From each rank's own run in this history (the ranks on this machine; rank 0 "
             "gathers every node's once the job's store is reachable)."))
     return shown
+
+
+def _recent(store: RunStore, run_ids: list[int], last: int
+            ) -> dict[int, tuple[list[BatchRecord], list[BatchWindow]]]:
+    """Each run's ``last`` rows and the windows among them (their warm-up: the first row)."""
+    rows = store.recent_batches(run_ids, last)
+    windows = store.recent_windows({run_id: got[0].seq for run_id, got in rows.items() if got})
+    return {run_id: latest_stretch(got, windows.get(run_id, [])) for run_id, got in rows.items()}
 
 
 def _place(run: StoredRun) -> dict[str, Any]:

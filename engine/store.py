@@ -156,7 +156,8 @@ CREATE TABLE IF NOT EXISTS run_events (
 def default_db_path() -> str:
     if os.environ.get(DB_ENV):
         return os.environ[DB_ENV]
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = (os.environ.get("XDG_DATA_HOME")
+            or os.path.join(os.path.expanduser("~"), ".local", "share"))
     return os.path.join(base, "dataloader-tuner", "runs.sqlite")
 
 
@@ -274,30 +275,24 @@ class RunStore:
 
     def finish_run(self, run_id: int, status: str, result: Result, error: dict | None) -> None:
         with self._conn() as conn:
-            conn.execute(
-                "UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, error_json = ? "
-                "WHERE id = ?",
-                (status, time.time(), json.dumps(result.to_dict(), default=str),
-                 json.dumps(error) if error else None, run_id),
-            )
+            conn.execute("UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, "
+                         "error_json = ? WHERE id = ?",
+                         (status, time.time(), json.dumps(result.to_dict(), default=str),
+                          json.dumps(error) if error else None, run_id))
 
     # -- reading ---------------------------------------------------------------------------
 
     def list_runs(self, limit: int = 100) -> list[StoredRun]:
-        rows = self._conn().execute(
+        return [self._stored_run(row) for row in self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
             "error_json, parent_id, host, pid, script, heartbeat_at, rank_json, framework "
-            "FROM runs "
-            "ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
-        return [self._stored_run(row) for row in rows]
+            "FROM runs ORDER BY id DESC LIMIT ?", (limit,))]
 
     def statuses(self, kind: str) -> dict[int, str]:
         """{run id: status} of the runs of one kind: a cheap check for changes (no results
         read), for a page that polls."""
-        rows = self._conn().execute("SELECT id, status FROM runs WHERE kind = ?",
-                                    (kind,)).fetchall()
-        return {row["id"]: row["status"] for row in rows}
+        return {row["id"]: row["status"] for row in self._conn().execute(
+            "SELECT id, status FROM runs WHERE kind = ?", (kind,))}
 
     def get_run(self, run_id: int) -> StoredRun | None:
         row = self._conn().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -312,22 +307,25 @@ class RunStore:
 
     def batches(self, run_id: int, last: int | None = None) -> list[BatchRecord]:
         """The run's batches in order; only the ``last`` ones if given (a live view)."""
-        columns = ", ".join(BATCH_COLUMNS)
-        args: tuple[int, ...]
-        if last is None:
-            query, args = (f"SELECT {columns} FROM batches WHERE run_id = ? ORDER BY seq",
-                           (run_id,))
-        else:
-            query, args = (f"SELECT * FROM (SELECT {columns} FROM batches WHERE run_id = ? "
-                           "ORDER BY seq DESC LIMIT ?) ORDER BY seq", (run_id, last))
-        rows = self._conn().execute(query, args).fetchall()
-        return [BatchRecord.from_row(_typed_batch_row(tuple(r))) for r in rows]
+        query = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE run_id = ? ORDER BY seq"
+        if last is not None:  # the newest through the (run_id, seq) index, then in order
+            query = f"SELECT * FROM ({query} DESC LIMIT {int(last)}) ORDER BY seq"
+        return [BatchRecord.from_row(_typed_batch_row(tuple(r)))
+                for r in self._conn().execute(query, (run_id,))]
 
-    def windows(self, run_id: int) -> list[BatchWindow]:
-        """The run's windows of fast batches, in order (none for most runs)."""
-        return [BatchWindow.from_row(tuple(r)) for r in self._conn().execute(
-            f"SELECT {', '.join(WINDOW_COLUMNS)} FROM batch_windows WHERE run_id = ? "
-            "ORDER BY first_seq", (run_id,))]
+    def windows(self, run_id: int, since_seq: int = 0) -> list[BatchWindow]:
+        """The run's windows holding batch ``since_seq`` or later, in order (most runs: none)."""
+        return self.recent_windows({run_id: since_seq})[run_id]
+
+    def recent_windows(self, since: dict[int, int]) -> dict[int, list[BatchWindow]]:
+        """Each run's windows holding its batch ``since[run_id]`` or later, in one query."""
+        found: dict[int, list[BatchWindow]] = {run_id: [] for run_id in since}
+        where = " OR ".join(["(run_id = ? AND first_seq + batches > ?)"] * len(since)) or "0"
+        for row in self._conn().execute(
+                f"SELECT run_id, {', '.join(WINDOW_COLUMNS)} FROM batch_windows WHERE {where} "
+                "ORDER BY first_seq", [v for item in since.items() for v in item]):
+            found[row[0]].append(BatchWindow.from_row(tuple(row)[1:]))
+        return found
 
     def recent_batches(self, run_ids: Sequence[int], last: int) -> dict[int, list[BatchRecord]]:
         """The ``last`` batches of each run, in order, in one query (a page that shows many
@@ -352,11 +350,9 @@ class RunStore:
         return found
 
     def resources(self, run_id: int) -> list[dict]:
-        rows = self._conn().execute(
+        return [dict(r) for r in self._conn().execute(
             f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM resources WHERE run_id = ? ORDER BY t",
-            (run_id,)
-        ).fetchall()
-        return [dict(r) for r in rows]
+            (run_id,))]
 
     def rank_reports(self, run_id: int, latest: bool = True,
                      since: float | None = None) -> list[tuple[float, RankSummary]]:

@@ -19,7 +19,7 @@ from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DE
                                        DEFAULT_TIMEOUT_S)
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
-from dataloader_tuner.record.windows import BatchWindow
+from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
 from dataloader_tuner.run.verify import Verification, check_claim
@@ -38,7 +38,7 @@ __all__ = [
     "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
     "speedup_text", "startup_text", "speedscope_document", "sampled_basis",
     # fast batches kept in windows (record/windows.py)
-    "BatchLog", "BatchWindow", "windows_text",
+    "BatchLog", "BatchWindow", "windows_text", "latest_stretch",
     # a torchrun job's ranks
     "RankSummary", "JobView", "job_view", "summary_from_batches", "window_figures",
     "spends_most_in",

@@ -44,7 +44,8 @@ def test_recent_batches_are_each_run_s_last_ones_in_order(tmp_path):
 
 def test_the_board_reads_every_running_run_s_rate_in_one_query(tmp_path):
     """Three running runs at 8 samples per 10 ms and one ended with its result: one query for
-    the runs and one for all the running ones' batches, however many run."""
+    the runs, one for all the running ones' batches and one for the windows among them
+    (record/windows.py), however many run."""
     store = RunStore(str(tmp_path / "runs.sqlite"))
     running = [_watched(store) for _ in range(3)]
     ended = _watched(store, period_s=0.02)
@@ -54,7 +55,7 @@ def test_the_board_reads_every_running_run_s_rate_in_one_query(tmp_path):
     board = job_board.read_board(store)
     assert [run.id for run in board.runs] == [ended, *running[::-1]]  # newest first
     selects = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
-    assert len(selects) == 2, selects
+    assert len(selects) == 3, selects
     for run_id in running:
         assert abs(board.rates[run_id] - 800) < 40, board.rates  # 8 samples every 10 ms
     assert board.rates[ended] == board.runs[0].samples_per_s

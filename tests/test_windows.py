@@ -200,3 +200,43 @@ def test_a_fast_loader_s_run_is_kept_in_windows_with_its_figures_exact(tmp_path)
     again = LiveRun.stored(store, handle.run_id).profile_result("ok")
     assert (again.batches, again.samples_per_s) == (result.batches, result.samples_per_s)
     assert live_descendants() == []
+
+
+def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_path):
+    """watch() on an in-memory loader at 0 workers (tens of microseconds a batch): the
+    history keeps windows and few rows; the batches counted and the rate agree with the
+    loop's own count and clock, in the result and on the Training jobs page while it runs."""
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dataloader_tuner import watch
+    from dataloader_tuner.dashboard import job_board
+
+    db = str(tmp_path / "runs.db")
+    data = TensorDataset(torch.randn(32 * 4000, 4), torch.arange(32 * 4000))
+    watched = watch(DataLoader(data, batch_size=32), name="fast", db=db)
+    count, samples, first_end = 0, 0, None
+    for epoch in range(4):
+        for x, _ in watched:
+            count += 1
+            if first_end is None:
+                first_end = time.perf_counter()  # the warm-up batch's step ends here
+            else:
+                samples += len(x)
+        if epoch == 2:  # the page, while the job runs: its latest batches' rate (the last
+            # second's still held to be folded: TAIL_S)
+            watched.recorder.flush()
+            running_rate = job_board.read_board(RunStore(db)).rates[watched.run_id]
+    own_rate = samples / (time.perf_counter() - first_end)
+    result = watched.close()
+    store = RunStore(db)
+    rows, windows = store.batches(watched.run_id), store.windows(watched.run_id)
+    print(f"{count} batches, {len(rows)} rows, {len(windows)} windows; samples/s: "
+          f"{result.samples_per_s:.0f} the tool's, {own_rate:.0f} the loop's own, "
+          f"{running_rate:.0f} on the page while running")
+    assert windows and len(rows) < count / 4
+    assert result.batches == count == BatchLog(rows, windows).batches
+    assert result.samples_per_s == pytest.approx(own_rate, rel=0.05)
+    assert running_rate == pytest.approx(own_rate, rel=0.25)  # its last ~8,000 batches only

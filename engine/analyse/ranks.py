@@ -23,7 +23,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.analyse.pitfalls import SHM_FIXES
+from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
+from dataloader_tuner.record.windows import BatchWindow
 
 SLOWER_THAN_MEDIAN = 0.05  # a rank this much below the median rate is named
 STARVED_MARGIN = 0.10  # input wait this much above the others' median: the loader is the cause
@@ -136,18 +138,22 @@ def spends_most_in(rank: RankSummary) -> str | None:
     return f"{share:.0%} in {function} ({stage}, {where})"
 
 
-def window_figures(batches: Sequence[BatchRecord], warmup: int = 1) -> dict[str, float | None]:
-    """samples/s, input wait and median step over ``batches`` (a rank's recent ones), and how
+def window_figures(batches: Sequence[BatchRecord], warmup: int = 1,
+                   windows: Sequence[BatchWindow] = ()) -> dict[str, float | None]:
+    """samples/s, input wait and median step over ``batches`` (a rank's recent ones, with the
+    ``windows`` among them where batches came fast: record/windows.latest_stretch), and how
     busy the workers that made them were."""
     batches = list(batches)
-    steady = metrics.steady_state(batches, warmup)
+    log = BatchLog(batches, windows)
+    steady = log.steady_state(warmup)
     measured = batches[warmup:]
     busy: float | None = None
     workers = {b.worker_id for b in measured if b.worker_id >= 0}
     made = timed(measured)
-    wait = metrics.input_wait(batches)
+    wait = log.input_wait()
     if steady is not None and workers and made and steady.seconds > 0:
-        scale = timed_scale(measured, made)  # fast batches' making is timed on a sample
+        # fast batches' making is timed on a sample
+        scale = timed_scale(measured, made, log.worker_batches() if windows else None)
         making = sum(b.making_s * scale[b.worker_id] for b in made)
         busy = min(1.0, making / (steady.seconds * len(workers)))
     return {
@@ -371,17 +377,20 @@ def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting
 
 
 def summary_from_batches(loader: str, rank: dict[str, Any], host: str, pid: int, status: str,
-                         elapsed_s: float, batches: Sequence[BatchRecord]) -> RankSummary:
+                         elapsed_s: float, batches: Sequence[BatchRecord],
+                         windows: Sequence[BatchWindow] = ()) -> RankSummary:
     """A rank's summary from its batches alone (no node figures): what a rank reports starts
     from it (job_report.py), and a job's ranks in a shared history without rank 0's gathered
     reports are shown from it."""
     batches = list(batches)
     last = batches[-1] if batches else None
-    figures = {k: None if v is None else round(v, 4) for k, v in window_figures(batches).items()}
+    figures = {k: None if v is None else round(v, 4)
+               for k, v in window_figures(batches, windows=windows).items()}
     return RankSummary(
         loader=loader, rank=rank["rank"], world_size=rank["world_size"],
         local_rank=rank["local_rank"], node=rank["node_rank"], host=host, pid=pid, seq=0,
-        status=status, elapsed_s=elapsed_s, batches=last.seq + 1 if last else 0,
+        status=status, elapsed_s=elapsed_s,
+        batches=max(last.seq if last else -1, windows[-1].last_seq if windows else -1) + 1,
         last_batch_age_s=None, samples_per_s=figures["samples_per_s"],
         input_wait_frac=figures["input_wait_frac"], step_ms=figures["step_ms"],
         worker_busy_frac=figures["worker_busy_frac"],

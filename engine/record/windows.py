@@ -10,13 +10,16 @@ NOTE [ Windows for fast loaders ]
     histogram of the waits (log-spaced buckets, HISTOGRAM_PER_DOUBLING a doubling: each ~9%
     wide) from which the latency percentiles are read. Every KEEP_EVERY-th batch stays a whole
     row for the charts, as do the batches whose making was timed (the workers' busy shares and
-    per-batch costs are read from those, scaled by the windows' counts) and each epoch's first
-    (its wait is the epoch's start-up). Counts, samples and summed times stay exact; a
-    percentile is within one bucket of the exact one.
+    per-batch costs are read from those, scaled by the windows' counts), each epoch's first
+    (its wait is the epoch's start-up) and each window's last (a stretch of a run's latest
+    rows that begins inside a window starts its clock there: ``latest_stretch``). Counts,
+    samples and summed times stay exact; a percentile is within one bucket of the exact one.
 
     Rows wait in a tail of TAIL_S before they are folded: a GPU timing resolved after its
     batch (LateTimings) still finds its row there, and a slow stretch (an epoch's start) is
     kept row by row. Slower loaders are never folded: their rows go through as they came.
+    The engine's runs are folded in the parent (run/runner.py), as the rows arrive; a
+    watched loader's by its recorder's thread before they are written (run/recorder.py).
 """
 
 from __future__ import annotations
@@ -110,9 +113,25 @@ def fold(rows: Sequence[BatchRecord]) -> BatchWindow:
 
 def kept_whole(row: BatchRecord, first_of_epoch: bool) -> bool:
     """A folded batch that also stays a row: every KEEP_EVERY-th, a timed one, an epoch's
-    first, one a GPU timing landed on."""
+    first, one a GPU timing landed on (and its window's last: ``latest_stretch``)."""
     return (row.seq % KEEP_EVERY == 0 or first_of_epoch or row.fetch_s is not None
             or row.h2d_ms is not None or row.gpu_gap_ms is not None)
+
+
+def latest_stretch(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]
+                   ) -> tuple[list[BatchRecord], list[BatchWindow]]:
+    """A run's latest rows (``rows``: its last ones, beginning mid-run) and the windows among
+    them, arranged so that the first row starts the stretch's clock: where ``rows`` begin
+    inside a window, from that window's last batch on (each window's last is kept whole)."""
+    rows = list(rows)
+    if not rows or not windows:
+        return rows, []
+    start = rows[0].seq
+    inside = next((w for w in windows if w.first_seq <= start <= w.last_seq), None)
+    if inside is not None:
+        rows = [r for r in rows if r.seq >= inside.last_seq]
+    first = rows[0].seq if rows else start
+    return rows, [w for w in windows if w.first_seq > first]
 
 
 @dataclass
@@ -178,6 +197,8 @@ class Thinner:
                 continue
             windows.append(fold(chunk))
             kept.extend(r for r, first in zip(chunk, opens) if kept_whole(r, first))
+            if not kept_whole(chunk[-1], opens[-1]):
+                kept.append(chunk[-1])
         return kept, windows
 
 

@@ -15,7 +15,7 @@ from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialRecord, TunePlan
-from dataloader_tuner.record.windows import BatchWindow
+from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.output import OutputLog
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.analyse import run_results
@@ -167,11 +167,11 @@ class LiveRun:
         for event in store.events(run_id):
             live.apply(event)
         batches = store.batches(run_id, last_batches)
+        windows = store.windows(run_id, batches[0].seq if batches else 0)
         if last_batches is not None and batches and batches[0].seq > 0:
             live.warmup_batches = 1
-        live.batches = batches
-        since = batches[0].seq if last_batches is not None and batches else 0
-        live.windows = [w for w in store.windows(run_id) if w.first_seq >= since]
+            batches, windows = latest_stretch(batches, windows)
+        live.batches, live.windows = batches, windows
         live.resources = store.resources(run_id)
         if batches:
             live.elapsed_s = max(live.elapsed_s, batches[-1].t_ready + batches[-1].step_s)
@@ -192,14 +192,8 @@ class LiveRun:
         if len(self.batches) <= max_batches:
             return self
         view = copy.copy(self)
-        view.batches = self.batches[-max_batches:]
+        view.batches, view.windows = latest_stretch(self.batches[-max_batches:], self.windows)
         view.warmup_batches = 1
-        view.windows = [w for w in self.windows if w.first_seq >= view.batches[0].seq]
-        if view.windows:  # the rows from the last one before them: it starts the clock
-            first = view.windows[0].first_seq
-            around = self.batches[-max_batches - 1:]
-            view.batches = ([b for b in around if b.seq < first][-1:]
-                            + [b for b in around if b.seq >= first])
         since = view.batches[0].t_request
         view.resources = [r for r in self.resources if r["t"] >= since]
         return view

@@ -29,6 +29,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
+from dataloader_tuner.record.windows import BatchWindow, Thinner
 from dataloader_tuner.run.sinks import Sink
 
 FLUSH_S = 0.25  # rows reach their sink at least this often
@@ -39,11 +40,14 @@ RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_r
 
 class Recorder:
     def __init__(self, sink: Sink, t0: float, gaps: GapEvents | None = None,
-                 own_workers_only: bool = False, keep_recent: bool = False) -> None:
+                 own_workers_only: bool = False, keep_recent: bool = False,
+                 windows_after: int | None = None) -> None:
         """``own_workers_only``: resource samples keep the main process and the workers this
         loader's batches came from (a training job's other children belong to other runs);
         ``keep_recent``: the last RECENT_ROWS rows written stay in ``recent`` (a rank's
-        report to its job is figured from them)."""
+        report to its job is figured from them); ``windows_after``: fast batches numbered
+        from this on are written in windows (NOTE [ Windows for fast loaders ]; None: every
+        row as it is)."""
         self.sink, self.t0 = sink, t0
         self.own_workers_only = own_workers_only
         self.rows: list = []  # appended by the measuring thread, taken by the flush
@@ -62,6 +66,7 @@ class Recorder:
                                                        else None)
         self.last_resources: protocol.Resources | None = None
         self.streaming = True  # False: the thread runs on_tick only (a tune sends its trials)
+        self.windowed = WindowedRows(windows_after) if windows_after is not None else None
         self._written_seq = -1  # the last batch row written: a late timing waits for its row
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or stop's)
@@ -114,18 +119,26 @@ class Recorder:
             flushes += 1
             self.flush(sample=flushes % RESOURCES_EVERY == 0)
 
-    def flush(self, sample: bool = False) -> None:
+    def flush(self, sample: bool = False, last: bool = False) -> None:
+        """Write what has accumulated; ``last``: the run ends, nothing is held back."""
         with self._lock:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
             events, rows = self.events[:], self.rows[:]
+            windows: list[BatchWindow] = []
+            if self.windowed is not None:
+                rows, windows = self.windowed.through(rows, last, self)
             columns = self.columns.peek() if self.columns is not None else None
             written_seq = (rows[-1][0] if rows else columns.first_seq + len(columns) - 1
                            if columns else self._written_seq)
+            if windows:
+                written_seq = max(written_seq, windows[-1].last_seq)
             late = protocol.LateTimings(
                 [g for g in self.gaps[:] if g[0] <= written_seq],
                 [c for c in self.copies[:] if c[0] <= written_seq])
-            batch = events + ([protocol.Batches(rows)] if rows else [])
+            batch = events + ([protocol.Windows([w.to_row() for w in windows])] if windows
+                              else [])
+            batch += [protocol.Batches(rows)] if rows else []
             batch += [protocol.Batches.of_columns(columns)] if columns else []
             batch += [late] if late.gaps or late.copies else []
             if sample:
@@ -139,26 +152,32 @@ class Recorder:
                     self.sink.write(batch)
             except Exception:  # noqa: BLE001 - never the measured job's problem
                 self.report_failure()
-                for pending in (self.rows, self.gaps, self.copies):  # a sink that stays down
-                    if len(pending) > MAX_BACKLOG:
-                        del pending[:len(pending) - MAX_BACKLOG]
+                backlogs = ([self.windowed.rows, self.windowed.windows]
+                            if self.windowed is not None else [])
+                for backlog in (self.rows, self.gaps, self.copies, *backlogs):
+                    if len(backlog) > MAX_BACKLOG:  # a sink that stays down
+                        del backlog[:len(backlog) - MAX_BACKLOG]
                 if self.columns is not None and len(self.columns) > MAX_BACKLOG:
                     self.columns.drop(len(self.columns) - MAX_BACKLOG)
                 return
             del self.events[:len(events)]
-            del self.rows[:len(rows)]
+            if self.windowed is not None:
+                self.windowed.written(len(rows), len(windows))
+            else:
+                del self.rows[:len(rows)]
             if columns and self.columns is not None:
                 self.columns.drop(len(columns))
             for done, pending in ((late.gaps, self.gaps), (late.copies, self.copies)):
                 for item in done:
                     pending.remove(item)
             self._written_seq = written_seq
-            if self.recent is not None:
+            if self.recent is not None and self.windowed is None:
                 self.recent.extend(rows)
 
     def pending(self) -> int:
         """Batches measured and not yet written."""
-        return len(self.rows) + (len(self.columns) if self.columns is not None else 0)
+        held = self.windowed.pending() if self.windowed is not None else 0
+        return len(self.rows) + held + (len(self.columns) if self.columns is not None else 0)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:
@@ -189,4 +208,45 @@ class Recorder:
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(5.0)
-        self.flush(sample=sample)
+        self.flush(sample=sample, last=True)
+
+
+class WindowedRows:
+    """A watched loader's rows on their way to its history through a Thinner (NOTE [ Windows
+    for fast loaders ]): the rows and windows it let out that no write has taken yet."""
+
+    def __init__(self, loose_below: int) -> None:
+        self.thinner = Thinner(loose_below)
+        self.rows: list = []
+        self.windows: list[BatchWindow] = []
+
+    def through(self, measured: list, last: bool, recorder: Recorder
+                ) -> tuple[list, list[BatchWindow]]:
+        """The recorder's ``measured`` rows into the thinner (its now), after its late GPU
+        timings went onto the rows the thinner still holds; what waits to be written."""
+        thinner = self.thinner
+        for gap in recorder.gaps[:]:
+            if thinner.late(gap[0], gpu_gap_ms=gap[1]):
+                recorder.gaps.remove(gap)
+        for copy in recorder.copies[:]:
+            if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
+                recorder.copies.remove(copy)
+        kept, windows = thinner.arrived(measured)
+        del recorder.rows[:len(measured)]
+        if recorder.recent is not None:  # every row: a rank's report reads its recent ones
+            recorder.recent.extend(measured)
+        self.rows += kept
+        self.windows += windows
+        if last:
+            held_rows, held_windows = thinner.flush()
+            self.rows += held_rows
+            self.windows += held_windows
+        return self.rows[:], self.windows[:]
+
+    def written(self, rows: int, windows: int) -> None:
+        del self.rows[:rows]
+        del self.windows[:windows]
+
+    def pending(self) -> int:
+        """Batches held: in the thinner's tail or let out and not yet written."""
+        return len(self.thinner.tail) + len(self.rows)

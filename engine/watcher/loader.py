@@ -141,8 +141,10 @@ class WatchedLoader:
         # DATALOADER_TUNER_SAMPLE=0 in the job's environment turns it off.
         sampler.ask()
         sampler.start_in_job()  # ...and this process, inside the loader's next()
+        # (fast batches written in windows: NOTE [ Windows for fast loaders ])
         self.recorder = Recorder(self.history, t0, gaps=StepGaps.create(),
-                                 own_workers_only=True, keep_recent=True)
+                                 own_workers_only=True, keep_recent=True,
+                                 windows_after=self.config.warmup_batches)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.rows.append, ahead)
         self._ended: tuple[ProfileResult | None] | None = None  # (its result,) once it ended
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
