@@ -106,7 +106,8 @@ def render() -> None:
     if chosen is None:
         return
     trace = chrome_trace(batches[chosen] if chosen in batches else store.batches(chosen),
-                         store.resources(chosen), label=f"run {chosen}: {measured[chosen].target}")
+                         store.resources(chosen), label=f"run {chosen}: {measured[chosen].target}",
+                         windows=store.windows(chosen))
     st.download_button("Download Perfetto trace", json.dumps(trace),
                        file_name=f"dataloader-tuner-run-{chosen}.trace.json",
                        mime="application/json")

@@ -240,3 +240,17 @@ def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_pa
     assert result.batches == count == BatchLog(rows, windows).batches
     assert result.samples_per_s == pytest.approx(own_rate, rel=0.05)
     assert running_rate == pytest.approx(own_rate, rel=0.25)  # its last ~8,000 batches only
+
+
+def test_a_trace_of_a_windowed_run_has_its_windows_on_a_track_of_their_own():
+    from dataloader_tuner.analyse.trace import WINDOWS_TID, chrome_trace
+
+    rows = fast_run(seed=5, epochs=1)
+    kept, windows = thinned(rows)
+    doc = chrome_trace(kept, [], main_pid=7, windows=windows)
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("tid") == WINDOWS_TID]
+    waits = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "wait in next()"]
+    assert len(slices) == len(windows) and len(waits) == len(kept)
+    assert sum(int(e["name"].split()[0]) for e in slices) == sum(w.batches for w in windows)
+    assert sum(e["args"]["samples"] for e in slices) + sum(
+        b.samples for b in BatchLog(kept, windows).loose) == sum(b.samples for b in rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dataloader_tuner.record.rows import BatchRecord, timed
+from dataloader_tuner.record.windows import KEEP_EVERY, BatchWindow
 
 US = 1e6
 
@@ -30,8 +31,10 @@ def _process_name(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
 
 
 def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict[str, Any]],
-                 main_pid: int | None = None, label: str = "run") -> dict[str, Any]:
-    """The trace document for one run's batches and resource samples."""
+                 main_pid: int | None = None, label: str = "run",
+                 windows: Sequence[BatchWindow] = ()) -> dict[str, Any]:
+    """The trace document for one run's batches and resource samples; where fast batches
+    were kept in ``windows`` (record/windows.py), a track of them beside the rows kept."""
     if main_pid is None:
         main_pid = next((r["pid"] for r in resources if r["role"] == "main"), 0)
     events: list[dict[str, Any]] = _process_name(main_pid, f"main process (consumer) - {label}", 0)
@@ -57,6 +60,8 @@ def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict[str, A
                            "ts": round(t.worker_end * US, 3)})
             events.append({**flow, "ph": "f", "bp": "e", "pid": main_pid, "tid": main_pid,
                            "ts": round(b.t_ready * US, 3)})
+    if windows:
+        events += _window_track(windows, main_pid)
     for row in resources:
         ts = round(row["t"] * US, 3)
         if row["cpu_percent"] is not None:
@@ -67,3 +72,27 @@ def chrome_trace(batches: Sequence[BatchRecord], resources: Sequence[dict[str, A
                            "args": {"rss MB": row["rss_mb"]}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "DataLoader Tuner", "run": label}}
+
+
+WINDOWS_TID = 1  # the main process's track of windows: beside its kept rows' waits and steps
+
+
+def _window_track(windows: Sequence[BatchWindow], main_pid: int) -> list[dict[str, Any]]:
+    """Each window as one slice (its batches, samples, summed and largest wait and step) and
+    the batches a second it held, as a counter: the rows kept among them are a sample."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": main_pid, "tid": WINDOWS_TID,
+         "args": {"name": f"batches in windows (every {KEEP_EVERY}th kept as a row)"}}]
+    for w in windows:
+        span = w.t_end - w.t_start
+        events.append({**_complete(f"{w.batches} batches", main_pid, w.t_start, span,
+                                   first_batch=w.first_seq, epoch=w.epoch, samples=w.samples),
+                       "tid": WINDOWS_TID})
+        events[-1]["args"].update(wait_ms=round(w.wait_s * 1e3, 3),
+                                  wait_max_ms=round(w.wait_max_s * 1e3, 3),
+                                  step_ms=round(w.step_s * 1e3, 3))
+        if span > 0:
+            events.append({"ph": "C", "name": "batches/s", "pid": main_pid,
+                           "ts": round(w.t_start * US, 3),
+                           "args": {"batches/s": round(w.batches / span, 1)}})
+    return events

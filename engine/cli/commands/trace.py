@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
               "`python -m dataloader_tuner runs`", file=sys.stderr)
         return EXIT_USAGE
     doc = chrome_trace(store.batches(args.run_id), store.resources(args.run_id),
-                       label=f"run {args.run_id}: {saved.target}")
+                       label=f"run {args.run_id}: {saved.target}",
+                       windows=store.windows(args.run_id))
     text = json.dumps(doc)
     if args.out:
         with open_private(args.out) as f:
