@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dataloader_tuner.ui import BatchRecord, epoch_starts, timed
+from dataloader_tuner.ui import BatchLog, BatchRecord, BatchWindow, epoch_starts, timed
 
 
 MAX_POINTS = 600  # per series, before binning
@@ -56,13 +56,17 @@ def binned(x: Sequence[float], y: Sequence[float], max_points: int = MAX_POINTS
     return centers, medians, np.maximum.reduceat(ys, bounds)
 
 
-def batch_latency_figure(batches: Sequence[BatchRecord], warmup: int = 0) -> go.Figure:
+def batch_latency_figure(batches: Sequence[BatchRecord], warmup: int = 0,
+                         windows: Sequence[BatchWindow] = ()) -> go.Figure:
     """Per-batch wait in ``next()`` over time (left) and its distribution after warm-up (right).
+    ``windows``: where fast batches were kept in windows, the rows over time are their even
+    sample and the distribution is every batch's, from the windows' histograms.
 
     The two panels are laid out by hand: ``make_subplots`` and ``add_vline`` cost more than
     the rest of the figure together.
     """
-    measured = batches[warmup:]
+    log = BatchLog(batches, windows)
+    measured = log.even_rows()[warmup:] if windows else batches[warmup:]
     xs, ys, maxima = binned([b.t_ready for b in measured], [b.wait_s * 1000 for b in measured])
     traces = []
     if maxima is None:
@@ -81,9 +85,11 @@ def batch_latency_figure(batches: Sequence[BatchRecord], warmup: int = 0) -> go.
                                                  "color": COLORS[1]},
             hovertemplate="epoch %{customdata} start-up: %{y:.0f} ms<extra></extra>",
             customdata=[b.epoch for b in starts]))
-    waits = np.array([b.wait_s for b in measured]) * 1000
+    seconds, weights = log.wait_counts(warmup)
+    waits = np.array(seconds) * 1000
     if len(waits):
-        counts, edges = np.histogram(waits, bins=min(40, max(len(waits) // 5, 5)))
+        counts, edges = np.histogram(waits, bins=min(40, max(sum(weights) // 5, 5)),
+                                     weights=weights)
         traces.append(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts,
                              width=float(edges[1] - edges[0]), name="batches",
                              marker={"color": COLORS[0]}, showlegend=False, xaxis="x2", yaxis="y2"))
@@ -237,49 +243,59 @@ def tune_figure(trials: Sequence[dict], recommended_workers: int | None = None) 
                    _axis(f"samples/s (steady state){per}", rangemode="tozero"))
 
 
-def throughput_over_time(batches: Sequence[BatchRecord], bin_s: float | None = None
-                         ) -> tuple[list[float], list[float]]:
-    """Samples/s in consecutive windows (by when batches arrived); about 30 windows per run
-    unless ``bin_s`` is given. The last, unfinished window is left out: it would show a dip."""
-    if not batches:
+def throughput_over_time(batches: Sequence[BatchRecord], bin_s: float | None = None,
+                         windows: Sequence[BatchWindow] = ()) -> tuple[list[float], list[float]]:
+    """Samples/s in consecutive bins (by when batches arrived, a window's spread over its span);
+    about 30 bins per run unless ``bin_s`` is given. The last, unfinished bin is left out: it
+    would show a dip."""
+    log = BatchLog(batches, windows)
+    arrivals = log.arrivals()
+    if not arrivals:
         return [], []
-    end = max(b.t_ready for b in batches)
+    end = max(t for _, t, _ in arrivals)
     if bin_s is None:
         # Workers deliver in rounds: a bin holding fewer batches than a round shows a sawtooth
         # between 0 and twice the rate. Bins hold at least 2 rounds (5 batches) on average.
         workers = len({b.worker_id for b in batches})
-        per_batch = end / len(batches)
+        per_batch = end / log.batches
         bin_s = max(min(max(end / 30, 0.1), 2.0), per_batch * max(5, 2 * workers))
     full = int(end // bin_s)
     counts = np.zeros(full)
-    for b in batches:
-        i = int(b.t_ready // bin_s)
-        if i < full:
-            counts[i] += b.samples
+    for start, stop, samples in arrivals:
+        first, last = int(start // bin_s), int(stop // bin_s)
+        for i in range(first, min(last, full - 1) + 1):  # a window: by its share of each bin
+            share = (1.0 if last == first else
+                     (min(stop, (i + 1) * bin_s) - max(start, i * bin_s)) / (stop - start))
+            counts[i] += samples * share
     return [(i + 0.5) * bin_s for i in range(full)], (counts / bin_s).tolist()
 
 
-def compare_throughput_figure(runs: Sequence[tuple[str, Sequence[BatchRecord]]]) -> go.Figure:
-    """Overlaid samples/s over time for several runs."""
+def compare_throughput_figure(runs: Sequence[tuple[str, Sequence[BatchRecord]]],
+                              windows: Sequence[Sequence[BatchWindow]] = ()) -> go.Figure:
+    """Overlaid samples/s over time for several runs (``windows``: each run's, if any)."""
     traces = []
     for i, (label, batches) in enumerate(runs):
-        x, y = throughput_over_time(batches)
+        x, y = throughput_over_time(batches, windows=windows[i] if windows else ())
         traces.append(go.Scatter(x=x, y=y, mode="lines+markers", name=label,
                                  line={"color": COLORS[i % len(COLORS)]}))
     return _figure(traces, "Throughput over time", _axis("seconds since start"),
                    _axis("samples/s", rangemode="tozero"))
 
 
-def compare_latency_figure(runs: Sequence[tuple[str, Sequence[BatchRecord], int]]) -> go.Figure:
-    """Overlaid cumulative distributions of batch wait (after each run's warm-up)."""
+def compare_latency_figure(runs: Sequence[tuple[str, Sequence[BatchRecord], int]],
+                           windows: Sequence[Sequence[BatchWindow]] = ()) -> go.Figure:
+    """Overlaid cumulative distributions of batch wait (after each run's warm-up; ``windows``:
+    each run's, if any, whose histograms count their batches)."""
     traces = []
     for i, (label, batches, warmup) in enumerate(runs):
-        waits = np.sort([b.wait_s * 1000 for b in batches[warmup:]])
-        if not len(waits):
+        seconds, weights = BatchLog(batches, windows[i] if windows else ()).wait_counts(warmup)
+        if not seconds:
             continue
+        order = np.argsort(seconds)
+        waits = np.array(seconds)[order] * 1000
+        shares = np.cumsum(np.array(weights)[order]) / sum(weights)
         step = max(len(waits) // MAX_POINTS, 1)
-        traces.append(go.Scatter(x=waits[::step].tolist(),
-                                 y=(np.arange(1, len(waits) + 1)[::step] / len(waits)).tolist(),
+        traces.append(go.Scatter(x=waits[::step].tolist(), y=shares[::step].tolist(),
                                  mode="lines", name=label, line={"color": COLORS[i % len(COLORS)]}))
     return _figure(traces, "Batch latency: distribution compared",
                    _axis("wait in next() (ms)", type="log"),

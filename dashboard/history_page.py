@@ -90,14 +90,15 @@ def render() -> None:
     with cols[1]:
         _side(measured[second], "b")
     batches = {run_id: store.batches(run_id) for run_id in {first, second}}
+    windows = [store.windows(run_id) for run_id in (first, second)]  # fast batches' (if any)
     series = []
     for run_id in (first, second):
         result = _measured(measured[run_id])
         series.append((f"run {run_id}", batches[run_id],
                        result.warmup_batches if result is not None else 0))
-    st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series]),
-                    key="compare-throughput")
-    st.plotly_chart(charts.compare_latency_figure(series), key="compare-latency")
+    st.plotly_chart(charts.compare_throughput_figure([(label, b) for label, b, _ in series],
+                                                     windows), key="compare-throughput")
+    st.plotly_chart(charts.compare_latency_figure(series, windows), key="compare-latency")
 
     st.subheader("Export a trace")
     st.caption("Chrome trace JSON: workers and the main process on one timeline. Open it in "

@@ -255,7 +255,8 @@ def _applied_block(jobs: Jobs) -> None:
                     + ("" if arm_idle is None else f"; consumer idle {arm_idle * 100:.1f} %")
                     + f"; saved as runs {', '.join(map(str, data.run_ids))}")
     runs = [(f"{arm} (run {h.run_id})", list(h.live.batches)) for arm, h in verification.runs[-2:]]
-    st.plotly_chart(charts.compare_throughput_figure(runs), key="applied-compare")
+    st.plotly_chart(charts.compare_throughput_figure(
+        runs, [h.live.windows for _, h in verification.runs[-2:]]), key="applied-compare")
 
 
 def _recommendation_block(jobs: Jobs) -> None:

@@ -105,7 +105,8 @@ def run_charts(result: ProfileResult, batches: Sequence[BatchRecord], key: str,
         end = max(end, result.seconds or 0.0)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(charts.batch_latency_figure(batches, warmup), key=f"{key}-latency")
+        st.plotly_chart(charts.batch_latency_figure(batches, warmup, windows),
+                        key=f"{key}-latency")
     with right:
         window = 1.0 if end - start > 5 else 0.5
         st.plotly_chart(charts.worker_utilization_figure(

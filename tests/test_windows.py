@@ -254,3 +254,25 @@ def test_a_trace_of_a_windowed_run_has_its_windows_on_a_track_of_their_own():
     assert sum(int(e["name"].split()[0]) for e in slices) == sum(w.batches for w in windows)
     assert sum(e["args"]["samples"] for e in slices) + sum(
         b.samples for b in BatchLog(kept, windows).loose) == sum(b.samples for b in rows)
+
+
+def test_the_charts_of_a_windowed_run_count_every_batch():
+    """The charts read the windows where rows are a sample: the latency histogram counts
+    every batch after the warm-up, the compared distributions' median is the exact one within
+    a bucket, and the throughput over time is every row's."""
+    import numpy as np
+
+    from dataloader_tuner.dashboard import charts
+
+    rows = fast_run(seed=11)
+    kept, windows = thinned(rows)
+    figure = charts.batch_latency_figure(kept, WARMUP, windows)
+    bars = next(t for t in figure.data if t.type == "bar")
+    assert sum(bars.y) == len(rows) - WARMUP
+    cdf = charts.compare_latency_figure([("fast", kept, WARMUP)], [windows]).data[0]
+    median_ms = cdf.x[int(np.searchsorted(cdf.y, 0.5))]
+    exact = metrics.percentile([b.wait_s for b in rows[WARMUP:]], 50)
+    assert abs(wait_bucket(median_ms / 1000) - wait_bucket(exact)) <= 1
+    x, y = charts.throughput_over_time(kept, 0.5, windows)
+    x_all, y_all = charts.throughput_over_time(rows, 0.5)
+    assert x == x_all and y == pytest.approx(y_all, rel=0.1)  # a window lands at its end

@@ -95,6 +95,34 @@ class BatchLog:
                 "keep_every": KEEP_EVERY, "windows": len(self.windows),
                 "rows_kept": len(self.rows)}
 
+    def even_rows(self) -> list[BatchRecord]:
+        """The rows as an even sample of the batches, for a chart over time: every row where
+        there are no windows, else the loose ones and every KEEP_EVERY-th inside the windows
+        (not those kept for another reason: each epoch's first would over-weigh start-ups)."""
+        if not self.windows:
+            return list(self.rows)
+        loose = {id(b) for b in self.loose}
+        return [b for b in self.rows if id(b) in loose or b.seq % KEEP_EVERY == 0]
+
+    def wait_counts(self, warmup: int) -> tuple[list[float], list[int]]:
+        """Every batch's wait after the warm-up, as (seconds, how many batches waited that
+        long): the rows' own, and the windows' histogram buckets at their middles (~9% wide)."""
+        rows = self.loose if self.windows else list(self.rows)
+        waits = [b.wait_s for b in rows[warmup:]]
+        counts = [1] * len(waits)
+        for window in self.windows:
+            for bucket, count in window.wait_hist:
+                lo, hi = bucket_bounds(bucket)
+                waits.append(float((lo * hi) ** 0.5) if lo > 0 else hi / 2)
+                counts.append(count)
+        return waits, counts
+
+    def arrivals(self) -> list[tuple[float, float, int]]:
+        """(from, to, samples) of each loose batch (when it arrived: from is to) and each window
+        (its span): what a throughput chart bins."""
+        return ([(b.t_ready, b.t_ready, b.samples) for b in self.loose]
+                + [(w.t_start, w.t_end, w.samples) for w in self.windows])
+
     def worker_batches(self) -> dict[int, int]:
         """Batches per worker id (-1: the main process), all counted."""
         counts: dict[int, int] = {}
