@@ -433,3 +433,20 @@ def test_settings_whose_batches_would_not_fit_in_shm_are_warned_before_start(app
     warned = [w.value for w in at.warning if "shm_too_small" in w.value]
     assert warned and "64 MB" in warned[0] and "sample 0 x batch_size" in warned[0]
     assert not get_jobs().busy()  # nothing started: the warning comes before Start
+
+
+def test_history_shows_a_fast_run_from_its_windows(app_env):
+    """A run whose batches were kept in windows (record/windows.py): its throughput over time
+    reads the windows, not the 1 row in 16 kept (a sixteenth of the rate)."""
+    store = RunStore(app_env)
+    target = os.path.join(ROOT, "tests", "real", "long_tail.py")
+    run_to_completion(RunRequest(target=target, seconds=1.5, sample_stacks=False), store)
+    run = store.list_runs(1)[0]
+    assert store.windows(run.id)  # the run is one this test is about
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    figures = {spec["layout"]["title"]["text"]: spec for spec in specs}
+    throughput = figures["Throughput over time"]["data"][0]["y"]
+    steady = sorted(throughput)[len(throughput) // 2]
+    assert 0.7 < steady / run.samples_per_s < 1.3, (steady, run.samples_per_s)
