@@ -77,6 +77,11 @@ def batch_latency_figure(batches: Sequence[BatchRecord], warmup: int = 0,
                                  line={"color": COLORS[0]}))
         traces.append(go.Scatter(x=xs, y=maxima, mode="lines", name="max wait (ms)",
                                  line={"color": COLORS[3], "width": 1}))
+    if windows:  # the spikes an even sample misses: each window's slowest batch
+        at, each, most = binned([w.t_end for w in windows], [w.wait_max_s * 1000 for w in windows])
+        traces.append(go.Scatter(x=at, y=each if most is None else most, mode="lines",
+                                 line={"color": COLORS[3], "width": 1},
+                                 name="largest wait in a 0.1 s window (ms)"))
     starts = epoch_starts(batches)  # the warm-up's too: the first start-up is the longest
     if starts:
         traces.append(go.Scatter(

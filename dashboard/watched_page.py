@@ -40,7 +40,7 @@ def _run_view(run_id: int) -> None:
         "ok" if run.status in ("running", "lost") else run.status)
     by = f" (built by {run.framework})" if run.framework else ""
     st.markdown(f"**{run.label or 'loader'}**{by} in `{job_board.job_of(run)}`: **{run.status}**, "
-                f"{live.elapsed_s:.1f} s, {len(live.batches)} batches"
+                f"{live.elapsed_s:.1f} s, {live.batches_seen():,} batches"
                 + (" (the most recent)" if running else ""))
     if run.status == "lost":
         st.warning("This job ended without a goodbye (killed, or crashed hard): shown up to "

@@ -83,7 +83,7 @@ RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "thr
                   "busy_threads": "INTEGER"}
 # Fast batches in windows (record/windows.py), their pairs as JSON text.
 WINDOW_COLUMNS = BatchWindow._fields
-WINDOW_TYPES = {**dict.fromkeys(("first_seq", "batches", "epoch", "samples"), "INTEGER"),
+WINDOW_TYPES = {**dict.fromkeys(("first_seq", "batches", "epoch", "samples", "gaps"), "INTEGER"),
                 "wait_hist": "TEXT", "workers": "TEXT"}
 # Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
 # ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
@@ -318,13 +318,19 @@ class RunStore:
         return self.recent_windows({run_id: since_seq})[run_id]
 
     def recent_windows(self, since: dict[int, int]) -> dict[int, list[BatchWindow]]:
-        """Each run's windows holding its batch ``since[run_id]`` or later, in one query."""
+        """Each run's windows from the one that began at or before its batch ``since[run_id]``
+        on, in one query (through the (run_id, first_seq) index: a long job has millions)."""
         found: dict[int, list[BatchWindow]] = {run_id: [] for run_id in since}
-        where = " OR ".join(["(run_id = ? AND first_seq + batches > ?)"] * len(since)) or "0"
-        for row in self._conn().execute(
-                f"SELECT run_id, {', '.join(WINDOW_COLUMNS)} FROM batch_windows WHERE {where} "
-                "ORDER BY first_seq", [v for item in since.items() for v in item]):
-            found[row[0]].append(BatchWindow.from_row(tuple(row)[1:]))
+        one = ("(run_id = ? AND first_seq >= (SELECT COALESCE(MAX(first_seq), 0) FROM "
+               "batch_windows WHERE run_id = ? AND first_seq <= ?))")
+        ids = list(since)
+        for start in range(0, len(ids), COMPOUND_LIMIT):
+            chunk = ids[start:start + COMPOUND_LIMIT]
+            for row in self._conn().execute(
+                    f"SELECT run_id, {', '.join(WINDOW_COLUMNS)} FROM batch_windows WHERE "
+                    f"{' OR '.join([one] * len(chunk))} ORDER BY first_seq",
+                    [v for run_id in chunk for v in (run_id, run_id, since[run_id])]):
+                found[row[0]].append(BatchWindow.from_row(tuple(row)[1:]))
         return found
 
     def recent_batches(self, run_ids: Sequence[int], last: int) -> dict[int, list[BatchRecord]]:
@@ -371,12 +377,9 @@ class RunStore:
 
     def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
         """The run's events other than batches and resource samples (which have tables)."""
-        query = "SELECT body_json FROM run_events WHERE run_id = ?"
-        args: tuple = (run_id,)
-        if kind:
-            query, args = query + " AND kind = ?", (run_id, kind)
-        return [protocol.from_wire(json.loads(r[0]))
-                for r in self._conn().execute(query, args).fetchall()]
+        return [protocol.from_wire(json.loads(r[0])) for r in self._conn().execute(
+            "SELECT body_json FROM run_events WHERE run_id = ? AND (? IS NULL OR kind = ?)",
+            (run_id, kind or None, kind or None))]
 
     @staticmethod
     def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
@@ -461,7 +464,7 @@ def _write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) -
         conn.executemany(
             f"INSERT INTO batch_windows (run_id, {', '.join(WINDOW_COLUMNS)}) "
             f"VALUES ({', '.join('?' * (len(WINDOW_COLUMNS) + 1))})",
-            [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]))
+            [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]), *row[12:])
              for row in event.windows])
         return
     if isinstance(event, protocol.LateTimings):

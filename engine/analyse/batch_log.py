@@ -6,12 +6,12 @@ times come from the windows and the rows they cover are a sample kept for the ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
-                                             BatchWindow, bucket_bounds, wait_bucket)
+                                             BatchWindow, bucket_bounds, sampled, wait_bucket)
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class BatchLog:
     loose: list[BatchRecord] = field(init=False)
 
     def __post_init__(self) -> None:
+        # a snapshot: a live run's reader thread goes on appending to the lists given
+        object.__setattr__(self, "rows", tuple(self.rows))
+        object.__setattr__(self, "windows", tuple(self.windows))
         object.__setattr__(self, "loose", uncovered(self.rows, self.windows))
 
     @property
@@ -97,12 +100,54 @@ class BatchLog:
 
     def even_rows(self) -> list[BatchRecord]:
         """The rows as an even sample of the batches, for a chart over time: every row where
-        there are no windows, else the loose ones and every KEEP_EVERY-th inside the windows
+        there are no windows, else the loose ones and those kept as a sample inside windows
         (not those kept for another reason: each epoch's first would over-weigh start-ups)."""
+        return [row for row, _ in self.weighted()]
+
+    def weighted(self) -> list[tuple[BatchRecord, float]]:
+        """``even_rows``, each with the batches it stands for: 1 a loose row, a window's
+        batches over its rows in the sample for one inside it."""
         if not self.windows:
-            return list(self.rows)
+            return [(row, 1.0) for row in self.rows]
         loose = {id(b) for b in self.loose}
-        return [b for b in self.rows if id(b) in loose or b.seq % KEEP_EVERY == 0]
+        picked = [b for b in self.rows if id(b) in loose or sampled(b.seq)]
+        inside: dict[int, int] = {}  # window index -> its rows in the sample
+        at, where = 0, []
+        for row in picked:
+            while at < len(self.windows) and self.windows[at].last_seq < row.seq:
+                at += 1
+            covered = at < len(self.windows) and self.windows[at].first_seq <= row.seq
+            where.append(at if covered else None)
+            if covered:
+                inside[at] = inside.get(at, 0) + 1
+        return [(row, 1.0 if w is None else self.windows[w].batches / inside[w])
+                for row, w in zip(picked, where)]
+
+    def median(self, value: Callable[[BatchRecord], float | None], warmup: int = 0
+               ) -> float | None:
+        """The median of ``value`` over the batches after the warm-up, each row of the even
+        sample weighing the batches it stands for (rows where it is None left out)."""
+        pairs = sorted((v, w) for row, w in self.weighted()[warmup:]
+                       if (v := value(row)) is not None)
+        if not self.windows:
+            return metrics.percentile([v for v, _ in pairs], 50)
+        half, seen = sum(w for _, w in pairs) / 2, 0.0
+        for v, w in pairs:
+            seen += w
+            if seen >= half:
+                return v
+        return None
+
+    def gpu_gaps_ms(self, warmup: int = 0) -> tuple[list[float], float, float] | None:
+        """The GPU's idle gaps after the warm-up: the even sample's (for percentiles), their
+        exact sum and the largest; None where none was timed."""
+        sample = [row.gpu_gap_ms for row in self.even_rows()[warmup:]
+                  if row.gpu_gap_ms is not None]
+        loose = [b.gpu_gap_ms for b in self.loose[warmup:] if b.gpu_gap_ms is not None]
+        if not sample and not any(w.gaps for w in self.windows):
+            return None
+        return (sample, sum(loose) + sum(w.gap_ms for w in self.windows),
+                max([*loose, *(w.gap_max_ms for w in self.windows if w.gaps)]))
 
     def wait_counts(self, warmup: int) -> tuple[list[float], list[int]]:
         """Every batch's wait after the warm-up, as (seconds, how many batches waited that

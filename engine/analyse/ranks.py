@@ -21,7 +21,6 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-from dataloader_tuner.analyse import metrics
 from dataloader_tuner.analyse.pitfalls import SHM_FIXES
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
@@ -160,8 +159,8 @@ def window_figures(batches: Sequence[BatchRecord], warmup: int = 1,
         "samples_per_s": steady.samples_per_s if steady else None,
         # As the loop lived it: epoch start-ups among these batches included
         "input_wait_frac": wait.share if wait is not None and wait.loop_s > 0 else None,
-        "step_ms": metrics.percentile([b.step_s * 1000 for b in measured], 50)
-        if measured else None,
+        # (each kept row weighing the batches it stands for, where rows are kept in windows)
+        "step_ms": log.median(lambda b: b.step_s * 1000, warmup) if measured else None,
         "worker_busy_frac": busy,
     }
 

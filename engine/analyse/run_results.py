@@ -81,6 +81,7 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     steady = log.steady_state(live.warmup_batches)
     measured = batches[live.warmup_batches:] if steady else batches
     measured_count = steady.batches if steady else log.batches
+    skip = live.warmup_batches if steady else 0  # the warm-up, left out of the figures
     window = (steady.start, steady.end) if steady else (0.0, live.elapsed_s)
     idle = log.idle_fraction(steady)
     has_consumer = live.consumer is not None and live.consumer.steps
@@ -110,7 +111,7 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         steady_batches=steady.batches if steady else 0,
         samples_per_s=steady.samples_per_s if steady else None,
         batches_per_s=steady.batches_per_s if steady else None,
-        batch_latency_ms=log.latency_ms(live.warmup_batches if steady else 0),
+        batch_latency_ms=log.latency_ms(skip),
         startup_s=live.epochs[0]["startup_s"] if live.epochs else None,
         per_batch=per_batch,
         counting=_counting(live.counting, measured, measured_count, len(made), log.windowed()),
@@ -120,19 +121,20 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
         input_wait=wait.to_dict() if wait is not None else None,
         # On the headline figure, the wait the loop lived, start-ups included
         input_bound=metrics.input_bound_verdict(wait.share) if wait is not None else None,
-        transfer=_transfer(measured) if gpu_info.get("available") else None,
-        gpu_idle=_gpu_idle(measured) if gpu_info.get("available") else None,
+        # (an even sample of the batches where rows are kept in windows)
+        transfer=_transfer(log.even_rows()[skip:]) if gpu_info.get("available") else None,
+        gpu_idle=_gpu_idle(log, skip) if gpu_info.get("available") else None,
         not_measured=None if gpu_info.get("available") else gpu_info.get("reason"),
         system=live.system,
         warnings=warnings,
         error=live.error,
         **_where_time_goes(sampled),
-        **_ceiling(live, steady, measured, per_batch, sampled, [w.code for w in warnings],
+        **_ceiling(live, steady, log, skip, per_batch, sampled, [w.code for w in warnings],
                    workers),
     )
 
 
-def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[BatchRecord],
+def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, log: BatchLog, skip: int,
              per_batch: dict[str, Any] | None, sampled: dict[str, Any] | None,
              codes: list[str], workers: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     """The ceiling of a run with workers, read from its own figures (ceiling.measured_cost),
@@ -141,8 +143,9 @@ def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, measured: list[
     the loader's processes were seen using, where more: other load comes and goes."""
     main = _main_process(live) or {}
     consumer = live.consumer
-    step_s = (metrics.percentile([b.step_s for b in measured], 50)
-              if consumer is not None and consumer.steps and measured else None)
+    # (each kept row weighing the batches it stands for, where rows are kept in windows)
+    step_s = (log.median(lambda b: b.step_s, skip)
+              if consumer is not None and consumer.steps else None)
     step_ms = 1000.0 * step_s if step_s is not None else 0.0
     used = sum((p.get("cpu_percent") or 0.0) for p in (*workers, main)) / 100.0
     cost = measured_cost(
@@ -267,12 +270,16 @@ def _transfer(batches: list[BatchRecord]) -> dict[str, Any] | None:
     }
 
 
-def _gpu_idle(batches: list[BatchRecord]) -> dict[str, Any] | None:
-    gaps = [b.gpu_gap_ms for b in batches if b.gpu_gap_ms is not None]
-    if not gaps:
+def _gpu_idle(log: BatchLog, warmup: int) -> dict[str, Any] | None:
+    """The GPU's idle gaps after the warm-up: percentiles of the even sample, the largest and
+    the sum exact (record/windows.py keeps them in windows)."""
+    found = log.gpu_gaps_ms(warmup)
+    if found is None:
         return None
-    return {"gap_ms": {"p50": metrics.percentile(gaps, 50), "p95": metrics.percentile(gaps, 95),
-                       "max": max(gaps)}, "total_ms": sum(gaps)}
+    sample, total, largest = found
+    return {"gap_ms": {"p50": metrics.percentile(sample, 50),
+                       "p95": metrics.percentile(sample, 95), "max": largest},
+            "total_ms": total}
 
 
 def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[TimedBatch],

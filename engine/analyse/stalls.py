@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
 from dataloader_tuner.protocol import MAX_OVERDUE, Overdue
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, row_index
 
 # A frame in a Python stack as faulthandler and traceback print it.
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
@@ -44,17 +44,17 @@ class LateBatch:
 
 def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> list[LateBatch]:
     """The reports, each completed with its batch's wait once it came."""
-    first_seq = batches[0].seq if batches else 0
     found = []
     for report in reports:
-        index = report.seq - first_seq
-        row = batches[index] if 0 <= index < len(batches) else None
+        # (by number: where fast batches are kept in windows, not every batch has a row; a
+        # window's slowest does)
+        index = row_index(batches, report.seq)
+        row = batches[index] if index is not None else None
         holder = report.outstanding[0] if report.outstanding else {}
         stack = holder.get("stack")
         came = bool(batches) and batches[-1].seq > report.seq
-        kept = row is not None and row.seq == report.seq
         found.append(LateBatch(
-            report.seq, row.wait_s if kept and row is not None else None, came or kept,
+            report.seq, row.wait_s if row is not None else None, came or row is not None,
             report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
             holder.get("indices"), stuck_at(stack), stack.split("\n\n")[0] if stack else None))
     return found

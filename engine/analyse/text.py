@@ -157,9 +157,9 @@ def windows_text(windows: dict[str, Any]) -> str:
     return (f"batches came at {fmt(windows['from_batches_per_s'], ',.0f')} a second, beyond "
             f"{fmt(windows['above_batches_per_s'], ',.0f')}: they are counted in "
             f"{windows['window_s']:g} s windows ({windows['windows']:,} of them; counts, samples "
-            f"and times exact, percentiles within ~9%), and a row is kept for every "
-            f"{windows['keep_every']}th batch, each epoch's first and each timed one "
-            f"({windows['rows_kept']:,} rows): a row is one batch, not a window")
+            f"and times exact, percentiles within ~9%), and a row is kept for one batch in "
+            f"{windows['keep_every']}, each epoch's first, each timed one and each window's "
+            f"slowest ({windows['rows_kept']:,} rows): a row is one batch, not a window")
 
 
 def startup_text(wait: dict[str, Any]) -> str | None:

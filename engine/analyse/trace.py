@@ -82,7 +82,7 @@ def _window_track(windows: Sequence[BatchWindow], main_pid: int) -> list[dict[st
     the batches a second it held, as a counter: the rows kept among them are a sample."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "thread_name", "pid": main_pid, "tid": WINDOWS_TID,
-         "args": {"name": f"batches in windows (every {KEEP_EVERY}th kept as a row)"}}]
+         "args": {"name": f"batches in windows (one in {KEEP_EVERY} kept as a row)"}}]
     for w in windows:
         span = w.t_end - w.t_start
         events.append({**_complete(f"{w.batches} batches", main_pid, w.t_start, span,

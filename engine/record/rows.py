@@ -4,6 +4,7 @@ the loops learn its layout without importing the analysis package."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 
@@ -58,6 +59,13 @@ class BatchRecord(NamedTuple):
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
+
+
+def row_index(rows: Sequence[BatchRecord], seq: int) -> int | None:
+    """Where batch ``seq``'s row is in ``rows`` (in order of their batches, maybe not every
+    batch's: record/windows.py), or None."""
+    index = bisect_left(rows, seq, key=lambda row: row.seq)
+    return index if index < len(rows) and rows[index].seq == seq else None
 
 
 BATCH_COLUMNS = BatchRecord._fields

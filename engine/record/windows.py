@@ -8,16 +8,19 @@ NOTE [ Windows for fast loaders ]
     Beyond WINDOW_ABOVE_PER_S the rows are folded into windows of WINDOW_S: a window keeps its
     batches' count, samples, summed and largest wait and step, each worker's count, and a
     histogram of the waits (log-spaced buckets, HISTOGRAM_PER_DOUBLING a doubling: each ~9%
-    wide) from which the latency percentiles are read. Every KEEP_EVERY-th batch stays a whole
-    row for the charts, as do the batches whose making was timed (the workers' busy shares and
-    per-batch costs are read from those, scaled by the windows' counts), each epoch's first
-    (its wait is the epoch's start-up) and each window's last (a stretch of a run's latest
+    wide) from which the latency percentiles are read, and the GPU's idle gaps where timed
+    (count, sum, largest). One batch in KEEP_EVERY (picked by a hash of its number: every
+    16th would be one worker's where workers take turns) stays a whole row, an even sample
+    for the charts and the medians of steps and copies, as do the batches whose making was
+    timed (the workers' busy shares and per-batch costs are read from those, scaled by the
+    windows' counts), each epoch's first (its wait is the epoch's start-up), each window's
+    slowest (an overdue batch's row, a chart's spikes) and last (a stretch of a run's latest
     rows that begins inside a window starts its clock there: ``latest_stretch``). Counts,
     samples and summed times stay exact; a percentile is within one bucket of the exact one.
 
-    Rows wait in a tail of TAIL_S before they are folded: a GPU timing resolved after its
-    batch (LateTimings) still finds its row there, and a slow stretch (an epoch's start) is
-    kept row by row. Slower loaders are never folded: their rows go through as they came.
+    Rows wait in a tail of TAIL_S before they are folded (and no longer: a loop away from its
+    loader lets them out by the clock): a GPU timing resolved after its batch (LateTimings)
+    still finds its row there, and a slow stretch (an epoch's start) is kept row by row. Slower loaders are never folded: their rows go through as they came.
     The engine's runs are folded in the parent (run/runner.py), as the rows arrive; a
     watched loader's by its recorder's thread before they are written (run/recorder.py).
 """
@@ -34,7 +37,7 @@ from dataloader_tuner.record.rows import BatchRecord
 
 WINDOW_ABOVE_PER_S = 2000.0  # batches a second beyond which rows are kept in windows
 WINDOW_S = 0.1  # the time one window covers (cut at an epoch's start)
-KEEP_EVERY = 16  # every n-th batch of a window stays a whole row (for the charts)
+KEEP_EVERY = 16  # one batch in n of a window stays a whole row (for the charts)
 TAIL_S = 1.0  # rows wait this long before they are folded (late GPU timings find them)
 HISTOGRAM_PER_DOUBLING = 8
 HISTOGRAM_FLOOR_S = 1e-6  # waits under a microsecond share bucket 0
@@ -74,6 +77,10 @@ class BatchWindow(NamedTuple):
     step_max_s: float
     wait_hist: tuple[tuple[int, int], ...]
     workers: tuple[tuple[int, int], ...]
+    # the GPU's idle gaps before its batches' steps, where timed: how many, summed, largest
+    gaps: int = 0
+    gap_ms: float = 0.0
+    gap_max_ms: float = 0.0
 
     @property
     def last_seq(self) -> int:
@@ -81,7 +88,8 @@ class BatchWindow(NamedTuple):
 
     def to_row(self) -> list:
         """As the pipe and the run history carry it: JSON-safe lists."""
-        return [*self[:10], [list(p) for p in self.wait_hist], [list(p) for p in self.workers]]
+        return [*self[:10], [list(p) for p in self.wait_hist], [list(p) for p in self.workers],
+                *self[12:]]
 
     @classmethod
     def from_row(cls, row: Sequence) -> "BatchWindow":
@@ -89,10 +97,11 @@ class BatchWindow(NamedTuple):
         hist, workers = (json.loads(v) if isinstance(v, str) else v for v in row[10:12])
         first_seq, batches, epoch, t_start, t_end, samples = row[:6]
         wait_s, wait_max_s, step_s, step_max_s = row[6:10]
+        gaps, gap_ms, gap_max_ms = row[12:15] if len(row) > 12 else (0, 0.0, 0.0)
         return cls(int(first_seq), int(batches), int(epoch), t_start, t_end, int(samples),
                    wait_s, wait_max_s, step_s, step_max_s,
                    tuple((int(b), int(n)) for b, n in hist),
-                   tuple((int(w), int(n)) for w, n in workers))
+                   tuple((int(w), int(n)) for w, n in workers), int(gaps), gap_ms, gap_max_ms)
 
 
 def fold(rows: Sequence[BatchRecord]) -> BatchWindow:
@@ -103,19 +112,26 @@ def fold(rows: Sequence[BatchRecord]) -> BatchWindow:
         bucket = wait_bucket(row.wait_s)
         hist[bucket] = hist.get(bucket, 0) + 1
         workers[row.worker_id] = workers.get(row.worker_id, 0) + 1
+    gaps = [r.gpu_gap_ms for r in rows if r.gpu_gap_ms is not None]
     first, last = rows[0], rows[-1]
     return BatchWindow(
         first.seq, len(rows), first.epoch, first.t_request, last.t_ready + last.step_s,
         sum(r.samples for r in rows), sum(r.wait_s for r in rows), max(r.wait_s for r in rows),
         sum(r.step_s for r in rows), max(r.step_s for r in rows),
-        tuple(sorted(hist.items())), tuple(sorted(workers.items())))
+        tuple(sorted(hist.items())), tuple(sorted(workers.items())),
+        len(gaps), sum(gaps), max(gaps, default=0.0))
+
+
+def sampled(seq: int) -> bool:
+    """One batch in KEEP_EVERY, by a hash of its number: every KEEP_EVERY-th would be the same
+    worker's each time where 2, 4, 8 or 16 workers take turns."""
+    return (seq * 2654435761) % 2**32 < 2**32 // KEEP_EVERY
 
 
 def kept_whole(row: BatchRecord, first_of_epoch: bool) -> bool:
-    """A folded batch that also stays a row: every KEEP_EVERY-th, a timed one, an epoch's
-    first, one a GPU timing landed on (and its window's last: ``latest_stretch``)."""
-    return (row.seq % KEEP_EVERY == 0 or first_of_epoch or row.fetch_s is not None
-            or row.h2d_ms is not None or row.gpu_gap_ms is not None)
+    """A folded batch that also stays a row: one in KEEP_EVERY (``sampled``), a timed one
+    and an epoch's first (the window's last and slowest too: Thinner._thin)."""
+    return sampled(row.seq) or first_of_epoch or row.fetch_s is not None
 
 
 def latest_stretch(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]
@@ -144,15 +160,17 @@ class Thinner:
     tail: deque[BatchRecord] = field(default_factory=deque)
     last_epoch: int | None = None  # of the last row out: a new one opens an epoch
 
-    def arrived(self, rows: Sequence[tuple]) -> tuple[list[tuple], list[BatchWindow]]:
+    def arrived(self, rows: Sequence[tuple], now: float | None = None
+                ) -> tuple[list[tuple], list[BatchWindow]]:
         """Rows as they arrive (BatchRecord's fields): while batches come slower than
-        WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail."""
+        WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail. ``now``:
+        seconds since the run started, where known (see ``take``)."""
         if not self.tail and not fast(rows):
             if rows:
                 self.last_epoch = rows[-1][1]
             return list(rows), []
         self.tail.extend(BatchRecord.from_row(row) for row in rows)
-        kept, windows = self.take()
+        kept, windows = self.take(now)
         return list(kept), windows
 
     def late(self, seq: int, **timings: Any) -> bool:
@@ -166,12 +184,13 @@ class Thinner:
         self.tail[index] = self.tail[index]._replace(**timings)
         return True
 
-    def take(self) -> tuple[list[BatchRecord], list[BatchWindow]]:
-        """Rows and windows for everything more than TAIL_S older than the newest row."""
+    def take(self, now: float | None = None) -> tuple[list[BatchRecord], list[BatchWindow]]:
+        """Rows and windows for everything more than TAIL_S older than the newest row, or than
+        ``now`` (seconds since the run started: a loop away from its loader lets its rows out)."""
         if not self.tail:
             return [], []
         newest = self.tail[-1]
-        horizon = newest.t_ready + newest.step_s - TAIL_S
+        horizon = max(newest.t_ready + newest.step_s, now or 0.0) - TAIL_S
         out: list[BatchRecord] = []
         while self.tail and self.tail[0].t_ready + self.tail[0].step_s < horizon:
             out.append(self.tail.popleft())
@@ -196,9 +215,11 @@ class Thinner:
                 kept.extend(chunk)
                 continue
             windows.append(fold(chunk))
-            kept.extend(r for r, first in zip(chunk, opens) if kept_whole(r, first))
-            if not kept_whole(chunk[-1], opens[-1]):
-                kept.append(chunk[-1])
+            # its slowest (an overdue batch's row; the spikes of a chart) and its last (where a
+            # stretch that begins inside it starts its clock: latest_stretch) stay rows too
+            slowest = max(chunk, key=lambda r: r.wait_s)
+            kept.extend(r for r, first in zip(chunk, opens)
+                        if kept_whole(r, first) or r is slowest or r is chunk[-1])
         return kept, windows
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dataloader_tuner import protocol
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.record.cards import Consumer, DatasetCard
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, row_index
 from dataloader_tuner.record.trials import TrialRecord, TunePlan
 from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.output import OutputLog
@@ -145,16 +145,16 @@ class LiveRun:
         return self.ready.ranks_on_node if self.ready else 1
 
     def _set_late_timings(self, event: protocol.LateTimings) -> None:
-        """Onto their batches, found by number (rows arrive in order, numbered from the first)."""
-        first = self.batches[0].seq if self.batches else 0
+        """Onto their batches, found by number (rows arrive in order; where fast batches are
+        kept in windows, not every batch has one)."""
         updates: dict[int, dict] = {}
         for seq, gap_ms in event.gaps:
             updates.setdefault(seq, {})["gpu_gap_ms"] = gap_ms
         for seq, ms, other_ms in event.copies:
             updates.setdefault(seq, {}).update(h2d_ms=ms, h2d_other_ms=other_ms)
         for seq, fields in updates.items():
-            index = seq - first
-            if 0 <= index < len(self.batches) and self.batches[index].seq == seq:
+            index = row_index(self.batches, seq)
+            if index is not None:
                 self.batches[index] = self.batches[index]._replace(**fields)
 
     @classmethod
@@ -180,6 +180,11 @@ class LiveRun:
         if live.resources:
             live.elapsed_s = max(live.elapsed_s, live.resources[-1]["t"])
         return live
+
+    def batches_seen(self) -> int:
+        """Batches the run has made so far (its rows may be a sample: record/windows.py)."""
+        last_row = self.batches[-1].seq if self.batches else -1
+        return max(last_row, self.windows[-1].last_seq if self.windows else -1) + 1
 
     def worker_pids(self) -> set[int]:
         pids = {r["pid"] for r in self.resources if r["role"] == "worker"}

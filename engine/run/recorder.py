@@ -231,7 +231,7 @@ class WindowedRows:
         for copy in recorder.copies[:]:
             if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
                 recorder.copies.remove(copy)
-        kept, windows = thinner.arrived(measured)
+        kept, windows = thinner.arrived(measured, time.monotonic() - recorder.t0)
         del recorder.rows[:len(measured)]
         if recorder.recent is not None:  # every row: a rank's report reads its recent ones
             recorder.recent.extend(measured)
@@ -248,5 +248,5 @@ class WindowedRows:
         del self.windows[:windows]
 
     def pending(self) -> int:
-        """Batches held: in the thinner's tail or let out and not yet written."""
-        return len(self.thinner.tail) + len(self.rows)
+        """Rows and windows held: in the thinner's tail, or let out and not yet written."""
+        return len(self.thinner.tail) + len(self.rows) + len(self.windows)

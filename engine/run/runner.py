@@ -307,6 +307,8 @@ class RunHandle:
                 return
         if isinstance(event, protocol.Finished):
             self._thinned(*self._thinner.flush())
+        elif isinstance(event, protocol.Resources) and self._thinner.tail:
+            self._thinned(*self._thinner.take(event.t))  # a run between batches: by the clock
         self._deliver(event)
 
     def _thinned(self, rows: list, windows: list[BatchWindow]) -> None:

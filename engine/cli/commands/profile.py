@@ -16,6 +16,7 @@ from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_jso
                                        non_negative_float, non_negative_int, positive_int,
                                        print_json, settings_from_args, write_speedscope)
 from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.errors import ConfigError
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from dataloader_tuner.store import RunStore
@@ -89,6 +90,7 @@ class Progress:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.batches = 0
+        self.windows: list[BatchWindow] = []  # the last Windows event's (record/windows.py)
         self.last = 0.0
 
     def on_event(self, event: protocol.Event) -> None:
@@ -100,8 +102,13 @@ class Progress:
             sys.stderr.write(("\n" if self.last else "") + f"{overdue_now(event)}\n")
         if not self.enabled:
             return
-        if isinstance(event, protocol.Batches):
-            self.batches += len(event.rows)
+        if isinstance(event, protocol.Batches):  # (the rows kept inside windows: not again)
+            self.batches += sum(1 for row in event.rows
+                                if not any(w.first_seq <= row[0] <= w.last_seq
+                                           for w in self.windows))
+        elif isinstance(event, protocol.Windows):  # just before their rows (run/runner.py)
+            self.windows = event.folded()
+            self.batches += sum(w.batches for w in self.windows)
         now = time.monotonic()
         if now - self.last > 0.5:
             self.last = now
