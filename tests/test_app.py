@@ -450,3 +450,23 @@ def test_history_shows_a_fast_run_from_its_windows(app_env):
     throughput = figures["Throughput over time"]["data"][0]["y"]
     steady = sorted(throughput)[len(throughput) // 2]
     assert 0.7 < steady / run.samples_per_s < 1.3, (steady, run.samples_per_s)
+
+
+def test_a_fast_watched_job_says_its_rows_are_windows(app_env):
+    """A watched loader making thousands of batches a second (record/windows.py): the
+    Training jobs page counts its batches, not its rows, and says a row is one batch, not a
+    window, with the rate from which they were kept so."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dataloader_tuner import watch
+
+    data = TensorDataset(torch.randn(32 * 3000, 4), torch.arange(32 * 3000))
+    watched = watch(DataLoader(data, batch_size=32), name="fast", db=app_env)
+    count = sum(1 for _ in range(3) for _batch in watched)
+    watched.close()
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    page = " ".join(m.value for m in at.markdown)
+    assert f"{count:,} batches" in page, page
+    assert "a row is one batch, not a window" in texts(at)
