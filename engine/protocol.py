@@ -141,7 +141,8 @@ class Batches:
     """Rows of record.rows.BatchRecord fields, as plain tuples (packed on the wire).
 
     The engine's child sends its loop's columns as they are (``of_columns``: ``rows`` empty
-    there); they arrive as rows (NOTE [ Rows built off the loop ], record/columns.py)."""
+    there); they arrive as rows, BatchRecords already (NOTE [ Rows built off the loop ],
+    record/columns.py)."""
 
     kind: ClassVar[str] = "batches"
     rows: list[tuple[Any, ...]]
@@ -159,7 +160,7 @@ class Batches:
     @classmethod
     def from_wire(cls, doc: dict[str, Any]) -> "Batches":
         if "columns" in doc:
-            return cls(rows_from_wire(doc["columns"]))
+            return cls(list(rows_from_wire(doc["columns"])))
         return cls(unpack_rows(doc))
 
 

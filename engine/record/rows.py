@@ -55,7 +55,8 @@ class BatchRecord(NamedTuple):
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> "BatchRecord":
-        return cls(*row)
+        """The row as a BatchRecord (one already is: the parent's rows from columns)."""
+        return row if isinstance(row, BatchRecord) else cls(*row)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
