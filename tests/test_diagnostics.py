@@ -100,6 +100,25 @@ def test_failure_has_a_specific_headline(target, args, error_type, phrases, db_p
     assert elapsed < FAIL_WITHIN_S
 
 
+def test_torch_s_worker_death_check_raises_once_in_the_engine():
+    """torch's SIGCHLD handler raised again for a sibling worker's exit while the first
+    "worker killed" was being caught: the engine exited 1 with no report (CI, worker_segfault
+    with 2 workers). Its check raises once in the engine's child (child/failures.py)."""
+    from types import SimpleNamespace
+
+    from dataloader_tuner.child.failures import worker_deaths_raise_once
+
+    def always_dead() -> None:
+        raise RuntimeError("DataLoader worker (pid 7) is killed by signal: Segmentation fault.")
+
+    handling = SimpleNamespace(_error_if_any_worker_fails=always_dead)
+    worker_deaths_raise_once(handling)
+    worker_deaths_raise_once(handling)  # wrapped once, not twice
+    with pytest.raises(RuntimeError, match="Segmentation fault"):
+        handling._error_if_any_worker_fails()
+    assert handling._error_if_any_worker_fails() is None  # the second death: reported already
+
+
 def test_invalid_settings_are_rejected_before_starting(db_path):
     code, doc, elapsed = profile(dataset_path("small_map.py"), "--prefetch-factor", "4",
                                  db=db_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import traceback
+from typing import Any
 
 from dataloader_tuner.analyse.stalls import stuck_at
 from dataloader_tuner.errors import RunError
@@ -145,3 +146,32 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
     return RunError(headline, details="\n\n".join(parts), type="hang")
 
 
+
+
+def worker_deaths_raise_once(handling: Any = None) -> None:
+    """torch's SIGCHLD handler raises "DataLoader worker (pid N) is killed by signal" at
+    whatever bytecode the main thread is at, and again for each child that exits while the
+    dead worker is still registered (its siblings stop as the first error unwinds). A second
+    raise while the first was being caught ended a run with exit code 1 and no report (CI,
+    tests/broken/worker_segfault.py with 2 workers). After its first raise the check is a
+    no-op in this process: the run is failing and reports that, and a loader still finds a dead
+    worker itself (its get()'s timeout checks). ``handling``: torch's signal_handling module."""
+    if handling is None:
+        from torch.utils.data._utils import signal_handling as handling
+    check = getattr(handling, "_error_if_any_worker_fails", None)
+    if check is None or getattr(check, "raises_once", False):
+        return
+    raised = False
+
+    def raise_once() -> None:
+        nonlocal raised
+        if raised:
+            return
+        try:
+            check()
+        except RuntimeError:
+            raised = True
+            raise
+
+    raise_once.raises_once = True  # type: ignore[attr-defined]
+    handling._error_if_any_worker_fails = raise_once

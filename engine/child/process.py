@@ -38,7 +38,8 @@ from dataloader_tuner import system
 from dataloader_tuner.child.starting import snippet_names, starting_config
 from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
-from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
+from dataloader_tuner.child.failures import (explain_failure, hang_error, may_be_worker_death,
+                                             worker_deaths_raise_once)
 from dataloader_tuner.child.measure import Measurement, labels_of_dataset
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.columns import BatchColumns
@@ -151,6 +152,7 @@ class ChildRun:
                                                            plain_showwarning))
         warnings.showwarning = self._warning_hook
         self.recorder.start(on_tick=self._check_watchdog)
+        worker_deaths_raise_once()  # a second raise would escape the report of the first
         failure: BaseException | None = None
         try:
             self._run()
