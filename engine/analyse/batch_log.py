@@ -5,13 +5,15 @@ times come from the windows and the rows they cover are a sample kept for the ch
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
-                                             BatchWindow, bucket_bounds, sampled, wait_bucket)
+                                             BatchWindow, bucket_middle, holders, sampled,
+                                             wait_bucket)
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,10 @@ class BatchLog:
         if not self.windows:
             return metrics.latency_ms([b.wait_s for b in self.rows[warmup:]])
         waits = [b.wait_s for b in self.loose[warmup:]]
-        hist: dict[int, int] = {}
-        for wait in waits:
-            hist[wait_bucket(wait)] = hist.get(wait_bucket(wait), 0) + 1
+        hist = Counter(wait_bucket(wait) for wait in waits)
         for window in self.windows:
             for bucket, count in window.wait_hist:
-                hist[bucket] = hist.get(bucket, 0) + count
+                hist[bucket] += count
         n = sum(hist.values())
         most = max([*waits, *(w.wait_max_s for w in self.windows)])
         total = sum(waits) + sum(w.wait_s for w in self.windows)
@@ -111,15 +111,8 @@ class BatchLog:
             return [(row, 1.0) for row in self.rows]
         loose = {id(b) for b in self.loose}
         picked = [b for b in self.rows if id(b) in loose or sampled(b.seq)]
-        inside: dict[int, int] = {}  # window index -> its rows in the sample
-        at, where = 0, []
-        for row in picked:
-            while at < len(self.windows) and self.windows[at].last_seq < row.seq:
-                at += 1
-            covered = at < len(self.windows) and self.windows[at].first_seq <= row.seq
-            where.append(at if covered else None)
-            if covered:
-                inside[at] = inside.get(at, 0) + 1
+        where = holders(picked, self.windows)
+        inside = Counter(w for w in where if w is not None)  # window -> its rows in the sample
         return [(row, 1.0 if w is None else self.windows[w].batches / inside[w])
                 for row, w in zip(picked, where)]
 
@@ -157,8 +150,7 @@ class BatchLog:
         counts = [1] * len(waits)
         for window in self.windows:
             for bucket, count in window.wait_hist:
-                lo, hi = bucket_bounds(bucket)
-                waits.append(float((lo * hi) ** 0.5) if lo > 0 else hi / 2)
+                waits.append(bucket_middle(bucket))
                 counts.append(count)
         return waits, counts
 
@@ -183,25 +175,16 @@ def uncovered(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]) -> li
     """The rows outside every window (both in order of their batches)."""
     if not windows:
         return list(rows)
-    loose, at = [], 0
-    for row in rows:
-        while at < len(windows) and windows[at].last_seq < row.seq:
-            at += 1
-        if at == len(windows) or row.seq < windows[at].first_seq:
-            loose.append(row)
-    return loose
+    return [row for row, held in zip(rows, holders(rows, windows)) if held is None]
 
 
-def hist_percentile(hist: dict[int, int], q: float) -> float:
+def hist_percentile(hist: Mapping[int, int], q: float) -> float:
     """The q-th percentile (seconds) of the waits a histogram counts: the middle of the bucket
-    that holds it (geometric, the buckets being log-spaced), so within one bucket."""
-    n = sum(hist.values())
-    rank = (n - 1) * q / 100.0
+    that holds it, so within one bucket."""
+    rank = (sum(hist.values()) - 1) * q / 100.0
     seen = 0
     for bucket in sorted(hist):
         seen += hist[bucket]
         if seen > rank:
-            lo, hi = bucket_bounds(bucket)
-            return float((lo * hi) ** 0.5) if lo > 0 else hi / 2
-    lo, hi = bucket_bounds(max(hist))
-    return float((lo * hi) ** 0.5)
+            return bucket_middle(bucket)
+    return bucket_middle(max(hist))

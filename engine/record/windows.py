@@ -59,6 +59,25 @@ def bucket_bounds(bucket: int) -> tuple[float, float]:
             HISTOGRAM_FLOOR_S * 2 ** (bucket / HISTOGRAM_PER_DOUBLING))
 
 
+def bucket_middle(bucket: int) -> float:
+    """The wait (seconds) a bucket stands for: its geometric middle (the buckets are
+    log-spaced), so within the bucket of any wait it holds."""
+    lo, hi = bucket_bounds(bucket)
+    return float((lo * hi) ** 0.5) if lo > 0 else hi / 2
+
+
+def holders(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]) -> list[int | None]:
+    """For each row, the index of the window holding its batch, or None (both in order of
+    their batches)."""
+    found: list[int | None] = []
+    at = 0
+    for row in rows:
+        while at < len(windows) and windows[at].last_seq < row.seq:
+            at += 1
+        found.append(at if at < len(windows) and windows[at].first_seq <= row.seq else None)
+    return found
+
+
 class BatchWindow(NamedTuple):
     """Consecutive batches of one epoch, folded (NOTE [ Windows for fast loaders ]). Times are
     seconds since the run started; ``t_start`` is when its first batch was asked for and
