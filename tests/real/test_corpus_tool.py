@@ -11,6 +11,7 @@ ratio properly, paired and repeated.
 from __future__ import annotations
 
 import importlib
+import statistics
 
 import pytest
 
@@ -65,7 +66,10 @@ def test_counts_and_diagnostics_are_right(name):
 @pytest.mark.parametrize("name", ["detection", "webdataset_style", "duck_typed"])
 def test_samples_per_s_agrees_with_a_plain_loop(name):
     tool = profile(name)["samples_per_s"]
-    plain = plain_loop.plain_rate(target(name), 3.0)["samples_per_s"]
+    # the median of three plain loops: one read 26.9k samples/s of duck_typed in CI where
+    # plain loops read 38-48k here minutes apart (a slow stretch of the machine, not the tool)
+    plain = statistics.median(plain_loop.plain_rate(target(name), 1.5)["samples_per_s"]
+                              for _ in range(3))
     assert 0.6 < tool / plain < 1.6, (tool, plain)
 
 
