@@ -8,11 +8,11 @@ import weakref
 import pytest
 
 from dataloader_tuner import protocol
-from dataloader_tuner.child.measure import Measurement, _Measured
+from dataloader_tuner.child.measure import LABEL_EVERY, Measurement
 from dataloader_tuner.child.starting import starting_config
 from dataloader_tuner.child.target import resolve
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.record.columns import BatchColumns
+from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.loop import BatchSource, ColumnLoop, TimedLoop
 from dataloader_tuner.record.rows import BatchMeta
@@ -37,6 +37,14 @@ def _same(rows, others) -> bool:
 
 
 def _epoch(loop, mark, items, step_s=0.0):
+    if isinstance(loop, ColumnLoop):  # the step runs inside the loop
+        def step(batch):
+            time.sleep(step_s)
+            return NO_STEP_TIMES
+
+        assert not loop.epoch(mark, BatchSource(iter(items)), step, float("inf"),
+                              lambda now: False, 1.0)
+        return
     for batch in loop.epoch(mark, BatchSource(iter(items))):
         time.sleep(step_s)
 
@@ -67,11 +75,13 @@ def test_rows_from_columns_are_the_per_batch_loops_rows():
                for prev, r in zip(rows, rows[1:]))
 
 
-def test_the_column_loop_holds_no_batch_while_the_job_has_it():
+def test_the_column_loop_frees_each_batch_before_it_asks_for_the_next():
+    """NOTE [ One batch, in order ]: the step's reference is a batch's last; a step that raises
+    still has its batch's row written, and the loop stops where it is told to."""
     class Batch:
         pass
 
-    made = [Batch() for _ in range(3)]
+    made = [Batch() for _ in range(4)]
     refs = [weakref.ref(b) for b in made]
 
     def produce():
@@ -80,16 +90,25 @@ def test_the_column_loop_holds_no_batch_while_the_job_has_it():
 
     columns = BatchColumns(time.monotonic())
     loop = ColumnLoop(BatchLedger(columns.t0, lambda *a: None, lambda *a: None), columns)
-    batches = loop.epoch(loop.ledger.new_epoch(), BatchSource(produce()))
-    batch = next(batches)
-    assert refs[0]() is batch
-    del batch
-    gc.collect()
-    assert refs[0]() is None
-    assert next(batches) is refs[1]()
-    assert len(columns) == 1
-    batches.close()  # a loop that breaks off: its last batch is written too
-    assert len(columns) == 2
+    seen: list[int] = []
+
+    def step(batch):
+        index = [r() for r in refs].index(batch)
+        gc.collect()
+        assert all(r() is None for r in refs[:index])  # the batches before: freed already
+        seen.append(index)
+        if index == 1:
+            raise KeyError("the job's step")
+        return (0.5, None, None)
+
+    with pytest.raises(KeyError):
+        loop.epoch(loop.ledger.new_epoch(), BatchSource(produce()), step, float("inf"),
+                   lambda now: False, 1.0)
+    assert seen == [0, 1] and len(columns) == 2  # the raising step's batch written too
+    assert columns.step_times == {0: (0.5, None, None)}
+    assert loop.epoch(loop.ledger.new_epoch(), BatchSource(produce()), step, 2,
+                      lambda now: False, 1.0)  # batch number 2 was the last to take
+    assert seen == [0, 1, 2] and len(columns) == 3 and len(made) == 1
 
 
 def test_columns_cross_the_pipe_as_rows_and_a_flush_takes_only_whole_batches():
@@ -120,5 +139,5 @@ def test_the_measurement_counts_labels_on_the_batches_it_looks_at():
     measurement.run()
     measurement.close()
     assert len(columns) == 40
-    looked = 40 // _Measured.look_every
+    looked = 40 // LABEL_EVERY
     assert sum(measurement.label_counts.values()) == 4 * looked

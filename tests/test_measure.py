@@ -121,6 +121,47 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
     assert labels_of_dataset([1, 2, 3]) is None
 
 
+def test_a_dataset_that_lists_its_labels_has_no_batch_looked_at_for_them(tmp_path):
+    """long_tail and many_classes list ``targets``: their counts come from it, exact, and the
+    loop spends nothing per batch on labels; with a sampler of the user's, batches are counted
+    (it changes what the model sees)."""
+    from dataloader_tuner.child.measure import LABEL_EVERY, count_labels
+
+    target = tmp_path / "listed.py"
+    target.write_text(
+        "import torch\n"
+        "class Listed(torch.utils.data.Dataset):\n"
+        "    targets = [0] * 30 + [1] * 10\n"
+        "    def __len__(self): return 40\n"
+        "    def __getitem__(self, i): return torch.zeros(2), self.targets[i]\n"
+        "dataset = Listed()\n")
+    looked: list[int] = []
+    resolved = resolve(str(target))
+    for settings, counted in (({"batch_size": 4}, False),
+                              ({"batch_size": 4, "sampler": list(range(40))[::-1]}, True)):
+        config = starting_config(resolved, settings)
+        measurement = Measurement(resolved, config, Consumer(), 30.0, BatchColumns(),
+                                  max_batches=40)
+        import dataloader_tuner.child.measure as measure_module
+
+        def spy(batch, samples, counts):
+            looked.append(samples)
+            count_labels(batch, samples, counts)
+
+        measure_module.count_labels, original = spy, measure_module.count_labels
+        try:
+            measurement.run()
+        finally:
+            measure_module.count_labels = original
+            measurement.close()
+        if counted:
+            assert measurement.dataset_labels is None
+            assert len(looked) == 40 // LABEL_EVERY
+            assert sum(measurement.label_counts.values()) == 4 * len(looked)
+        else:
+            assert measurement.dataset_labels == {0: 30, 1: 10} and looked == []
+
+
 def test_the_snippet_names_objects_as_the_module_makes_them():
     from dataloader_tuner.child.starting import snippet_names
 

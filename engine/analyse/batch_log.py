@@ -13,7 +13,7 @@ from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
                                              BatchWindow, bucket_middle, holders, sampled,
-                                             wait_bucket)
+                                             wait_buckets)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class BatchLog:
         if not self.windows:
             return metrics.latency_ms([b.wait_s for b in self.rows[warmup:]])
         waits = [b.wait_s for b in self.loose[warmup:]]
-        hist = Counter(wait_bucket(wait) for wait in waits)
+        hist = Counter(wait_buckets(waits))
         for window in self.windows:
             for bucket, count in window.wait_hist:
                 hist[bucket] += count

@@ -40,7 +40,7 @@ from dataloader_tuner.child.dataset_card import dataset_card
 from dataloader_tuner.errors import EngineError, RunError
 from dataloader_tuner.child.failures import (explain_failure, hang_error, may_be_worker_death,
                                              worker_deaths_raise_once)
-from dataloader_tuner.child.measure import Measurement, labels_of_dataset
+from dataloader_tuner.child.measure import Measurement
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.instrument import gpu, sampler, stalls
@@ -184,12 +184,7 @@ class ChildRun:
         the order), else from the batches the run sampled."""
         if self.measurement is None:
             return
-        config = self.measurement.config
-        try:  # a sampler (e.g. a WeightedRandomSampler) changes what the model sees: count that
-            counts = (labels_of_dataset(self.measurement.resolved.dataset)
-                      if config.sampler is None and config.batch_sampler is None else None)
-        except Exception:  # noqa: BLE001 - a dataset attribute that misbehaves: use batches
-            counts = None
+        counts = self.measurement.dataset_labels
         if counts:
             self.events.send(protocol.Labels(counts, "dataset"))
         elif self.measurement.label_counts:

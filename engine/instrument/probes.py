@@ -168,7 +168,8 @@ class TimedMapDataset(Dataset):
 
     def __init__(self, inner: Dataset) -> None:
         self.inner = inner
-        self._inner_getitems = getattr(inner, "__getitems__", None)
+        # (one look-up a batch: this class's __getattr__ makes each look-up on it dearer)
+        self._tuner_fetch = (inner, getattr(inner, "__getitems__", None))
         self.probe_first = True  # False: a worker's first fetch offers its stack only (see watcher)
 
     def __len__(self) -> int:
@@ -196,14 +197,15 @@ class TimedMapDataset(Dataset):
                     and timer.made % timer.every == 0):  # ...and it reads the costly figures
                 timer.cpu_start = cpu_clock()
             start = clock()
-        if self._inner_getitems:
+        inner, inner_getitems = self._tuner_fetch
+        if inner_getitems:
             try:
-                items = self._inner_getitems(indices)
+                items = inner_getitems(indices)
             except Exception as exc:
                 add_note(exc, f"while fetching sample indices {list(indices)[:64]}")
                 raise
         else:
-            inner, pending = self.inner, iter(indices)
+            pending = iter(indices)
             try:  # a comprehension like torch's own fetcher: the cheapest loop there is
                 items = [inner[i] for i in pending]
             except Exception as exc:
@@ -227,7 +229,7 @@ class TimedMapDataset(Dataset):
     def __setattr__(self, name: str, value: Any) -> None:
         # ...and set them: worker_init_fn gets this wrapper as get_worker_info().dataset and
         # must reach the user's dataset (e.g. giving each worker its own random generator).
-        if name in ("inner", "_inner_getitems", "probe_first"):
+        if name in ("inner", "_tuner_fetch", "probe_first"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)

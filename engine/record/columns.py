@@ -7,8 +7,9 @@ NOTE [ Rows built off the loop ]
     more batches a second than the same loop building a ``BatchRecord`` per batch: the row's
     16 fields and 5 subtractions, the ledger's calls, the source's hooks, ~5-6 us a batch in
     one process (2-core machine). Here the loop keeps only what it measured: three clock
-    readings in one ``array('d')`` and the meta the batch came with (a tuple the probes made
-    anyway), ~0.5 us a batch. The rows are built from these columns where nobody waits for
+    readings in a list (an ``array('d')`` parses each float it takes: ~900 instructions a
+    batch more, bench/instructions.py) and the meta the batch came with (a tuple the probes
+    made anyway), ~0.5 us a batch. The rows are built from these columns where nobody waits for
     them: in the parent process for a profile run's pipe (``to_wire``/``rows_from_wire``), and
     after a trial's batches for a tune. Figures that a trial needs while it runs (its rate's
     interval) are read from the columns directly.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import marshal
+import struct
 from array import array
 from typing import Any, Sequence
 
@@ -53,7 +55,7 @@ class BatchColumns:
 
     def __init__(self, t0: float = 0.0, first_seq: int = 0) -> None:
         self.t0, self.first_seq = t0, first_seq
-        self.clocks = array("d")
+        self.clocks: list[float] = []
         self.metas: list[tuple] = []
         self.epochs: list[tuple[int, int]] = []
         self.step_times: dict[int, tuple] = {}
@@ -67,7 +69,7 @@ class BatchColumns:
         """When batch ``index`` (of these columns) was handed over, since ``t0``."""
         return self.clocks[3 * index + 1] - self.t0
 
-    def ends(self, start: int, stop: int) -> array:
+    def ends(self, start: int, stop: int) -> list[float]:
         """When the loop came back after each batch ``start..stop-1`` (its step's end)."""
         return self.clocks[3 * start + 2:3 * stop:3]
 
@@ -128,7 +130,8 @@ class BatchColumns:
         """The batches for the pipe: the clocks' bytes and the marshalled metas (C speed, in
         the child; NOTE [ Rows built off the loop ])."""
         return {"n": len(self.metas), "t0": self.t0, "first_seq": self.first_seq,
-                "clocks": base64.b64encode(self.clocks.tobytes()).decode("ascii"),
+                "clocks": base64.b64encode(struct.pack(f"{len(self.clocks)}d", *self.clocks)
+                                           ).decode("ascii"),
                 "metas": base64.b64encode(marshal.dumps(self.metas)).decode("ascii"),
                 "epochs": self.epochs, "steps": [[s, *t] for s, t in self.step_times.items()]}
 

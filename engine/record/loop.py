@@ -37,6 +37,8 @@ from dataloader_tuner.record.ledger import BatchLedger, EpochMark
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
 
 Emit = Callable[[BatchRecord], Any]
+# A loop's step on a batch: what it timed on a GPU around it (h2d_ms, other_ms, gap_ms)
+Step = Callable[[Any], tuple[float | None, float | None, float | None]]
 
 
 class BatchSource:
@@ -164,30 +166,37 @@ class TimedLoop:
 
 class ColumnLoop:
     """The engine's own measuring loop: NOTE [ One batch, in order ] as TimedLoop keeps it, each
-    batch written to ``columns`` instead of a row (NOTE [ Rows built off the loop ],
-    columns.py). Its items are ``(batch, meta)`` as the probes make them; no wrapper asks ahead
-    and no loader is switched, so the source is told nothing per batch but ``look``, on every
-    ``look_every``-th batch (0: none), before the batch goes to the loop."""
+    batch written to ``columns`` instead of a row (NOTE [ Rows built off the loop ], columns.py),
+    and the loop's step run here (``step``), not by a caller the batches are yielded to: one
+    generator's resume and a list less a batch; and one clock reading ends a batch's step and
+    starts the next one's wait, as nothing runs between them. Its items are ``(batch, meta)``
+    as the probes make them; no wrapper asks ahead and no loader is switched, so the source is
+    told nothing per batch but ``look``, on every ``look_every``-th batch (0: none), before
+    the step."""
 
-    __slots__ = ("ledger", "columns", "step_times")
+    __slots__ = ("ledger", "columns", "check_at")
 
     def __init__(self, ledger: BatchLedger, columns: BatchColumns) -> None:
         self.ledger, self.columns = ledger, columns
-        self.step_times: tuple[float | None, float | None, float | None] = NO_STEP_TIMES
+        self.check_at = 0.0  # when to ask stopping() next (a clock reading)
 
-    def epoch(self, mark: EpochMark, source: BatchSource) -> Generator[Any, None, None]:
-        """The epoch's batches, each timed (a plain loop's ~0.5 us more a batch, against
-        TimedLoop's ~5 us: columns.py)."""
+    def epoch(self, mark: EpochMark, source: BatchSource, step: Step | None, last_seq: float,
+              stopping: Callable[[float], bool], check_s: float) -> bool:
+        """The epoch's batches, each timed and given to ``step`` (None: dropped at once); True
+        where the run is to end: batch ``last_seq`` was taken, or ``stopping(now)`` said so
+        (asked every ``check_s``, not every batch); False where the epoch ran out."""
         ledger, clock, columns = self.ledger, time.monotonic, self.columns
-        add_clock, add_meta = columns.clocks.append, columns.metas.append
+        add_clocks, add_meta = columns.clocks.extend, columns.metas.append
         iterator, every = source.iterator, source.look_every
+        t_request = clock()
+        opened, check_at = mark.opened, self.check_at
         try:
             while True:
-                ledger.asking_since = t_request = clock()
+                ledger.asking_since = t_request
                 try:
                     batch, meta = next(iterator)
                 except StopIteration:
-                    return
+                    return False
                 except BaseException as exc:
                     ledger.next_error = exc
                     raise
@@ -196,26 +205,32 @@ class ColumnLoop:
                 t_ready = clock()
                 seq = ledger.seq
                 ledger.seq = seq + 1
-                if meta.__class__ is not tuple or not mark.opened:  # a first of epoch/worker
-                    if not mark.opened:
+                if meta.__class__ is not tuple or not opened:  # a first of epoch/worker
+                    if not opened:
                         mark.asked(t_request)
                         t_request = mark.start + mark.away
                         columns.epochs.append((seq, mark.epoch))
                     ledger.handed(mark, t_ready, meta)
+                    opened = mark.opened
                     meta = column_meta(meta)
                 if every and seq % every == 0:
                     source.look(seq, batch, meta)
-                # Held by nothing here while the loop has it (NOTE [ One batch, in order ])
-                held, batch = [batch], None
                 try:
-                    yield held.pop()
-                finally:  # also the last batch of a loop that breaks off
-                    add_clock(t_request)
-                    add_clock(t_ready)
-                    add_clock(clock())
-                    if self.step_times is not NO_STEP_TIMES:
-                        columns.step_times[seq] = self.step_times
+                    if step is not None:
+                        times = step(batch)
+                        if times != NO_STEP_TIMES:
+                            columns.step_times[seq] = times
+                finally:  # also the last batch of a step that raised
+                    batch = None  # freed before the next is asked for, as a loop's own
+                    t_back = clock()
+                    add_clocks((t_request, t_ready, t_back))
                     add_meta(meta)
+                if seq >= last_seq or t_back >= check_at:
+                    if seq >= last_seq or stopping(t_back):
+                        return True
+                    self.check_at = check_at = t_back + check_s
+                    t_back = clock()  # (asking whether to stop is not waiting for data)
+                t_request = t_back  # the loop asks again at once: one clock reading for both
         finally:
             source.close()
 

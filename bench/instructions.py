@@ -1,0 +1,274 @@
+"""What does measuring cost each batch, in instructions? A count the host's noise cannot move.
+
+This machine's speed swings by a third between seconds (docs/benchmarks.md), so a 3% cost is
+lost in the spread of timed pairs. Here the work is counted instead: the whole run goes under
+valgrind's callgrind, and each phase (N batches of one way of iterating) is bracketed by
+callgrind's client requests (a tiny C shim, compiled here with gcc), which zero and dump its
+counters; a phase's instructions over its batches is its cost per batch, the same to within
+~0.1% from one repeat to the next. Per module, at ``num_workers=0`` (every per-batch cost of
+the tool is then in the one process, the worst case for fast batches):
+  plain     a plain DataLoader with the module's settings (tests/real/plain_loop.py's)
+  engine    the engine's measuring loop (child/measure.py: wrapped dataset, timing collate,
+            columns) plus the child's encoding of those batches for its pipe; the parent's
+            share (decode, fold into windows: another process, another core) is ``parent``
+  watched   ``watch(loader)`` over the same loader, its recorder thread writing a temporary
+            history (every row, window and flush it makes for these batches)
+Figures are instructions per batch; ``x plain`` is the cost over plain's. Not counted: the
+stack sampler (off here; its looks are timed by bench/profile_cost.py) and what a system call
+costs beyond its instructions.
+
+Under valgrind a batch takes ~50x longer, and the tool decides by the clock (a batch under
+1 ms is timed every 16th only; beyond 2,000 batches a second rows fold into windows; the
+recorder flushes every 0.25 s). So the run's ``time.monotonic`` is slowed by the factor
+measured (a plain loop's time per batch under valgrind over the same outside it), before the
+tool is imported: it decides as it would at full speed. That clock is a Python function, a few
+hundred instructions a call more than the real one: its calls are counted, and what they cost
+beyond the real clock's (timed in a phase of their own) is taken off each way's figure.
+
+    python bench/instructions.py [--only NAME] [--batches 1500] [--repeats 2]
+
+Needs valgrind and gcc (Debian: valgrind, gcc); ~3 minutes a module (importing torch under
+valgrind alone takes ~2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = ["tests/real/long_tail.py", "tests/real/many_classes.py"]
+SHIM = """#include <valgrind/callgrind.h>
+void phase_start(void) { CALLGRIND_ZERO_STATS; }
+void phase_end(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+"""
+WAYS = ("plain", "engine", "parent", "watched")
+CLOCK_CALLS = 20_000  # calls of each clock timed, for what the slowed one costs more a call
+
+
+# -- inside valgrind ---------------------------------------------------------------------------
+
+def plain_loader(target: str):
+    """The module's dataset and DataLoader settings at 0 workers, as a plain loop builds them."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "real"))
+    import plain_loop  # the corpus's own, independent of the tool
+
+    module, attr = plain_loop.load_module(os.path.join(ROOT, target))
+    dataset = plain_loop.build_dataset(module, attr)
+    return dataset, plain_loop.loader_settings(module, dataset, num_workers=0)
+
+
+def iterate(loader, batches: int) -> None:
+    """``batches`` batches of ``loader``, epoch after epoch, as a training loop takes them."""
+    taken = 0
+    while True:
+        for _batch in loader:
+            taken += 1
+            if taken >= batches:
+                return
+
+
+class SlowClock:
+    """``time.monotonic`` slowed by ``factor`` (and moved on by ``skipped``): the tool's clock
+    reads the time as if the run were at full speed. It counts its calls, so that what it
+    costs beyond the real clock can be taken off each way's count."""
+
+    def __init__(self, factor: float) -> None:
+        self.raw, self.factor, self.skipped = time.monotonic, factor, 0.0
+        self.start = self.raw()
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.start + (self.raw() - self.start) / self.factor + self.skipped
+
+
+def clock_calls(clock, calls: int) -> None:
+    for _ in range(calls):
+        clock()
+
+
+def inner(args: argparse.Namespace) -> None:
+    shim = ctypes.CDLL(args.shim)
+    from torch.utils.data import DataLoader
+
+    dataset, settings = plain_loader(args.inner)
+    iterate(DataLoader(dataset, **settings), 50)  # first epoch's one-time costs
+    started = time.monotonic()
+    iterate(DataLoader(dataset, **settings), args.calibrate)
+    factor = max(1.0, (time.monotonic() - started) / args.calibrate / args.native_s)
+    clock = SlowClock(factor)
+    time.monotonic = clock  # before the tool is imported: its modules read this one
+
+    from dataloader_tuner import watch
+    from dataloader_tuner.child.measure import Measurement
+    from dataloader_tuner.child.target import resolve
+    from dataloader_tuner.child.starting import starting_config
+    from dataloader_tuner.protocol import Batches, decode, encode
+    from dataloader_tuner.record.cards import Consumer
+    from dataloader_tuner.record.columns import BatchColumns
+    from dataloader_tuner.record.windows import TAIL_S, Thinner
+
+    resolved = resolve(os.path.join(ROOT, args.inner))
+    config = starting_config(resolved, {"num_workers": 0})
+    consumer = Consumer.choose(None, False)
+    wires: list[bytes] = []
+
+    def engine(batches: int) -> None:
+        columns = BatchColumns()
+        measurement = Measurement(resolved, config, consumer, float("inf"), columns,
+                                  max_batches=batches)
+        try:
+            measurement.run()
+        finally:
+            measurement.close()
+        wires[:] = [encode(Batches.of_columns(columns))]  # the child's recorder thread's work
+
+    def parent(batches: int) -> None:
+        thinner = Thinner(loose_below=config.warmup_batches)
+        thinner.arrived(decode(wires[0]).rows)
+        thinner.flush()
+
+    history = tempfile.mkdtemp(prefix="instructions-")
+    watched = watch(DataLoader(dataset, **settings), name="instructions",
+                    db=os.path.join(history, "runs.sqlite"))
+
+    def watched_loop(batches: int) -> None:
+        iterate(watched, batches)
+        clock.skipped += TAIL_S + 1  # every batch's row is past its wait: all written now
+        watched.recorder.flush()
+
+    ways = {"plain": lambda n: iterate(DataLoader(dataset, **settings), n), "engine": engine,
+            "parent": parent, "watched": watched_loop}
+    calls: dict[str, list[int]] = {name: [] for name in WAYS}
+    for repeat in range(args.repeats + 1):  # the first is a warm-up, its counts dropped
+        for name in WAYS:
+            before = clock.calls
+            shim.phase_start()
+            ways[name](args.batches)
+            shim.phase_end(f"{repeat}:{name}".encode())
+            if repeat:
+                calls[name].append(clock.calls - before)
+        for name, timer in (("slow-clock", clock), ("real-clock", clock.raw)):
+            shim.phase_start()
+            clock_calls(timer, CLOCK_CALLS)
+            shim.phase_end(f"{repeat}:{name}".encode())
+    watched.close()
+    shutil.rmtree(history, ignore_errors=True)
+    print(json.dumps({"factor": factor, "clock_calls": calls}))
+
+
+# -- outside ------------------------------------------------------------------------------------
+
+def native_seconds_per_batch(target: str, batches: int = 300) -> float:
+    """A plain loop's time per batch at full speed (median of three)."""
+    from torch.utils.data import DataLoader
+
+    dataset, settings = plain_loader(target)
+    iterate(DataLoader(dataset, **settings), 50)
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        iterate(DataLoader(dataset, **settings), batches)
+        times.append((time.monotonic() - started) / batches)
+    return statistics.median(times)
+
+
+def counts(folder: str) -> dict[str, list[int]]:
+    """Each way's instructions per phase, from the dumps (``desc: Trigger: ... R:WAY``)."""
+    found: dict[str, list[int]] = {}
+    for path in glob.glob(os.path.join(folder, "cg.*.*")):
+        name = total = None
+        with open(path) as dump:
+            for line in dump:
+                if line.startswith("desc: Trigger:"):
+                    name = line.rsplit(" ", 1)[-1].strip()
+                elif line.startswith("totals:"):
+                    total = int(line.split()[1])
+        if name and total is not None and ":" in name:
+            repeat, way = name.split(":", 1)
+            if repeat != "0":
+                found.setdefault(way, []).append(total)
+    return found
+
+
+def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> dict:
+    native_s = native_seconds_per_batch(target)
+    out = os.path.join(folder, os.path.basename(target))
+    os.makedirs(out)
+    env = dict(os.environ, DATALOADER_TUNER_SAMPLE="0",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
+         sys.executable, os.path.abspath(__file__), "--inner", target, "--shim", shim,
+         "--native-s", repr(native_s), "--batches", str(args.batches),
+         "--repeats", str(args.repeats), "--calibrate", "200"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{target}: the run under valgrind failed:\n{run.stderr[-2000:]}")
+    said = json.loads(run.stdout.strip().splitlines()[-1])
+    found = counts(out)
+    extra_per_call = statistics.median(
+        (slow - real) / CLOCK_CALLS for slow, real in zip(found["slow-clock"], found["real-clock"]))
+    per_batch = {way: statistics.median(
+        total - extra_per_call * calls for total, calls in zip(found[way], said["clock_calls"][way])
+    ) / args.batches for way in WAYS}
+    spread = {way: (max(found[way]) - min(found[way])) / statistics.median(found[way])
+              for way in WAYS}
+    return {"module": os.path.basename(target), "native_us": native_s * 1e6,
+            "factor": said["factor"], **per_batch, "spread": max(spread.values()),
+            "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,
+            "extra_per_call": extra_per_call}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="the corpus modules (tests/real) whose name has this")
+    parser.add_argument("--batches", type=int, default=1500, help="per phase")
+    parser.add_argument("--repeats", type=int, default=2, help="phases of each way counted")
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    parser.add_argument("--shim", help=argparse.SUPPRESS)
+    parser.add_argument("--native-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--calibrate", type=int, default=200, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        return inner(args)
+    missing = [tool for tool in ("valgrind", "gcc") if shutil.which(tool) is None]
+    if missing or not os.path.exists("/usr/include/valgrind/callgrind.h"):
+        raise SystemExit(f"needs valgrind (with its callgrind.h) and gcc; missing: "
+                         f"{', '.join(missing) or 'callgrind.h'} (Debian: apt-get install "
+                         f"valgrind gcc)")
+    targets = MODULES
+    if args.only:
+        targets = sorted(os.path.relpath(p, ROOT) for p in glob.glob(
+            os.path.join(ROOT, "tests", "real", f"*{args.only}*.py")))
+    with tempfile.TemporaryDirectory(prefix="instructions-") as folder:
+        shim = os.path.join(folder, "libphases.so")
+        source = os.path.join(folder, "phases.c")
+        with open(source, "w") as file:
+            file.write(SHIM)
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", shim, source], check=True)
+        print(f"instructions per batch at num_workers=0, {args.batches} batches a phase, "
+              f"median of {args.repeats}")
+        print(f"{'module':22s} {'us/batch':>8s} {'plain':>9s} {'engine':>9s} {'x plain':>8s} "
+              f"{'watched':>9s} {'x plain':>8s} {'parent':>8s} {'spread':>7s} {'slowed':>6s}")
+        for target in targets:
+            row = measure(target, args, folder, shim)
+            plain = row["plain"]
+            print(f"{row['module']:22s} {row['native_us']:8.1f} {plain:9,.0f} "
+                  f"{row['engine']:9,.0f} {row['engine'] / plain:8.4f} {row['watched']:9,.0f} "
+                  f"{row['watched'] / plain:8.4f} {row['parent']:8,.0f} "
+                  f"{row['spread']:7.2%} {row['factor']:5.0f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
