@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["tests/real/long_tail.py", "tests/real/many_classes.py"]
@@ -123,38 +124,55 @@ def inner(args: argparse.Namespace) -> None:
     consumer = Consumer.choose(None, False)
     wires: list[bytes] = []
 
-    def engine(batches: int) -> None:
+    # Each way is made ready outside its phase (a run's start-up: the loader built, the
+    # dataset's label list read) and returns what runs inside it: the per-batch work
+    def engine(batches: int) -> Callable[[], None]:
         columns = BatchColumns()
         measurement = Measurement(resolved, config, consumer, float("inf"), columns,
                                   max_batches=batches)
-        try:
-            measurement.run()
-        finally:
-            measurement.close()
-        wires[:] = [encode(Batches.of_columns(columns))]  # the child's recorder thread's work
 
-    def parent(batches: int) -> None:
+        def run() -> None:
+            try:
+                measurement.run()
+            finally:
+                measurement.close()
+            wires[:] = [encode(Batches.of_columns(columns))]  # the child's recorder thread's
+
+        return run
+
+    def parent(batches: int) -> Callable[[], None]:
         thinner = Thinner(loose_below=config.warmup_batches)
-        thinner.arrived(decode(wires[0]).rows)
-        thinner.flush()
+
+        def run() -> None:
+            thinner.arrived(decode(wires[0]).rows)
+            thinner.flush()
+
+        return run
 
     history = tempfile.mkdtemp(prefix="instructions-")
     watched = watch(DataLoader(dataset, **settings), name="instructions",
                     db=os.path.join(history, "runs.sqlite"))
 
-    def watched_loop(batches: int) -> None:
-        iterate(watched, batches)
-        clock.skipped += TAIL_S + 1  # every batch's row is past its wait: all written now
-        watched.recorder.flush()
+    def watched_loop(batches: int) -> Callable[[], None]:
+        def run() -> None:
+            iterate(watched, batches)
+            clock.skipped += TAIL_S + 1  # every batch's row is past its wait: all written now
+            watched.recorder.flush()
 
-    ways = {"plain": lambda n: iterate(DataLoader(dataset, **settings), n), "engine": engine,
-            "parent": parent, "watched": watched_loop}
+        return run
+
+    def plain(batches: int) -> Callable[[], None]:
+        loader = DataLoader(dataset, **settings)
+        return lambda: iterate(loader, batches)
+
+    ways = {"plain": plain, "engine": engine, "parent": parent, "watched": watched_loop}
     calls: dict[str, list[int]] = {name: [] for name in WAYS}
     for repeat in range(args.repeats + 1):  # the first is a warm-up, its counts dropped
         for name in WAYS:
+            run = ways[name](args.batches)
             before = clock.calls
             shim.phase_start()
-            ways[name](args.batches)
+            run()
             shim.phase_end(f"{repeat}:{name}".encode())
             if repeat:
                 calls[name].append(clock.calls - before)
@@ -222,8 +240,9 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
     per_batch = {way: statistics.median(
         total - extra_per_call * calls for total, calls in zip(found[way], said["clock_calls"][way])
     ) / args.batches for way in WAYS}
+    # (the engine's and plain's: the watched way's moves with where its recorder's flushes fall)
     spread = {way: (max(found[way]) - min(found[way])) / statistics.median(found[way])
-              for way in WAYS}
+              for way in ("plain", "engine")}
     return {"module": os.path.basename(target), "native_us": native_s * 1e6,
             "factor": said["factor"], **per_batch, "spread": max(spread.values()),
             "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,

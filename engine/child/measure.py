@@ -24,7 +24,7 @@ from torch.utils.data import (
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument import gpu, probes
-from dataloader_tuner.instrument.probes import TimedCollate, clock, wrap_dataset
+from dataloader_tuner.instrument.probes import clock, timed_collate, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.cards import Consumer
@@ -38,7 +38,7 @@ def build_loader(dataset: Any, config: LoaderConfig) -> DataLoader:
     """A real DataLoader over the wrapped dataset, with the timing collate."""
     kwargs = config.to_kwargs(torch.__version__)
     auto_collation = config.batch_sampler is not None or config.batch_size is not None
-    kwargs["collate_fn"] = TimedCollate(config.collate_fn, auto_collation)
+    kwargs["collate_fn"] = timed_collate(config.collate_fn, auto_collation)
     if config.num_workers > 0:
         init_fn = tools_worker_init(config.worker_init_fn, config.keep_freed_memory,
                                     config.worker_threads)

@@ -102,6 +102,11 @@ class Handover:
             self.held = None
 
 
+def _inherited(method: Callable[..., Any], base: Callable[..., Any]) -> bool:
+    """``method`` (bound to a source) is ``base``'s own, not overridden nor set on it."""
+    return getattr(method, "__func__", None) is base
+
+
 def ended(last: BatchRecord, t_end: float) -> BatchRecord:
     """The epoch's last row, its wait taking in the epoch's end: a wrapper that asks one batch
     ahead (accelerate) asks for the end (the workers shutting down) before it hands the last
@@ -129,6 +134,10 @@ class TimedLoop:
         handover = Handover(emit, self.ahead)
         # (rows go straight out unless held: a call less per batch on the hot path)
         put = handover.taken if self.ahead else emit
+        # A source's hooks that do nothing are not called: two calls a batch less (~2k
+        # instructions of a watched loop's ~27k: bench/instructions.py)
+        unpack = None if _inherited(source.unpack, BatchSource.unpack) else source.unpack
+        taken = None if _inherited(source.taken, BatchSource.taken) else source.taken
         ran_out = False
         try:
             while True:
@@ -142,7 +151,7 @@ class TimedLoop:
                     if exc is ledger.next_error and source.recover(exc):
                         continue
                     raise
-                batch, meta = source.unpack(item)
+                batch, meta = unpack(item) if unpack is not None else item
                 # Held by nothing here while the loop has it: the loop's reference is the
                 # batch's last (NOTE [ One batch, in order ])
                 held, item, batch = [batch], None, None
@@ -158,7 +167,8 @@ class TimedLoop:
                     raise
                 t_back = clock()
                 put(row(seq, mark.epoch, t_request, t_ready, t_back, meta, *self.step_times))
-                source.taken(seq, meta, t_request, t_back)
+                if taken is not None:
+                    taken(seq, meta, t_request, t_back)
         finally:
             source.close()
             handover.end(clock() - ledger.t0 if ran_out else None)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from dataloader_tuner.instrument.probes import RecordingBatchSampler, TimedCollate, wrap_dataset
+from dataloader_tuner.instrument.probes import RecordingBatchSampler, timed_collate, wrap_dataset
 from dataloader_tuner.instrument.stacks import OfferingStack
 from dataloader_tuner.config import LoaderConfig
 
@@ -57,7 +57,7 @@ def with_probes(loader: DataLoader, kwargs: dict[str, Any]) -> DataLoader:
         kwargs["batch_sampler"] = RecordingBatchSampler(
             batches, workers * (kwargs.get("prefetch_factor") or 2))
     auto_collation = batches is not None or kwargs.get("batch_size", 1) is not None
-    kwargs["collate_fn"] = TimedCollate(loader.collate_fn, auto_collation)
+    kwargs["collate_fn"] = timed_collate(loader.collate_fn, auto_collation)
     if workers:  # a worker stuck before its first fetch is named too
         kwargs["worker_init_fn"] = OfferingStack(loader.worker_init_fn)
     return DataLoader(wrap_dataset(loader.dataset), **kwargs)
