@@ -111,6 +111,29 @@ def test_the_column_loop_frees_each_batch_before_it_asks_for_the_next():
     assert seen == [0, 1, 2] and len(columns) == 3 and len(made) == 1
 
 
+def test_the_column_loop_asks_whether_to_stop_every_check_s_and_writes_that_batch():
+    columns = BatchColumns(time.monotonic())
+    loop = ColumnLoop(BatchLedger(columns.t0, lambda *a: None, lambda *a: None), columns)
+    asked: list[float] = []
+
+    def stopping(now: float) -> bool:
+        asked.append(now)
+        return len(asked) == 3
+
+    def step(batch):
+        time.sleep(0.002)
+        return NO_STEP_TIMES
+
+    items = iter([([i], (-1, 400, 1)) for i in range(1000)])
+    assert loop.epoch(loop.ledger.new_epoch(), BatchSource(items), step, float("inf"),
+                      stopping, 0.02)
+    n = len(columns)
+    assert len(asked) == 3 and loop.ledger.seq == n and columns.metas[-1] == (-1, 400, 1)
+    assert 15 <= n <= 40  # the first batch, then every ~20 ms of 2 ms steps (not every batch)
+    assert all(b - a >= 0.02 for a, b in zip(asked, asked[1:]))
+    assert asked[-1] == columns.clocks[-1]  # asked with the stopped batch's end
+
+
 def test_columns_cross_the_pipe_as_rows_and_a_flush_takes_only_whole_batches():
     rows = make_batches(30, workers=2)
     rows = [r._replace(epoch=0 if r.seq < 12 else 1) for r in rows]
@@ -135,7 +158,8 @@ def test_the_measurement_counts_labels_on_the_batches_it_looks_at():
     resolved = resolve(dataset_path("small_map.py"))
     config = starting_config(resolved, dict(batch_size=4))
     columns = BatchColumns()
-    measurement = Measurement(resolved, config, Consumer(), 30.0, columns, max_batches=40)
+    measurement = Measurement(resolved, config, Consumer(), 30.0, columns, max_batches=40,
+                              labels=True)
     measurement.run()
     measurement.close()
     assert len(columns) == 40

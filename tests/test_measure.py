@@ -121,10 +121,12 @@ def test_labels_are_read_from_the_dataset_when_it_lists_them():
     assert labels_of_dataset([1, 2, 3]) is None
 
 
-def test_a_dataset_that_lists_its_labels_has_no_batch_looked_at_for_them(tmp_path):
+def test_a_dataset_that_lists_its_labels_has_no_batch_looked_at_for_them(tmp_path,
+                                                                         monkeypatch):
     """long_tail and many_classes list ``targets``: their counts come from it, exact, and the
     loop spends nothing per batch on labels; with a sampler of the user's, batches are counted
     (it changes what the model sees)."""
+    import dataloader_tuner.child.measure as measure_module
     from dataloader_tuner.child.measure import LABEL_EVERY, count_labels
 
     target = tmp_path / "listed.py"
@@ -141,18 +143,16 @@ def test_a_dataset_that_lists_its_labels_has_no_batch_looked_at_for_them(tmp_pat
                               ({"batch_size": 4, "sampler": list(range(40))[::-1]}, True)):
         config = starting_config(resolved, settings)
         measurement = Measurement(resolved, config, Consumer(), 30.0, BatchColumns(),
-                                  max_batches=40)
-        import dataloader_tuner.child.measure as measure_module
+                                  max_batches=40, labels=True)
 
         def spy(batch, samples, counts):
             looked.append(samples)
             count_labels(batch, samples, counts)
 
-        measure_module.count_labels, original = spy, measure_module.count_labels
+        monkeypatch.setattr(measure_module, "count_labels", spy)
         try:
             measurement.run()
         finally:
-            measure_module.count_labels = original
             measurement.close()
         if counted:
             assert measurement.dataset_labels is None
@@ -160,6 +160,14 @@ def test_a_dataset_that_lists_its_labels_has_no_batch_looked_at_for_them(tmp_pat
             assert sum(measurement.label_counts.values()) == 4 * len(looked)
         else:
             assert measurement.dataset_labels == {0: 30, 1: 10} and looked == []
+    # a trial (labels not asked for) neither reads the list nor looks at a batch
+    trial = Measurement(resolved, starting_config(resolved, {"batch_size": 4}), Consumer(),
+                        30.0, BatchColumns(), max_batches=40)
+    try:
+        trial.run()
+    finally:
+        trial.close()
+    assert trial.dataset_labels is None and not trial.label_counts and len(looked) == 5
 
 
 def test_the_snippet_names_objects_as_the_module_makes_them():

@@ -181,6 +181,18 @@ def test_a_rate_that_falls_and_rises_again_keeps_every_batch_once():
     assert log.steady_state(WARMUP).samples_per_s == pytest.approx(exact.samples_per_s)
 
 
+def test_a_row_out_of_order_holds_the_tail_until_its_own_end_is_old_enough():
+    """Two iterators of one watched loader at once can let a row that ends later come before
+    rows that end sooner: the tail goes out up to it, not past it (a late GPU timing still
+    finds it)."""
+    rows = fast_run(epochs=1, per_epoch=20_000, workers=0)  # ~2 s of batches
+    late = rows[1000]._replace(step_s=rows[15_000].t_ready - rows[1000].t_ready)
+    thinner = Thinner(loose_below=WARMUP)
+    out, _ = thinner.arrived(rows[:1000] + [late] + rows[1001:])
+    assert thinner.tail[0].seq == 1000  # not let out: it ended less than TAIL_S ago
+    assert thinner.late(1000, gpu_gap_ms=1.5) and max(r.seq for r in out) < 1000
+
+
 def test_the_tail_goes_out_by_the_clock_when_batches_stop():
     rows = fast_run(epochs=1, per_epoch=3000)  # ~0.3 s: all of it in the tail
     thinner = Thinner(loose_below=WARMUP)

@@ -79,6 +79,7 @@ class Measurement:
         on_worker: Callable[[int, int, dict | None], None] = lambda *a: None,
         max_batches: int | None = None,
         on_profile: Callable[[int, int, list], None] | None = None,
+        labels: bool = False,
     ) -> None:
         self.resolved, self.config, self.consumer = resolved, config, consumer
         self.seconds, self.max_batches = seconds, max_batches
@@ -91,10 +92,12 @@ class Measurement:
         self.ledger = BatchLedger(0.0, on_epoch, on_worker)
         if on_profile is not None:  # a worker's sampled stacks (instrument/sampler.py)
             self.ledger.on_profile = on_profile
+        # ``labels``: class counts wanted (a profile's, not a trial's): from the dataset's own
+        # label list where it has one (exact; no batch looked at: a look cost 20 us, 0.4% of a
+        # fast loader's run), else counted on some batches as they arrive
+        self.labels = labels
         self.label_counts: dict[int, int] = {}
-        # Class counts from the dataset's own label list where it has one: exact, and then
-        # no batch is looked at for them (20 us a look: 0.4% of a fast loader's run)
-        self.dataset_labels = dataset_labels(resolved.dataset, config)
+        self.dataset_labels = dataset_labels(resolved.dataset, config) if labels else None
 
     @property
     def t0(self) -> float:
@@ -121,8 +124,8 @@ class Measurement:
             if self.loader is None:
                 raise RunError("The measurement was closed.", type="engine_internal")
             self.iterator = iter(self.loader)
-            if loop.epoch(mark, _Measured(self.iterator, self.label_counts,
-                                          counting=self.dataset_labels is None),
+            if loop.epoch(mark, _Measured(self.iterator, self.label_counts, counting=(
+                              self.labels and self.dataset_labels is None)),
                           None if plain_step else self._consume, last_seq, stopping, CHECK_S):
                 return ledger.seq
             if not mark.opened:  # the epoch never produced a batch
@@ -202,7 +205,7 @@ class _Measured(BatchSource):
     outside their wait."""
 
     def __init__(self, iterator: Iterator[Any], label_counts: dict[int, int],
-                 counting: bool = True) -> None:
+                 counting: bool) -> None:
         super().__init__(iterator)
         self.label_counts = label_counts
         self.look_every = LABEL_EVERY if counting else 0

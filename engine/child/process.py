@@ -265,6 +265,7 @@ class ChildRun:
             on_epoch=self.recorder.epoch_began,
             on_worker=self.recorder.worker_seen,
             on_profile=self.recorder.profiled,
+            labels=True,
         )
         self.t0 = self.recorder.t0 = time.monotonic()  # batch and sample times count from here
         self.stalls = stalls.StallWatch(self.t0)

@@ -104,8 +104,8 @@ class TrialClock:
     def past_cap(self, now: float, n: int) -> bool:
         """Whether the trial ran to its cap, counted from its first batch: the workers'
         start-up is not a batch's time. Counted from ``iter()``, a trial whose first batch came
-        after MAX_TRIAL_S was cut at that batch (a batch joins the columns after the loop's
-        step, so the cap was still MAX_TRIAL_S when the first was checked): workers spawned
+        after MAX_TRIAL_S was cut at that batch (the first batch is checked against HARD_CAP_S:
+        a time per batch needs two batches): workers spawned
         fresh for the freed-memory check, importing torch and a dataset's libraries for ~5 s
         on a slow day, never reached a steady state, and nothing was decided."""
         if self.max_trial_s <= PREWARM_S:

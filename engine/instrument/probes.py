@@ -167,9 +167,9 @@ class TimedMapDataset(Dataset):
     """
 
     def __init__(self, inner: Dataset) -> None:
+        # (and _tuner_fetch, (inner, its __getitems__): one look-up a batch, as this class's
+        # __getattr__ makes each look-up on it dearer; __setattr__)
         self.inner = inner
-        # (one look-up a batch: this class's __getattr__ makes each look-up on it dearer)
-        self._tuner_fetch = (inner, getattr(inner, "__getitems__", None))
         self.probe_first = True  # False: a worker's first fetch offers its stack only (see watcher)
 
     def __len__(self) -> int:
@@ -231,6 +231,9 @@ class TimedMapDataset(Dataset):
         # must reach the user's dataset (e.g. giving each worker its own random generator).
         if name in ("inner", "_tuner_fetch", "probe_first"):
             object.__setattr__(self, name, value)
+            if name == "inner":  # what each batch is fetched from, read in one look-up
+                object.__setattr__(self, "_tuner_fetch",
+                                   (value, getattr(value, "__getitems__", None)))
         else:
             setattr(self.inner, name, value)
 

@@ -118,10 +118,12 @@ class BatchColumns:
         del self.clocks[:3 * n]
         self.first_seq += n
         first = self.first_seq
-        # the epoch a batch belongs to is the last begun at or before it: keep that one
-        begun = [e for e in self.epochs if e[0] <= first]
-        self.epochs[:] = begun[-1:] + [e for e in self.epochs if e[0] > first]
-        for seq in [s for s in self.step_times if s < first]:
+        # The epoch a batch belongs to is the last begun at or before it: keep that one. The
+        # loop appends epochs (in order) and step times meanwhile, so the old ones are deleted
+        # in place, never the lists replaced, and the dict is read through a copy of its keys.
+        begun = sum(1 for e in self.epochs[:] if e[0] <= first)
+        del self.epochs[:max(begun - 1, 0)]
+        for seq in [s for s in list(self.step_times) if s < first]:
             del self.step_times[seq]
 
     # -- the pipe -------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ NOTE [ Measuring cost on the fastest batches ]
       too: the engine's loop asks every 5 ms (child/measure.py, CHECK_S);
     - a method of ours as the per-row callback costs ~0.3 us a batch (~1% of a 50 us batch):
       the engine hands over the row list's own append (child/process.py);
-    - counting labels costs ~6 us a batch, a whole tiny batch's making: every 8th batch of the
-      first 1024, then every 64th (child/measure.py);
+    - counting labels costs ~6 us a look (20 us with four torch calls), a whole tiny batch's
+      making: not at all where the dataset lists its labels (``targets``, read once), else
+      every 8th batch of the first 1024, then every 64th (child/measure.py);
     - building the row in the loop (this ledger's calls, the row's 16 fields) was ~5 us of the
       engine's own loop: it writes columns and its rows are built elsewhere (NOTE [ Rows built
       off the loop ], columns.py);

@@ -13,8 +13,9 @@ NOTE [ One batch, in order ]
     3. ``ledger.handed``: an epoch's or a worker's first batch is announced, outside the
        timed windows (``ledger.seq - 1`` is the batch the loop holds);
     4. the batch goes to the loop (``yield``); what the loop does until it asks again is its
-       step. A loop that raises or breaks off there still gets its row, with the step until
-       then;
+       step (ColumnLoop runs the step itself, and asks whether to stop after it: in neither
+       the step nor the wait). A loop that raises or breaks off there still gets its row,
+       with the step until then;
     5. the row is written (or held one batch, where a wrapper asks one batch ahead), and the
        source is told (``taken``: a tuned epoch may switch loaders here, outside the timing).
     The epoch's end closes the source (its workers, unless a loader keeps them) and then

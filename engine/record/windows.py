@@ -136,12 +136,7 @@ GAP = BatchRecord._fields.index("gpu_gap_ms")
 SAMPLE_HASH, SAMPLE_BELOW = 2654435761, 2**32 // KEEP_EVERY
 
 
-def fold(rows: Sequence[BatchRecord]) -> BatchWindow:
-    """One window of ``rows`` (consecutive, one epoch, at least one)."""
-    return _fold(list(zip(*rows)), 0, len(rows))
-
-
-def _fold(columns: list[tuple], lo: int, hi: int) -> BatchWindow:
+def fold(columns: list[tuple], lo: int, hi: int) -> BatchWindow:
     """The window of rows ``lo..hi-1`` of ``columns`` (a row's fields, each a column)."""
     waits, steps = columns[WAIT][lo:hi], columns[STEP][lo:hi]
     hist = Counter(wait_buckets(waits))
@@ -163,9 +158,9 @@ def sampled(seq: int) -> bool:
 
 
 def kept_whole(seqs: Sequence[int], fetch_s: Sequence[float | None]) -> list[bool]:
-    """Which folded batches also stay rows, by their numbers and fetch times: one in
-    KEEP_EVERY (``sampled``, written out: a call per batch is most of the cost) and each
-    timed one (an epoch's first, a window's last and slowest too: Thinner._thin)."""
+    """Which folded batches stay rows for what they are, by their numbers and fetch times:
+    one in KEEP_EVERY (``sampled``, written out: a call per batch is most of the cost) and
+    each timed one. (Thinner._thin keeps a window's first of an epoch, last and slowest.)"""
     return [(seq * SAMPLE_HASH) % 2**32 < SAMPLE_BELOW or fetch is not None
             for seq, fetch in zip(seqs, fetch_s)]
 
@@ -230,8 +225,13 @@ class Thinner:
         if not tail:
             return [], []
         horizon = max(_end(tail[-1]), now or 0.0) - TAIL_S
-        # (a batch ends after the one before it: the rows' ends are in order)
+        # The rows that ended before the horizon, up to the first that did not. A batch ends
+        # after the one before it, so a bisect finds them; where rows came out of order (two
+        # iterators of one watched loader at once) the first too late among them cuts it.
         out = tail[:bisect_left(tail, horizon, key=_end)]
+        late = [i for i, row in enumerate(out) if row[2] + row[3] + row[4] >= horizon]
+        if late:
+            out = out[:late[0]]
         del tail[:len(out)]
         return self._thin(out)
 
@@ -268,7 +268,7 @@ class Thinner:
             if rate <= WINDOW_ABOVE_PER_S or hi - lo < KEEP_EVERY:
                 kept.extend(rest[lo:hi])
                 continue
-            windows.append(_fold(columns, lo, hi))
+            windows.append(fold(columns, lo, hi))
             # its slowest (an overdue batch's row; the spikes of a chart) and its last (where a
             # stretch that begins inside it starts its clock: latest_stretch) stay rows too;
             # an epoch's first too (its wait is the epoch's start-up)
@@ -291,16 +291,3 @@ def fast(rows: Sequence[tuple]) -> bool:
     first, last = rows[0], rows[-1]
     span = last[2] + last[3] + last[4] - first[2]  # t_request + wait + step, less t_request
     return span <= 0 or len(rows) / span > WINDOW_ABOVE_PER_S
-
-
-def _chunks(rows: list[BatchRecord]) -> list[list[BatchRecord]]:
-    """``rows`` cut into runs of one epoch each spanning at most WINDOW_S."""
-    chunks: list[list[BatchRecord]] = []
-    for row in rows:
-        current = chunks[-1] if chunks else None
-        if (current is None or row.epoch != current[0].epoch
-                or row.t_ready + row.step_s - current[0].t_request > WINDOW_S):
-            chunks.append([row])
-        else:
-            current.append(row)
-    return chunks
