@@ -29,7 +29,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from torch.utils.data import DataLoader  # noqa: E402
 
 from dataloader_tuner.config import LoaderConfig  # noqa: E402
 from dataloader_tuner.child.measure import Measurement  # noqa: E402
@@ -37,9 +36,11 @@ from dataloader_tuner.record.columns import BatchColumns  # noqa: E402
 from dataloader_tuner.record.cards import Consumer  # noqa: E402
 from dataloader_tuner.child.starting import starting_config  # noqa: E402
 from dataloader_tuner.config import warmup_batches  # noqa: E402
-from dataloader_tuner.instrument.tensors import samples_in  # noqa: E402
 from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E402
 from dataloader_tuner.child.target import resolve  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "real"))
+from plain_loop import counting_loader  # noqa: E402  # the corpus's own plain loop
 
 CASES = [
     ("examples/cpu_bound.py", 2),
@@ -97,14 +98,17 @@ class Stopwatch:
 
 
 def plain_rate(resolved, config: LoaderConfig, seconds: float) -> dict:
-    loader = DataLoader(resolved.dataset, **config.to_kwargs())
+    # Samples counted as the corpus's plain loops count them (the batch sampler's indices):
+    # read off the batch, a detectron2-style list of dicts counted 3 (its images' channels)
+    loader, unpack = counting_loader(resolved.dataset, config.to_kwargs())
     watch = Stopwatch(warmup_batches(config.num_workers, config.effective_prefetch_factor))
     deadline = time.monotonic() + seconds
     while True:
-        for batch in loader:
+        for item in loader:
+            samples, batch = unpack(item)
             if resolved.train_step is not None:
                 resolved.train_step(batch)
-            watch.tick(samples_in(batch))
+            watch.tick(samples)
             if time.monotonic() >= deadline:
                 del loader
                 return watch.rates()
