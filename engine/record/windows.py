@@ -136,16 +136,15 @@ GAP = BatchRecord._fields.index("gpu_gap_ms")
 SAMPLE_HASH, SAMPLE_BELOW = 2654435761, 2**32 // KEEP_EVERY
 
 
-def fold(columns: list[tuple], lo: int, hi: int) -> BatchWindow:
-    """The window of rows ``lo..hi-1`` of ``columns`` (a row's fields, each a column)."""
+def fold(columns: list[tuple], lo: int, hi: int, t_end: float) -> BatchWindow:
+    """The window of rows ``lo..hi-1`` of ``columns`` (a row's fields, each a column), whose
+    last batch's step ended at ``t_end``."""
     waits, steps = columns[WAIT][lo:hi], columns[STEP][lo:hi]
     hist = Counter(wait_buckets(waits))
     workers = Counter(columns[WORKER][lo:hi])
     gaps = [gap for gap in columns[GAP][lo:hi] if gap is not None]
-    last = hi - 1
     return BatchWindow(
-        columns[SEQ][lo], hi - lo, columns[EPOCH][lo], columns[T_REQUEST][lo],
-        columns[T_REQUEST][last] + columns[WAIT][last] + columns[STEP][last],  # t_ready + step
+        columns[SEQ][lo], hi - lo, columns[EPOCH][lo], columns[T_REQUEST][lo], t_end,
         sum(columns[SAMPLES][lo:hi]), sum(waits), max(waits), sum(steps), max(steps),
         tuple(sorted(hist.items())), tuple(sorted(workers.items())),
         len(gaps), sum(gaps), max(gaps, default=0.0))
@@ -229,7 +228,8 @@ class Thinner:
         # after the one before it, so a bisect finds them; where rows came out of order (two
         # iterators of one watched loader at once) the first too late among them cuts it.
         out = tail[:bisect_left(tail, horizon, key=_end)]
-        late = [i for i, row in enumerate(out) if row[2] + row[3] + row[4] >= horizon]
+        late = [i for i, row in enumerate(out)  # (_end written out: a call a row costs)
+                if row[2] + row[3] + row[4] >= horizon]
         if late:
             out = out[:late[0]]
         del tail[:len(out)]
@@ -268,7 +268,7 @@ class Thinner:
             if rate <= WINDOW_ABOVE_PER_S or hi - lo < KEEP_EVERY:
                 kept.extend(rest[lo:hi])
                 continue
-            windows.append(fold(columns, lo, hi))
+            windows.append(fold(columns, lo, hi, ends[hi - 1]))
             # its slowest (an overdue batch's row; the spikes of a chart) and its last (where a
             # stretch that begins inside it starts its clock: latest_stretch) stay rows too;
             # an epoch's first too (its wait is the epoch's start-up)
@@ -289,5 +289,5 @@ def fast(rows: Sequence[tuple]) -> bool:
     if len(rows) < KEEP_EVERY:
         return False
     first, last = rows[0], rows[-1]
-    span = last[2] + last[3] + last[4] - first[2]  # t_request + wait + step, less t_request
+    span = _end(last) - first[T_REQUEST]
     return span <= 0 or len(rows) / span > WINDOW_ABOVE_PER_S
