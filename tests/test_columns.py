@@ -2,6 +2,7 @@
 (record/columns.py, record/loop.ColumnLoop): the same rows the per-batch loop writes."""
 
 import gc
+import json
 import time
 import weakref
 
@@ -152,6 +153,18 @@ def test_columns_cross_the_pipe_as_rows_and_a_flush_takes_only_whole_batches():
     assert isinstance(decoded, protocol.Batches)
     assert _same(decoded.rows, rows[20:])
     assert {r[1] for r in decoded.rows} == {1}  # the epoch begun before the flush's first
+
+
+def test_a_columns_line_is_the_json_of_its_wire_form():
+    # (written by hand, its base64 strings unscanned: the same document json would write)
+    columns = columns_of(make_batches(40, workers=2))
+    columns.step_times[3] = (0.5, None, 1.25)
+    line = protocol.encode(protocol.Batches.of_columns(columns))
+    assert line.endswith(b"}\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"e": "batches", "columns": json.loads(json.dumps(
+        columns.to_wire()))}
+    assert json.loads(protocol.encode(protocol.Batches.of_columns(BatchColumns()))) == {
+        "e": "batches", "columns": json.loads(json.dumps(BatchColumns().to_wire()))}
 
 
 def test_the_measurement_counts_labels_on_the_batches_it_looks_at():
