@@ -13,9 +13,17 @@ the tool is then in the one process, the worst case for fast batches):
             share (decode, fold into windows: another process, another core) is ``parent``
   watched   ``watch(loader)`` over the same loader, its recorder thread writing a temporary
             history (every row, window and flush it makes for these batches)
+  probes    the loader's probed copy (the dataset and collate wrappers the engine and a watched
+            loader run, watcher/rebuild.py), iterated by a plain loop: what they cost alone
+  bare      the plain loader through the least a timing loop does (two clock readings and two
+            appends a batch, in a generator): with ``probes``, the floor of any loop that
+            times every batch and counts its samples exactly
+  child     a real engine child's profile run (``python -m dataloader_tuner.child``, as a run
+            starts it, its stack sampler on), under valgrind from start to end: two runs of
+            different lengths, their difference over their batches' (--no-child: skipped)
 Figures are instructions per batch; ``x plain`` is the cost over plain's. Not counted: the
-stack sampler (off here; its looks are timed by bench/profile_cost.py) and what a system call
-costs beyond its instructions.
+stack sampler in the phases (in ``child`` only) and what a system call costs beyond its
+instructions.
 
 Under valgrind a batch takes ~50x longer, and the tool decides by the clock (a batch under
 1 ms is timed every 16th only; beyond 2,000 batches a second rows fold into windows; the
@@ -25,18 +33,20 @@ tool is imported: it decides as it would at full speed. That clock is a Python f
 hundred instructions a call more than the real one: its calls are counted, and what they cost
 beyond the real clock's (timed in a phase of their own) is taken off each way's figure.
 
-    python bench/instructions.py [--only NAME] [--batches 1500] [--repeats 2]
+    python bench/instructions.py [--only NAME] [--batches 1500] [--repeats 2] [--no-child]
 
-Needs valgrind and gcc (Debian: valgrind, gcc); ~3 minutes a module (importing torch under
-valgrind alone takes ~2).
+Needs valgrind and gcc (Debian: valgrind, gcc); ~4 minutes a module (importing torch under
+valgrind alone takes ~2), and ~8 more for ``child``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import glob
 import json
+import math
 import os
 import shutil
 import statistics
@@ -44,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["tests/real/long_tail.py", "tests/real/many_classes.py"]
@@ -52,7 +62,7 @@ SHIM = """#include <valgrind/callgrind.h>
 void phase_start(void) { CALLGRIND_ZERO_STATS; }
 void phase_end(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
-WAYS = ("plain", "engine", "parent", "watched")
+WAYS = ("plain", "engine", "parent", "watched", "probes", "bare")
 CLOCK_CALLS = 20_000  # calls of each clock timed, for what the slowed one costs more a call
 
 
@@ -66,6 +76,22 @@ def plain_loader(target: str):
     module, attr = plain_loop.load_module(os.path.join(ROOT, target))
     dataset = plain_loop.build_dataset(module, attr)
     return dataset, plain_loop.loader_settings(module, dataset, num_workers=0)
+
+
+def timed_only(loader) -> Iterator[Any]:
+    """``loader``'s batches, epoch after epoch, each batch's wait and step times kept: two
+    clock readings and two appends a batch (the real clock: the slowed one's Python call
+    would be counted)."""
+    times: list[float] = []
+    clock, keep = time.perf_counter, times.append
+    while True:
+        t_request = clock()
+        for batch in loader:
+            t_ready = clock()
+            keep(t_request)
+            keep(t_ready)
+            yield batch
+            t_request = clock()
 
 
 def iterate(loader, batches: int) -> None:
@@ -118,6 +144,7 @@ def inner(args: argparse.Namespace) -> None:
     from dataloader_tuner.record.cards import Consumer
     from dataloader_tuner.record.columns import BatchColumns
     from dataloader_tuner.record.windows import TAIL_S, Thinner
+    from dataloader_tuner.watcher.rebuild import instrumented
 
     resolved = resolve(os.path.join(ROOT, args.inner))
     config = starting_config(resolved, {"num_workers": 0})
@@ -165,12 +192,24 @@ def inner(args: argparse.Namespace) -> None:
         loader = DataLoader(dataset, **settings)
         return lambda: iterate(loader, batches)
 
-    ways = {"plain": plain, "engine": engine, "parent": parent, "watched": watched_loop}
+    def probes(batches: int) -> Callable[[], None]:
+        probed, why_not = instrumented(DataLoader(dataset, **settings))
+        if probed is None:
+            raise SystemExit(f"{args.inner}: no probed copy: {why_not}")
+        return lambda: iterate(probed, batches)
+
+    def bare(batches: int) -> Callable[[], None]:
+        loader = DataLoader(dataset, **settings)
+        return lambda: iterate(timed_only(loader), batches)
+
+    ways = {"plain": plain, "engine": engine, "parent": parent, "watched": watched_loop,
+            "probes": probes, "bare": bare}
     calls: dict[str, list[int]] = {name: [] for name in WAYS}
     for repeat in range(args.repeats + 1):  # the first is a warm-up, its counts dropped
         for name in WAYS:
             run = ways[name](args.batches)
-            before = clock.calls
+            gc.collect()  # each phase from the same collector state (a full collection in
+            before = clock.calls  # one phase and not another moved ways by ~0.7%)
             shim.phase_start()
             run()
             shim.phase_end(f"{repeat}:{name}".encode())
@@ -183,6 +222,66 @@ def inner(args: argparse.Namespace) -> None:
     watched.close()
     shutil.rmtree(history, ignore_errors=True)
     print(json.dumps({"factor": factor, "clock_calls": calls}))
+
+
+# -- the engine's child, as a run starts it ----------------------------------------------------
+
+# Installed before the child imports anything of the tool (a sitecustomize.py on its path): its
+# clock slowed by the phases' factor, and its recorder's flushes and its stack sampler's timers
+# (on the CPU time and the time passing, both valgrind's) stretched by it.
+SLOWED_SITE = """
+import os, time
+factor = float(os.environ["INSTRUCTIONS_SLOWED"])
+raw, start = time.monotonic, time.monotonic()
+time.monotonic = lambda: start + (raw() - start) / factor
+from dataloader_tuner.run import recorder
+recorder.FLUSH_S *= factor
+from dataloader_tuner.instrument import sampler
+sampler.StackSampler.__init__.__defaults__ = (sampler.INTERVAL_S * factor, None)
+"""
+CHILD_SECONDS = (1.0, 4.0)  # two profile runs; their difference is the steady state's
+
+
+def child_run(target: str, seconds: float, factor: float, folder: str) -> tuple[int, int]:
+    """(batches, instructions) of a real engine child's profile run of ``target`` at
+    num_workers=0 for ``seconds`` (its slowed clock's), stack sampler on, under callgrind."""
+    from dataloader_tuner.protocol import EVENT_FD_ENV, Batches, RunRequest, decode
+
+    site = os.path.join(folder, "site")
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as file:
+        file.write(SLOWED_SITE)
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, INSTRUCTIONS_SLOWED=repr(factor), PYTHONHASHSEED="0",
+               PYTHONPATH=os.pathsep.join((site, ROOT)), **{EVENT_FD_ENV: str(write_fd)})
+    env.pop("DATALOADER_TUNER_SAMPLE", None)
+    out = os.path.join(folder, f"child-{seconds}.out")
+    request = RunRequest(target=target, settings={"num_workers": 0}, seconds=seconds,
+                         step_ms=0, timeout_s=3600)
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m",
+         "dataloader_tuner.child"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, pass_fds=(write_fd,), env=env, cwd=ROOT)
+    os.close(write_fd)
+    assert proc.stdin is not None  # started with stdin=PIPE
+    proc.stdin.write(json.dumps(request.to_json()).encode())
+    proc.stdin.close()
+    with os.fdopen(read_fd, "rb") as events:
+        lines = events.read().splitlines()
+    if proc.wait() != 0:
+        raise SystemExit(f"{target}: the engine's child under valgrind failed")
+    batches = sum(len(event.rows) for event in map(decode, lines) if isinstance(event, Batches))
+    with open(out) as dump:
+        total = next(int(line.split()[1]) for line in dump if line.startswith("totals:"))
+    return batches, total
+
+
+def child_per_batch(target: str, factor: float, folder: str) -> float:
+    """A real engine child's instructions a batch in its steady state: two runs' difference
+    over their batches' (the start-up the same in both)."""
+    (short_n, short), (long_n, long) = (child_run(target, seconds, factor, folder)
+                                        for seconds in CHILD_SECONDS)
+    return (long - short) / (long_n - short_n)
 
 
 # -- outside ------------------------------------------------------------------------------------
@@ -243,6 +342,9 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
     # (the engine's and plain's: the watched way's moves with where its recorder's flushes fall)
     spread = {way: (max(found[way]) - min(found[way])) / statistics.median(found[way])
               for way in ("plain", "engine")}
+    if args.child:  # (its clock's extra cost taken off as the engine way's, for its calls)
+        per_batch["child"] = (child_per_batch(target, said["factor"], out) - extra_per_call
+                              * statistics.median(said["clock_calls"]["engine"]) / args.batches)
     return {"module": os.path.basename(target), "native_us": native_s * 1e6,
             "factor": said["factor"], **per_batch, "spread": max(spread.values()),
             "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,
@@ -254,6 +356,8 @@ def main() -> None:
     parser.add_argument("--only", help="the corpus modules (tests/real) whose name has this")
     parser.add_argument("--batches", type=int, default=1500, help="per phase")
     parser.add_argument("--repeats", type=int, default=2, help="phases of each way counted")
+    parser.add_argument("--no-child", dest="child", action="store_false",
+                        help="skip the real engine child's runs (~6 minutes a module)")
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--native-s", type=float, help=argparse.SUPPRESS)
@@ -279,13 +383,16 @@ def main() -> None:
         print(f"instructions per batch at num_workers=0, {args.batches} batches a phase, "
               f"median of {args.repeats}")
         print(f"{'module':22s} {'us/batch':>8s} {'plain':>9s} {'engine':>9s} {'x plain':>8s} "
-              f"{'watched':>9s} {'x plain':>8s} {'parent':>8s} {'spread':>7s} {'slowed':>6s}")
+              f"{'watched':>9s} {'x plain':>8s} {'parent':>8s} {'probes x':>8s} {'bare x':>7s} "
+              f"{'child x':>8s} {'spread':>7s} {'slowed':>6s}")
         for target in targets:
             row = measure(target, args, folder, shim)
             plain = row["plain"]
             print(f"{row['module']:22s} {row['native_us']:8.1f} {plain:9,.0f} "
                   f"{row['engine']:9,.0f} {row['engine'] / plain:8.4f} {row['watched']:9,.0f} "
                   f"{row['watched'] / plain:8.4f} {row['parent']:8,.0f} "
+                  f"{row['probes'] / plain:8.4f} {row['bare'] / plain:7.4f} "
+                  f"{row['child'] / plain if 'child' in row else math.nan:8.4f} "
                   f"{row['spread']:7.2%} {row['factor']:5.0f}x", flush=True)
 
 
