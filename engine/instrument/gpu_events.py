@@ -49,6 +49,7 @@ class StepGaps:
         self.cuda_in_use = cuda_in_use
         self.pending: collections.deque = collections.deque()
         self._asked = None
+        self.dropped = 0  # pairs let go at MAX_PENDING, their gaps never known
 
     @classmethod
     def create(cls) -> "StepGaps | None":
@@ -79,6 +80,7 @@ class StepGaps:
         self._asked = None
         if len(self.pending) > MAX_PENDING:
             self.pending.popleft()
+            self.dropped += 1
 
     def resolved(self) -> list[tuple[int, float]]:
         """``(seq, gap_ms)`` of the pairs the GPU has passed since the last call."""

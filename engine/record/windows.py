@@ -32,7 +32,7 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence, cast
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 from dataloader_tuner.record.rows import BatchRecord
 
@@ -190,11 +190,15 @@ class Thinner:
     tail: list[BatchRecord] = field(default_factory=list)
     last_epoch: int | None = None  # of the last row out: a new one opens an epoch
 
-    def arrived(self, rows: Sequence[tuple], now: float | None = None
+    def arrived(self, rows: Sequence[tuple], now: float | None = None,
+                timings: Callable[[], None] | None = None
                 ) -> tuple[list[tuple], list[BatchWindow]]:
         """Rows as they arrive (BatchRecord's fields): while batches come slower than
         WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail. ``now``:
-        seconds since the run started, where known (see ``take``)."""
+        seconds since the run started, where known (see ``take``). ``timings``: puts the GPU
+        timings resolved so far onto their rows (``late``), called once these rows are in the
+        tail and before any is folded: rows that arrive already older than TAIL_S (a flush
+        long in coming) are folded at once, and a timing put after that is lost."""
         if not self.tail and not fast(rows):
             if rows:
                 self.last_epoch = rows[-1][1]
@@ -203,6 +207,8 @@ class Thinner:
         if rows and rows[0].__class__ is not BatchRecord:
             rows = [BatchRecord.from_row(row) for row in rows]
         self.tail.extend(cast("Sequence[BatchRecord]", rows))
+        if timings is not None:
+            timings()
         kept, windows = self.take(now)
         return list(kept), windows
 

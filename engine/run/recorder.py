@@ -225,13 +225,16 @@ class WindowedRows:
         """The recorder's ``measured`` rows into the thinner (its now), after its late GPU
         timings went onto the rows the thinner still holds; what waits to be written."""
         thinner = self.thinner
-        for gap in recorder.gaps[:]:
-            if thinner.late(gap[0], gpu_gap_ms=gap[1]):
-                recorder.gaps.remove(gap)
-        for copy in recorder.copies[:]:
-            if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
-                recorder.copies.remove(copy)
-        kept, windows = thinner.arrived(measured, time.monotonic() - recorder.t0)
+
+        def timings() -> None:  # (the rows measured are in the tail by now)
+            for gap in recorder.gaps[:]:
+                if thinner.late(gap[0], gpu_gap_ms=gap[1]):
+                    recorder.gaps.remove(gap)
+            for copy in recorder.copies[:]:
+                if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
+                    recorder.copies.remove(copy)
+
+        kept, windows = thinner.arrived(measured, time.monotonic() - recorder.t0, timings)
         del recorder.rows[:len(measured)]
         if recorder.recent is not None:  # every row: a rank's report reads its recent ones
             recorder.recent.extend(measured)
