@@ -78,7 +78,7 @@ class StoredRun:
 # are what analyse/memory_growth.py judges, so a stored run can be judged again as it was live.
 RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
                     "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads",
-                    "shm_used_mb", "shm_total_mb")
+                    "shm_used_mb", "shm_total_mb", "busiest_thread_percent")
 RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER",
                   "busy_threads": "INTEGER"}
 # Fast batches in windows (record/windows.py), their pairs as JSON text.

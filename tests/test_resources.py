@@ -2,16 +2,18 @@
 them, however it lists them (the kernel's children files, or psutil's scan), and reads a
 worker's threads' use from its first batch."""
 
+import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
 from dataloader_tuner.instrument import threads
-from dataloader_tuner.instrument.resources import ResourceSampler
+from dataloader_tuner.instrument.resources import BusiestThread, ResourceSampler
 
 
 @pytest.mark.parametrize("listing", ["kernel", "psutil"])
@@ -76,3 +78,31 @@ def test_a_workers_thread_use_counts_from_its_first_batch_and_skips_other_childr
         for child in (worker, other):
             child.kill()
             child.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread CPU: /proc (Linux)")
+def test_the_busiest_thread_is_one_thread_where_the_process_counts_all():
+    """Two threads hashing (hashlib lets go of the GIL) for 1.5 s: the process may read up to
+    200% of a CPU, its busiest thread one CPU at most; a thread that did nothing reads 0."""
+    proc = psutil.Process()
+    busiest = BusiestThread(proc)
+    proc.cpu_percent(None)
+    until = time.monotonic() + 1.5
+
+    def hash_until() -> None:
+        data = b"x" * 2**20
+        while time.monotonic() < until:
+            hashlib.sha256(data).digest()
+
+    workers = [threading.Thread(target=hash_until) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.0)  # (read while they run: a thread that ended is no longer listed)
+    one, whole = busiest.percent(), proc.cpu_percent(None)
+    for worker in workers:
+        worker.join()
+    assert one is not None and 25 <= one <= 110, (one, whole)
+    assert whole >= one - 5
+    busiest.percent()
+    time.sleep(0.3)
+    assert busiest.percent() < 20  # (the threads ended: only this one's sleep is left)

@@ -11,7 +11,8 @@ NOTE [ The ceiling and what would raise it ]
     process (num_workers=0). With enough workers, batches/s is bounded by
 
         cpu:           cpus / (worker_cpu_ms + main process's CPU per batch)
-        main process:  1 / (receive_ms + step_ms)   (it receives and steps one batch at a time)
+        main process:  1 / (receive_ms + step_ms)   (it receives and steps one batch at a time:
+                                                     its busiest thread's CPU, where read)
         workers:       max_workers / worker_ms        (the most workers the user allows)
 
     and without workers by 1 / serial_ms. The ceiling is the best of the two ways. A change to
@@ -52,10 +53,14 @@ class BatchCost:
     # False for a run without workers: a worker's hand-off to the main process is not seen
     # there, and ``receive_ms`` holds only the main loop's own time
     receive_seen: bool = True
+    # the main process's CPU a batch in all its threads, where more than its busiest thread's
+    # (``receive_ms``): threads working alongside take cores (the cpu limit), not turns
+    main_cpu_ms: float | None = None
 
     def limits(self) -> dict[str, float]:
         """samples/s each limit allows (``step_demand`` only with a step)."""
-        main_cpu = self.receive_ms + (self.step_ms if self.step_on_cpu else 0.0)
+        main_cpu = max(self.receive_ms + (self.step_ms if self.step_on_cpu else 0.0),
+                       self.main_cpu_ms or 0.0)
         per_batch = {
             "cpu": self.cpus * 1000.0 / max(self.worker_cpu_ms + main_cpu, 1e-6),
             "main_process": 1000.0 / max(self.receive_ms + self.step_ms, 1e-6),
@@ -162,12 +167,14 @@ def _cpus(cpus: float) -> str:
 def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                   batches_per_s: float | None, samples_per_s: float | None, step_ms: float,
                   consumer: str, cpus: float, num_workers: int,
-                  max_workers: int) -> BatchCost | None:
+                  max_workers: int, busiest_thread_pct: float | None = None) -> BatchCost | None:
     """A batch's cost as one run measured it (a profile, a watched job): the fetch and the
     collate (their CPU, their time: in each worker, or in the main process at num_workers=0)
     and the main process's CPU a batch (receiving it, and the step where it runs there: a
     ``train_step`` does; a job's own loop does where its process used the CPU through it, not
-    where it waited on a GPU). Without workers, what receiving a batch from a worker costs is
+    where it waited on a GPU). What takes batches one at a time is one thread, so the main
+    process's limit reads its busiest thread (``busiest_thread_pct``) where known, and the
+    cpu limit all its threads. Without workers, what receiving a batch from a worker costs is
     not seen (``receive_seen``): the main process's CPU less the making is its loop's own.
     None where a figure is missing."""
     if (not per_batch or per_batch.get("fetch_cpu_ms") is None or main_cpu_pct is None
@@ -177,18 +184,25 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
     worker_ms = per_batch["fetch_ms"] + collate
     worker_cpu_ms = per_batch["fetch_cpu_ms"] + collate
     main_ms = 10.0 * main_cpu_pct / batches_per_s  # (cpu_percent / 100 * 1000 ms)
+    loop_ms = main_ms
+    if busiest_thread_pct is not None:
+        loop_ms = min(10.0 * busiest_thread_pct / batches_per_s, main_ms)
     if num_workers == 0:  # the making is the main process's own CPU there
         main_ms = max(main_ms - worker_cpu_ms, 0.0)
+        loop_ms = max(loop_ms - worker_cpu_ms, 0.0)
     step_on_cpu = consumer == "train_step" or (
-        consumer == "training_loop" and step_ms > 0 and main_ms >= STEP_ON_CPU * step_ms)
-    receive_ms = max(main_ms - (step_ms if step_on_cpu else 0.0), 0.01)
+        consumer == "training_loop" and step_ms > 0 and loop_ms >= STEP_ON_CPU * step_ms)
+    receive_ms = max(loop_ms - (step_ms if step_on_cpu else 0.0), 0.01)
+    # what takes one batch at a time took no longer than a batch's interval: it kept up
+    receive_ms = min(receive_ms, max(1000.0 / batches_per_s - step_ms, 0.01))
     # (without workers a batch's whole time is measured: the step's CPU is in the loop's too)
     serial_ms = worker_ms + step_ms if num_workers else 1000.0 / batches_per_s
     return BatchCost(serial_ms=serial_ms, worker_ms=worker_ms,
                      worker_cpu_ms=worker_cpu_ms, receive_ms=receive_ms,
                      step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,
                      samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers,
-                     receive_seen=num_workers > 0)
+                     receive_seen=num_workers > 0,
+                     main_cpu_ms=main_ms if main_ms > loop_ms else None)
 
 
 def share_without(share: float, stage: str | None, sampled: dict[str, Any]) -> float:

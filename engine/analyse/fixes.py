@@ -2,10 +2,22 @@
 with the gain the ceiling's model predicts for it (analyse/ceiling.py's what-if): a fix is a
 suggestion, never shown as measured unless it was.
 
-A fix that takes a stage's work off the loader's CPU (decoding on the GPU, tokenizing ahead)
-carries the prediction for the stage "gone"; one that makes it cheaper (decoding at reduced
-size, shards read in order) the prediction for it "at half its cost". Only stages the profile
-found, at MIN_SHARE or more of the loader's time, are given fixes.
+A fix that takes a stage's work off the loader's CPU for good (tokenizing ahead) carries the
+prediction for the stage "gone"; one that makes it cheaper (decoding at reduced size, shards
+read in order) the prediction for it "at half its cost"; one that moves it to the GPU in the
+training process none. Only stages the profile found, at MIN_SHARE or more of the loader's time,
+are given fixes.
+
+NOTE [ A fix that moves work into the training process ]
+
+    Decoding or transforming on the GPU takes the work off the workers and puts it in the
+    training process, batch by batch: a cost the loader's model does not see. Checked on an
+    H100 with 14 CPU workers (bench/gpu_decode.py, tests/real/imagefolder_compose.py): the
+    decode gone from the workers, predicted 3.31x, measured 2.62x (the images decoded ahead);
+    torchvision's decode_jpeg(device="cuda") with the crops on the GPU image by image, as
+    users write it, 0.89x: the training process's 17.8 ms a batch of 32 bound it. So such a
+    fix claims no gain: it says what the loader's side alone would make, and why that is not
+    the job's.
 """
 
 from __future__ import annotations
@@ -22,13 +34,27 @@ AUDIO_FILES = ("/soundfile", "/torchaudio/", "/librosa/")
 CACHE_SHARE = 0.3  # a function of the dataset's own with this much of the time: worth a cache
 
 
+TO_TRAINING = ("; the loader's side alone: up to {gain:.1f}x, but the work then runs in your "
+               "training process, batch by batch, at a cost not predicted here (on an H100 "
+               "with 14 CPU workers, decode_jpeg on the GPU with per-image crops measured "
+               "0.89x): measure it")
+
+
 def _fix(stage: str, function: str | None, fix: str, how: str, change: str | None,
-         what_if: Sequence[dict[str, Any]]) -> dict[str, Any]:
+         what_if: Sequence[dict[str, Any]], to_training: bool = False) -> dict[str, Any]:
+    """``to_training``: the fix moves the work into the training process (NOTE [ A fix that
+    moves work into the training process ]): no gain claimed, the loader's side said."""
     row = next((w for w in what_if if w["change"] == change), None) if change else None
+    loader_side = row and row["predicted_gain"]
+    if to_training and loader_side and math.isfinite(loader_side):
+        how += TO_TRAINING.format(gain=loader_side)
+    if to_training:
+        row = None
     return {"stage": stage, "function": function, "fix": fix, "how": how,
             "predicted_samples_per_s": row and row["predicted_samples_per_s"],
             "predicted_gain": row and row["predicted_gain"],
-            "measured_samples_per_s": row and row["measured_samples_per_s"]}
+            "measured_samples_per_s": row and row["measured_samples_per_s"],
+            "loader_side_gain": loader_side if to_training else None}
 
 
 def ranked_gain(fix: dict[str, Any]) -> float:
@@ -87,7 +113,8 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
                               "pillow-simd (libjpeg-turbo)", half, what_if))
             fixes.append(_fix(name, None, "decode images on the GPU",
                               "`torchvision.io.decode_jpeg(data, device='cuda')` on the "
-                              "batch's bytes, or NVIDIA DALI" + on_gpu, gone, what_if))
+                              "batch's bytes, or NVIDIA DALI" + on_gpu, gone, what_if,
+                              to_training=True))
         elif name == "decode" and any(p in files for p in TOKENIZER_FILES):
             fixes.append(_fix(name, None, "tokenize once, ahead",
                               "`dataset.map(tokenize, batched=True)` (Hugging Face datasets) "
@@ -108,7 +135,7 @@ def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]
             fixes.append(_fix(name, None, f"run {step} on the GPU, per batch",
                               f"apply {step} to the whole batch after it is on the GPU "
                               "(torchvision.transforms.v2 on tensors, kornia)" + on_gpu, gone,
-                              what_if))
+                              what_if, to_training=True))
     own = [h for h in sampled["hotspots"] if h["stage"] == "your __getitem__"
            and CACHE_SHARE <= h["total_share"] < ALL_OF_IT]
     if own:

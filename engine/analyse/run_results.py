@@ -153,7 +153,8 @@ def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, log: BatchLog, 
         steady.samples_per_s if steady else None, step_ms,
         consumer.kind if consumer is not None else "none",
         max(live.system.cpu_budget() if live.system is not None else 1.0, used),
-        int((live.config or {}).get("num_workers") or 0), DEFAULT_MAX_WORKERS)
+        int((live.config or {}).get("num_workers") or 0), DEFAULT_MAX_WORKERS,
+        main.get("busiest_thread_percent"))
     if cost is None or steady is None:
         return {}
     return ceiling_fields(cost, sampled, steady.samples_per_s, codes,
@@ -215,8 +216,11 @@ def _resource_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """Mean CPU % over samples and the last RSS. A process's first sample has no CPU reading
     (psutil's first call only primes the counter), so short-lived workers may have none."""
     cpu = [r["cpu_percent"] for r in rows if r["cpu_percent"] is not None]
+    busiest: list[float] = [r["busiest_thread_percent"] for r in rows
+                            if r.get("busiest_thread_percent") is not None]
     return {
         "cpu_percent": sum(cpu) / len(cpu) if cpu else None,
+        **({"busiest_thread_percent": sum(busiest) / len(busiest)} if busiest else {}),
         "rss_mb": next((r["rss_mb"] for r in reversed(rows) if r["rss_mb"]), None),
     }
 

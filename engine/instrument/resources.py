@@ -15,6 +15,32 @@ from dataloader_tuner.instrument import gpu, threads
 SHM_KEYS = ("shm_used_mb", "shm_total_mb")  # the main process's rows only
 
 
+class BusiestThread:
+    """The CPU % of a process's busiest thread since the last reading: the bound on work that
+    one thread does batch after batch (the loop receiving batches, the pin-memory thread). The
+    process's own % adds threads that run alongside: torch's intra-op pool copying a batch
+    (whose threads spin a while after each parallel copy), the samplers; on a 16-CPU GPU machine
+    the main process read 136% while handing over 46 batches a second."""
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc = proc
+        self.last: tuple[float, dict[int, float]] | None = None
+        self.percent()
+
+    def percent(self) -> float | None:
+        try:
+            now = time.monotonic()
+            used = {t.id: t.user_time + t.system_time for t in self.proc.threads()}
+        except (psutil.Error, OSError, NotImplementedError):  # (no /proc/PID/task to list)
+            return None
+        last, self.last = self.last, (now, used)
+        if last is None or now <= last[0]:
+            return None
+        before = last[1]  # (a thread started since: all its CPU is within the interval)
+        return max((100.0 * (cpu - before.get(tid, 0.0)) / (now - last[0])
+                    for tid, cpu in used.items()), default=0.0)
+
+
 class ResourceSampler:
     """CPU %, RSS and threads of the main process and each worker, each worker's private
     memory every few seconds, plus NVML samples on a GPU.
@@ -46,6 +72,7 @@ class ResourceSampler:
         # (NOTE [ Threads per worker ])
         self.threads_since = threads.ThreadsSinceFirstBatch()
         self.me.cpu_percent(None)
+        self.main_threads = BusiestThread(self.me)
         self.nvml = gpu.NvmlSampler.open() if gpu.cuda_available() else None
 
     def sample(self, t: float) -> protocol.Resources:
@@ -88,7 +115,9 @@ class ResourceSampler:
                  "cpu_percent": cpu, "rss_mb": rss, "threads": thread_count, **private,
                  "helper_cpu_share": use.helper_share if use else None,
                  "busy_threads": use.busy_threads if use else None,
-                 **(self._shm() if role == "main" else dict.fromkeys(SHM_KEYS))}
+                 **(self._shm() if role == "main" else dict.fromkeys(SHM_KEYS)),
+                 "busiest_thread_percent": self.main_threads.percent() if role == "main"
+                 else None}
             )
         gpu_sample = None
         if self.nvml is not None:
