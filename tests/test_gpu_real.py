@@ -7,11 +7,10 @@ is in its docstring; the tables they print go straight to the log (capsys.disabl
 
     python -m pytest -q -m gpu tests/test_gpu_real.py -p no:cacheprovider
 
-Run on an H200 (issue 41, docs/benchmarks.md#gpu): the first 12 passed there once the
-simulated step was fitted; the memory-kind comparison's test and the pinning stage's (the
-pin-memory thread in the sampled profile) were written after that lease and have not run on a
-GPU yet. `bash bench/gpu_truth.sh OUTDIR` runs them with the rest of the GPU
-checks. Files go under tmp_path, subprocesses have a
+Run on an H200 twice and on an H100 (issue 41, docs/benchmarks.md#gpu): all 16 passed on the
+H100 (87 s), after what the H100 showed was fixed (a fast watched loop's lost gaps, the
+main process's limit, four tests' premises). `bash bench/gpu_truth.sh OUTDIR` runs them with
+the rest of the GPU checks. Files go under tmp_path, subprocesses have a
 timeout and their trees are reaped (tests/jobs.py), nothing listens on a port.
 """
 
@@ -174,8 +173,9 @@ STEP_MS = 5.0  # the GPU step
 def test_gaps_are_the_wait_when_each_step_ends_in_a_sync(db_path, capsys):
     """A loop whose loader makes each batch ~20 ms late and whose ~5 ms GPU step ends in a
     sync (``loss.item()``): the GPU sits idle for the whole wait, so every batch's stored gap
-    is ~20 ms (within 10%) and matches the wait the host measured for it (within 10%). Gaps
-    are resolved without a sync and written to their own batch's row."""
+    matches the wait the host measured for it (within 10%), ~20 ms in the median (within 10%;
+    on an H100 one batch came 22 ms late, its gap 22.7 ms). Gaps are resolved without a sync
+    and written to their own batch's row."""
     step = GpuStep(ms=STEP_MS)
     n = 30
     rows = run_watched(DataLoader(SlowItems(n, LATE_S), batch_size=1), db_path, "late-synced",
@@ -188,9 +188,8 @@ def test_gaps_are_the_wait_when_each_step_ends_in_a_sync(db_path, capsys):
     measured = [r for r in not_first_of_epoch(rows) if r.gpu_gap_ms is not None]
     assert len(measured) >= n - 3  # the last pair has no later batch to resolve it
     late_ms = LATE_S * 1000
-    for row in measured:
+    for row in measured:  # (a batch later than asked, as a VM's sleep can be: a longer gap)
         wait_ms = row.wait_s * 1000
-        assert abs(row.gpu_gap_ms - late_ms) <= 0.10 * late_ms, (row.seq, row.gpu_gap_ms)
         assert abs(row.gpu_gap_ms - wait_ms) <= 0.10 * wait_ms, (row.seq, row.gpu_gap_ms, wait_ms)
     median = statistics.median(r.gpu_gap_ms for r in measured)
     assert abs(median - late_ms) <= 0.10 * late_ms
@@ -199,7 +198,7 @@ def test_gaps_are_the_wait_when_each_step_ends_in_a_sync(db_path, capsys):
 def test_gaps_leave_out_the_gpu_work_still_queued(db_path, capsys):
     """The same late batches, the ~5 ms step not waited for: the GPU works through the queued
     step during the first ~5 ms of the host's wait, so the gap is the GPU's idle time, the wait
-    less the step (within 10%), not the host's wait."""
+    less the step (within 10% in the median), not the host's wait."""
     step = GpuStep(ms=STEP_MS)
     n = 30
     rows = run_watched(DataLoader(SlowItems(n, LATE_S), batch_size=1), db_path, "late-queued",
@@ -213,7 +212,12 @@ def test_gaps_leave_out_the_gpu_work_still_queued(db_path, capsys):
     expected = wait_ms - step.ms
     median = statistics.median(r.gpu_gap_ms for r in measured)
     assert abs(median - expected) <= 0.10 * expected, (median, expected)
-    assert all(r.gpu_gap_ms < r.wait_s * 1000 - 0.5 * step.ms for r in measured)
+    # Most gaps leave the queued step out; where the host was slow to queue it (a VM's
+    # hiccup: 4 batches of 29 on an H100, waits 21-24 ms) the GPU ran it as it came and idled
+    # nearly the whole wait. Never more than the wait and the copy.
+    left_out = [r for r in measured if r.gpu_gap_ms < r.wait_s * 1000 - 0.5 * step.ms]
+    assert len(left_out) >= 2 / 3 * len(measured)
+    assert all(r.gpu_gap_ms <= r.wait_s * 1000 + (r.h2d_ms or 0) + 1.0 for r in measured)
 
 
 def test_a_fed_gpu_bound_loop_has_no_gaps(db_path, capsys):
@@ -724,3 +728,127 @@ def test_a_profile_with_pinned_memory_shows_the_pin_thread_s_share(db_path, caps
     assert doc["stacks_sampled"]["enough"], doc["stacks_sampled"]
     assert stages.get("pinning", {}).get("share", 0) > 0, doc["stages"]
     assert sum(s["share"] for s in doc["stages"]) == pytest.approx(1.0, abs=0.01)
+
+
+# -- g. a watched job on cuda:0: where its time goes, and a fast loop folded -----------------
+
+
+class SpinningSamples(Dataset):
+    """~0.4 ms of CPU a sample in a named function, and a 1 MB sample: a batch of 8 is 8 MB
+    for the pin-memory thread to copy into pinned memory."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return make_the_sample(index)
+
+
+def make_the_sample(index: int) -> torch.Tensor:
+    until = time.thread_time() + 0.0004
+    while time.thread_time() < until:
+        pass
+    return torch.full((MB // 4,), float(index))
+
+
+def test_a_watched_job_on_cuda_says_where_its_time_goes(db_path, capsys):
+    """watch(loader) on cuda:0 with 2 workers and pinned memory, each batch copied with
+    ``loader.to`` and a ~2 ms GPU step: the job's result says where the loader's time went
+    (enough looks, the stages adding up to 1, the workers' own function found, the pin-memory
+    thread's "pinning" share), and its rows hold the GPU's idle gaps and the copy times."""
+    from dataloader_tuner import RunStore
+
+    step = GpuStep(ms=2.0)
+    wrapped = watched(DataLoader(SpinningSamples(), batch_size=8, num_workers=2,
+                                 pin_memory=True), db_path, "cuda-profile")
+    try:
+        for _ in range(2):
+            for batch in wrapped:
+                step(wrapped.to(batch, "cuda"))
+        torch.cuda.synchronize()
+    finally:
+        result = wrapped.close()
+    rows = RunStore(db_path).batches(wrapped.run_id)
+    stages = {s["stage"]: s["share"] for s in result.stages}
+    functions = [h["function"] for h in result.hotspots]
+    gaps = [r.gpu_gap_ms for r in rows if r.gpu_gap_ms is not None]
+    copies = [r.h2d_ms for r in rows if r.h2d_ms is not None]
+    with shown(capsys):
+        print(f"watched on cuda: stages {stages}; looks {result.stacks_sampled}; top functions "
+              f"{functions[:6]}; {len(rows)} rows, {len(gaps)} gaps (p50 "
+              f"{statistics.median(gaps) if gaps else None} ms), {len(copies)} copies (p50 "
+              f"{statistics.median(copies) if copies else None} ms)")
+    assert result.stacks_sampled and result.stacks_sampled["enough"], result.stacks_sampled
+    assert sum(stages.values()) == pytest.approx(1.0, abs=0.01)
+    assert stages.get("pinning", 0) > 0, stages
+    assert any("make_the_sample" in f for f in functions), functions
+    assert len(gaps) >= 0.9 * len(rows) and len(copies) >= 0.9 * len(rows)
+
+
+class Late(Dataset):
+    """Small samples, every ``every``-th one ``late_s`` late: the GPU waits that long."""
+
+    def __init__(self, n: int, every: int, late_s: float) -> None:
+        self.n, self.every, self.late_s = n, every, late_s
+        self.data = torch.randn(n, 256)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index % self.every == self.every - 1:
+            time.sleep(self.late_s)
+        return self.data[index]
+
+
+def test_a_fast_watched_loop_s_gpu_gaps_are_folded_with_none_lost(db_path, capsys):
+    """A watched loop past WINDOW_ABOVE_PER_S batches a second on a GPU (one small sample a
+    batch, copied, a tiny step, never synchronised), one batch in 500 coming 20 ms late: its
+    rows are folded into windows (fewer than 1 in 4 kept), yet the history counts a GPU gap for
+    nearly every batch (the late events found their rows in the tail: on an H100, 908 of
+    20,000 were lost before), the largest is at least the lateness and at most the loop's own
+    longest wait, and the gaps' total lies between the lateness summed and the loop's time."""
+    from dataloader_tuner import RunStore
+    from dataloader_tuner.analyse.batch_log import BatchLog
+    from dataloader_tuner.record.windows import WINDOW_ABOVE_PER_S
+
+    n, every, late_s = 20_000, 500, 0.020
+    weights = torch.randn(256, 256, device="cuda")
+    wrapped = watched(DataLoader(Late(n, every, late_s), batch_size=1), db_path, "fast")
+    waits = []  # the loop's own clock around each next()
+    try:
+        t0 = time.perf_counter()
+        batches = iter(wrapped)
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            waits.append(time.perf_counter() - asked)
+            torch.mm(wrapped.to(batch, "cuda"), weights)
+        torch.cuda.synchronize()
+        loop_s = time.perf_counter() - t0
+    finally:
+        wrapped.close()
+    store = RunStore(db_path)
+    kept, windows = store.batches(wrapped.run_id), store.windows(wrapped.run_id)
+    gaps = BatchLog(kept, windows).gpu_gaps_ms(0)
+    loose = BatchLog(kept, windows).loose
+    counted = (sum(1 for b in loose if b.gpu_gap_ms is not None)
+               + sum(w.gaps for w in windows))
+    unresolved = sum(1 for b in kept if b.gpu_gap_ms is None)
+    with shown(capsys):
+        print(f"{n} batches in {loop_s:.2f} s ({n / loop_s:.0f}/s): {len(kept)} rows kept "
+              f"({unresolved} without a gap), {len(windows)} windows, {counted} gaps counted, "
+              f"{wrapped.ledger.gaps.dropped} pairs dropped pending; total "
+              f"{gaps and round(gaps[1], 1)} ms, largest {gaps and round(gaps[2], 3)} ms; "
+              f"lateness summed {n // every * late_s * 1000:.0f} ms; the loop's longest wait "
+              f"{max(waits) * 1000:.3f} ms")
+    fast_s = loop_s - n // every * late_s
+    assert n / fast_s > 1.2 * WINDOW_ABOVE_PER_S, "premise: the loop is fast enough to fold"
+    assert len(kept) < n / 4 and windows
+    assert gaps is not None and counted >= 0.98 * n
+    _, total_ms, largest_ms = gaps
+    assert late_s * 1000 <= largest_ms <= max(waits) * 1000 + 2
+    assert n // every * late_s * 1000 <= total_ms <= loop_s * 1000
