@@ -177,3 +177,19 @@ def test_the_tune_says_what_it_announced_as_it_started():
     assert said({"announced_s": 8.1, "estimated_s": 8.4}) == "~8 s"
     assert said(None) is None
 
+
+
+def test_a_trial_reads_the_main_process_s_busiest_thread_beside_the_whole_process():
+    """A real trial (known_stages, 1 worker): the main process's CPU a batch is read twice, all
+    its threads and its busiest one; the busiest is part of the whole, and some of it (the
+    loop receiving the batches)."""
+    from dataloader_tuner.child.target import resolve
+
+    from .conftest import dataset_path
+
+    resolved = resolve(dataset_path("known_stages.py"))
+    runner = TrialRunner(resolved, Consumer(), lambda t: None, plan.TimeLimit(None))
+    trial = runner.measure(LoaderConfig(batch_size=8, num_workers=1), "search", report=False)
+    assert trial is not None
+    assert trial.main_cpu_ms is not None and trial.main_thread_cpu_ms is not None
+    assert 0 < trial.main_thread_cpu_ms <= trial.main_cpu_ms + 0.05, trial

@@ -212,6 +212,27 @@ def test_cost_profile_limits():
     assert profile.predict(0) == pytest.approx(1000 / 16)
 
 
+def test_the_consumer_limit_reads_the_main_process_s_busiest_thread():
+    """imagefolder_compose on a 16-CPU H100 machine: the main process's CPU a batch, all its
+    threads, was ~6x what its busiest thread did (torch's pool copying pinned batches beside
+    the loop). Read as one batch at a time it capped the prediction of 16 workers at a third
+    of what they make; the consumer limit reads the busiest thread, the cpu limit all of it."""
+    from dataclasses import replace as with_
+
+    serial = trial(0, 100.0, worker_ms=300.0, cpu_ms=290.0)
+    one = with_(trial(1, 105.0, worker_ms=300.0, cpu_ms=290.0, main_cpu_ms=29.0),
+                main_thread_cpu_ms=4.5)
+    profile = costmodel.learn(serial, one, cpu_budget=16.0, step_on_cpu=False)
+    assert profile.main_thread_cpu_ms == 4.5
+    assert profile.limits(16)["consumer"] == pytest.approx(1000 / 4.5)
+    assert profile.limits(16)["cpu"] == pytest.approx(16 * 1000 / (290 + 29))
+    whole = costmodel.learn(serial, with_(one, main_thread_cpu_ms=None), 16.0, False)
+    assert whole.limits(16)["consumer"] == pytest.approx(1000 / 29)
+    assert profile.predict(16) > 1.4 * whole.predict(16)
+    assert profile.batch_cost(32, 64).limits()["cpu"] == pytest.approx(
+        profile.limits(16)["cpu"] * 32)  # (the ceiling's cpu limit counts every thread too)
+
+
 def test_pick_fastest_prefers_fewer_workers_within_what_a_trial_can_tell():
     groups = {2: [trial(2, 1000.0)], 3: [trial(3, 1035.0)], 4: [trial(4, 900.0)]}
     n, why = pick_fastest(groups)

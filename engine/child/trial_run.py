@@ -20,6 +20,7 @@ from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.instrument import sampler, threads
+from dataloader_tuner.instrument.resources import BusiestThread
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
@@ -142,6 +143,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         clock = TrialClock(columns, warmup, max(config.num_workers, 1), max_trial_s, limit_s,
                            on_batches)
         cpu_before = time.process_time()
+        busiest = BusiestThread(psutil.Process())  # what takes the batches one at a time
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
         threads_since = threads.ThreadsSinceFirstBatch()
 
@@ -159,6 +161,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         if stacks is not None and own is not None:  # this process's (its fetch at 0 workers)
             stacks.add(os.getpid(), own.take())
         main_cpu = time.process_time() - cpu_before
+        main_thread_cpu = busiest.seconds()
         private = workers_private_mb() if config.num_workers else None
         workers_threads = worker_threads_read(seen, threads_since)  # while they still run
     finally:
@@ -182,6 +185,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
         batch_size=config.batch_size, seconds=seconds,
         has_consumer=consumer.kind != "none", main_cpu_s=main_cpu, worker_private_mb=private,
+        main_thread_cpu_s=main_thread_cpu,
         phase=phase, repeat=repeat, in_order=config.in_order,
     )
     if trial is not None:

@@ -28,6 +28,17 @@ class BusiestThread:
         self.percent()
 
     def percent(self) -> float | None:
+        """Its CPU % since the last reading; None at the first or where threads can't be read."""
+        read = self._since_last()
+        return None if read is None else 100.0 * read[0] / read[1]
+
+    def seconds(self) -> float | None:
+        """Its CPU seconds since the last reading."""
+        read = self._since_last()
+        return None if read is None else read[0]
+
+    def _since_last(self) -> tuple[float, float] | None:
+        """(the busiest thread's CPU seconds, the wall seconds) since the last reading."""
         try:
             now = time.monotonic()
             used = {t.id: t.user_time + t.system_time for t in self.proc.threads()}
@@ -37,8 +48,8 @@ class BusiestThread:
         if last is None or now <= last[0]:
             return None
         before = last[1]  # (a thread started since: all its CPU is within the interval)
-        return max((100.0 * (cpu - before.get(tid, 0.0)) / (now - last[0])
-                    for tid, cpu in used.items()), default=0.0)
+        return (max((cpu - before.get(tid, 0.0) for tid, cpu in used.items()), default=0.0),
+                now - last[0])
 
 
 class ResourceSampler:

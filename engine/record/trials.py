@@ -53,6 +53,9 @@ class TrialResult:
     worker_pools: dict[str, int] | None = None
     helper_cpu_share: float | None = None
     busy_threads: int | None = None
+    # the main process's busiest thread's CPU per batch: what one batch at a time costs where
+    # threads beside the loop's work too (instrument/resources.py's BusiestThread)
+    main_thread_cpu_ms: float | None = None
 
     @property
     def ms_per_batch(self) -> float:

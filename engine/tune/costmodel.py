@@ -6,6 +6,9 @@ A Plumber-style rate model with three limits on batches per second for ``n`` wor
     CPU:      cpus / cpu_cost    all CPU work per batch (workers' and the main process's)
                                  shares the cores this loader may use
     consumer: 1 / main_serial    the main process receives each batch and runs the step, serially
+                                 (its busiest thread's CPU, where read: threads beside the
+                                 loop's, such as torch's pool copying pinned batches, run
+                                 alongside it)
 
 Throughput is the smallest of the three. CPU-bound Python hits the CPU limit near the core count;
 waiting (I/O, sleeps) uses little CPU, so the worker limit keeps rising far past it; tiny
@@ -37,6 +40,9 @@ class CostProfile:
     cpu_budget: float  # cores this loader may use
     batch_bytes: float
     startup_s: float  # first batch after starting one worker
+    # its busiest thread's part of main_cpu_ms, where read: what the main process does one
+    # batch at a time (torch's pool copying a pinned batch beside it takes cores, not turns)
+    main_thread_cpu_ms: float | None = None
 
     @property
     def cpu_share(self) -> float:
@@ -55,7 +61,8 @@ class CostProfile:
 
     @property
     def main_serial_ms(self) -> float:
-        receive = self.main_cpu_ms - (self.step_ms if self.step_on_cpu else 0.0)
+        one_at_a_time = min(self.main_cpu_ms, self.main_thread_cpu_ms or math.inf)
+        receive = one_at_a_time - (self.step_ms if self.step_on_cpu else 0.0)
         return max(receive, 0.01) + self.step_ms
 
     def limits(self, n: int) -> dict[str, float]:
@@ -97,7 +104,7 @@ class CostProfile:
                          worker_cpu_ms=self.worker_cpu_ms, receive_ms=self.receive_ms,
                          step_ms=self.step_ms, step_on_cpu=self.step_on_cpu,
                          cpus=self.cpu_budget, samples_per_batch=samples_per_batch,
-                         max_workers=max_workers)
+                         max_workers=max_workers, main_cpu_ms=self.main_cpu_ms)
 
 
 def learn(serial: TrialResult, one_worker: TrialResult, cpu_budget: float,
@@ -117,6 +124,7 @@ def learn(serial: TrialResult, one_worker: TrialResult, cpu_budget: float,
         worker_ms=max(worker_ms, 0.001),
         worker_cpu_ms=min(one_worker.worker_cpu_ms or 0.0, worker_ms),
         main_cpu_ms=one_worker.main_cpu_ms or 0.0,
+        main_thread_cpu_ms=one_worker.main_thread_cpu_ms,
         step_ms=step_ms,
         step_on_cpu=step_on_cpu,
         cpu_budget=max(cpu_budget, 0.5),

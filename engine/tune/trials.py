@@ -65,6 +65,7 @@ def trial_from_batches(
     has_consumer: bool,
     main_cpu_s: float | None,
     worker_private_mb: float | None,
+    main_thread_cpu_s: float | None = None,
     phase: str = "search",
     repeat: int = 0,
     in_order: bool = True,
@@ -102,6 +103,8 @@ def trial_from_batches(
         worker_ms_cv=(variance ** 0.5) / mean if mean > 0 else None,
         step_ms=metrics.percentile([b.step_s * 1000 for b in measured], 50),
         main_cpu_ms=(main_cpu_s * 1000 / len(records)) if main_cpu_s is not None else None,
+        main_thread_cpu_ms=(main_thread_cpu_s * 1000 / len(records)
+                            if main_thread_cpu_s is not None else None),
         batch_bytes=metrics.percentile([b.nbytes for b in made if b.nbytes is not None], 50),
         worker_private_mb=worker_private_mb,
         h2d_ms=metrics.percentile(copies, 50) if copies else None,
