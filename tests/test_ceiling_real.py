@@ -76,24 +76,26 @@ def test_the_ceiling_and_a_stage_removed_agree_with_plain_grids(tmp_path, monkey
 def test_the_cache_s_rate_agrees_with_a_plain_loop_over_the_same_held_samples():
     """ImageFolder + Compose (tests/real/imagefolder_compose.py): its first samples held, the
     cached trials (child/cached.py) and plain loops over the same samples, in turns in this
-    process: within the trials' stated interval, or 15% where they state less."""
+    process: within the trials' stated interval, or 15% where they state less, in the median
+    of 3 rounds (a CI run under load read one round's trials at 4,008 and 1,620 against a plain
+    loop's 8,646, the next round's 8,573 and 9,060 against 8,717)."""
     resolved = resolve(os.path.join(ROOT, "tests", "real", "imagefolder_compose.py"))
     config = LoaderConfig(batch_size=32, num_workers=2, persistent_workers=True)
     runner = TrialRunner(resolved, Consumer(), lambda t: None, TimeLimit(None))
-    measured, plain = [], []
-    for _ in range(2):
+    ratios, stated_each = [], []
+    for _ in range(3):
         found = measure_cached(runner, config)
         assert found is not None
         trials, held = found
-        measured += [t.samples_per_s for t in trials]
         module = types.ModuleType("held_samples")
         module.dataset, module.batch_size = cached_samples(resolved.dataset, 32), 32
-        plain.append(plain_rate(module, SECONDS, num_workers=2,
-                                persistent_workers=True)["samples_per_s"])
+        plain = plain_rate(module, SECONDS, num_workers=2,
+                           persistent_workers=True)["samples_per_s"]
+        ratios.append(statistics.fmean(t.samples_per_s for t in trials) / plain)
+        stated_each.append(max(uncertainty_pct(trials) or 0.0, 100 * AGREE) / 100)
     assert held == 1024  # every image (150 KB each, under the 256 MB held at most)
-    stated = max(uncertainty_pct(trials) or 0.0, 100 * AGREE) / 100
-    assert statistics.fmean(measured) == pytest.approx(statistics.fmean(plain), rel=stated), (
-        measured, plain)
+    stated = statistics.median(stated_each)
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=stated), (ratios, stated_each)
 
 
 class ThreadedInTest(torch.utils.data.Dataset):
