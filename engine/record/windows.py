@@ -20,9 +20,11 @@ NOTE [ Windows for fast loaders ]
 
     Rows wait in a tail of TAIL_S before they are folded (and no longer: a loop away from its
     loader lets them out by the clock): a GPU timing resolved after its batch (LateTimings)
-    still finds its row there, and a slow stretch (an epoch's start) is kept row by row. Slower loaders are never folded: their rows go through as they came.
-    The engine's runs are folded in the parent (run/runner.py), as the rows arrive; a
-    watched loader's by its recorder's thread before they are written (run/recorder.py).
+    still finds its row there, and a slow stretch (an epoch's start) is kept row by row.
+    Slower loaders are never folded: their rows go through as they came.
+    The engine's runs are folded in the parent (run/runner.py), a flush's rows once its late
+    timings (sent after them) are on them; a watched loader's by its recorder's thread before
+    they are written, each flush's timings put on its rows first (run/recorder.py).
 """
 
 from __future__ import annotations
@@ -191,14 +193,15 @@ class Thinner:
     last_epoch: int | None = None  # of the last row out: a new one opens an epoch
 
     def arrived(self, rows: Sequence[tuple], now: float | None = None,
-                timings: Callable[[], None] | None = None
+                timings: Callable[[], None] | None = None, hold: bool = False
                 ) -> tuple[list[tuple], list[BatchWindow]]:
         """Rows as they arrive (BatchRecord's fields): while batches come slower than
         WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail. ``now``:
         seconds since the run started, where known (see ``take``). ``timings``: puts the GPU
         timings resolved so far onto their rows (``late``), called once these rows are in the
         tail and before any is folded: rows that arrive already older than TAIL_S (a flush
-        long in coming) are folded at once, and a timing put after that is lost."""
+        long in coming) are folded at once, and a timing put after that is lost. ``hold``:
+        nothing is folded now (the timings for these rows come next: ``take`` after them)."""
         if not self.tail and not fast(rows):
             if rows:
                 self.last_epoch = rows[-1][1]
@@ -207,6 +210,8 @@ class Thinner:
         if rows and rows[0].__class__ is not BatchRecord:
             rows = [BatchRecord.from_row(row) for row in rows]
         self.tail.extend(cast("Sequence[BatchRecord]", rows))
+        if hold:
+            return [], []
         if timings is not None:
             timings()
         kept, windows = self.take(now)

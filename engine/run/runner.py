@@ -296,13 +296,19 @@ class RunHandle:
         if isinstance(event, protocol.Ready):
             self._thinner.loose_below = event.warmup_batches
         if isinstance(event, protocol.Batches):
-            self._thinned(*self._thinner.arrived(event.rows))
+            # The child sends a flush's late GPU timings after its rows: the rows wait in the
+            # tail until the next event, so a flush that came late (its rows already older than
+            # TAIL_S) is not folded before its timings are on them (NOTE [ Windows for fast
+            # loaders ])
+            self._thinned(*self._thinner.take())
+            self._thinned(*self._thinner.arrived(event.rows, hold=True))
             return
         if isinstance(event, protocol.LateTimings):
             event = protocol.LateTimings(
                 [g for g in event.gaps if not self._thinner.late(g[0], gpu_gap_ms=g[1])],
                 [c for c in event.copies
                  if not self._thinner.late(c[0], h2d_ms=c[1], h2d_other_ms=c[2])])
+            self._thinned(*self._thinner.take())
             if not event.gaps and not event.copies:
                 return
         if isinstance(event, protocol.Finished):
