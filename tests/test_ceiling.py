@@ -290,6 +290,11 @@ def test_the_main_process_limit_reads_one_thread_and_never_falls_below_what_it_k
     # process kept up with 46.2 batches a second, so its limit is at least that
     whole = measured_cost(per_batch, 136.0, bps, rate, 0.0, "none", 16.0, 14, 32)
     assert whole.limits()["main_process"] >= rate * 0.999
+    # ...and the cpu limit still counts all of the process's CPU (the cap is the turn's only)
+    assert whole.limits()["cpu"] == pytest.approx(limits["cpu"], rel=1e-6)
+    # without workers the fetch's CPU is the whole process's: the thread reading is not used
+    alone = measured_cost(per_batch, 150.0, 3.0, 96.0, 0.0, "none", 16.0, 0, 32, 100.0)
+    assert alone.receive_ms == pytest.approx(10 * 150.0 / 3.0 - 286, rel=1e-6)
     sampled = {"enough": True, "hotspots": [],
                "stages": [{"stage": "decode", "share": 0.61, "cpu_share": 0.61},
                           {"stage": "transform: RandomResizedCrop", "share": 0.22,

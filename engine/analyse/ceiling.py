@@ -172,9 +172,9 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
     collate (their CPU, their time: in each worker, or in the main process at num_workers=0)
     and the main process's CPU a batch (receiving it, and the step where it runs there: a
     ``train_step`` does; a job's own loop does where its process used the CPU through it, not
-    where it waited on a GPU). What takes batches one at a time is one thread, so the main
-    process's limit reads its busiest thread (``busiest_thread_pct``) where known, and the
-    cpu limit all its threads. Without workers, what receiving a batch from a worker costs is
+    where it waited on a GPU). What takes batches from workers one at a time is one thread, so
+    the main process's limit reads its busiest thread (``busiest_thread_pct``) where known, and
+    the cpu limit all its threads. Without workers, what receiving a batch from a worker costs is
     not seen (``receive_seen``): the main process's CPU less the making is its loop's own.
     None where a figure is missing."""
     if (not per_batch or per_batch.get("fetch_cpu_ms") is None or main_cpu_pct is None
@@ -184,14 +184,15 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
     worker_ms = per_batch["fetch_ms"] + collate
     worker_cpu_ms = per_batch["fetch_cpu_ms"] + collate
     main_ms = 10.0 * main_cpu_pct / batches_per_s  # (cpu_percent / 100 * 1000 ms)
-    loop_ms = main_ms
-    if busiest_thread_pct is not None:
-        loop_ms = min(10.0 * busiest_thread_pct / batches_per_s, main_ms)
-    if num_workers == 0:  # the making is the main process's own CPU there
+    if num_workers == 0:  # the making is the main process's own CPU there (the fetch's CPU
+        # is the whole process's: less the busiest thread's would read too little)
         main_ms = max(main_ms - worker_cpu_ms, 0.0)
-        loop_ms = max(loop_ms - worker_cpu_ms, 0.0)
-    step_on_cpu = consumer == "train_step" or (
-        consumer == "training_loop" and step_ms > 0 and loop_ms >= STEP_ON_CPU * step_ms)
+        loop_ms = main_ms
+    else:
+        loop_ms = main_ms if busiest_thread_pct is None else min(
+            10.0 * busiest_thread_pct / batches_per_s, main_ms)
+    step_on_cpu = consumer == "train_step" or (  # (all its threads: a step may use many)
+        consumer == "training_loop" and step_ms > 0 and main_ms >= STEP_ON_CPU * step_ms)
     receive_ms = max(loop_ms - (step_ms if step_on_cpu else 0.0), 0.01)
     # what takes one batch at a time took no longer than a batch's interval: it kept up
     receive_ms = min(receive_ms, max(1000.0 / batches_per_s - step_ms, 0.01))
@@ -202,7 +203,8 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                      step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,
                      samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers,
                      receive_seen=num_workers > 0,
-                     main_cpu_ms=main_ms if main_ms > loop_ms else None)
+                     main_cpu_ms=(main_ms if main_ms > receive_ms + (step_ms if step_on_cpu
+                                                                    else 0.0) else None))
 
 
 def share_without(share: float, stage: str | None, sampled: dict[str, Any]) -> float:

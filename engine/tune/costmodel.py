@@ -61,7 +61,8 @@ class CostProfile:
 
     @property
     def main_serial_ms(self) -> float:
-        one_at_a_time = min(self.main_cpu_ms, self.main_thread_cpu_ms or math.inf)
+        one_at_a_time = min(self.main_cpu_ms, math.inf if self.main_thread_cpu_ms is None
+                            else self.main_thread_cpu_ms)
         receive = one_at_a_time - (self.step_ms if self.step_on_cpu else 0.0)
         return max(receive, 0.01) + self.step_ms
 
