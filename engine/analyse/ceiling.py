@@ -53,8 +53,8 @@ class BatchCost:
     # False for a run without workers: a worker's hand-off to the main process is not seen
     # there, and ``receive_ms`` holds only the main loop's own time
     receive_seen: bool = True
-    # the main process's CPU a batch in all its threads, where more than its busiest thread's
-    # (``receive_ms``): threads working alongside take cores (the cpu limit), not turns
+    # the main process's CPU a batch in all its threads (the cpu limit counts the larger of it
+    # and the turn's): threads working beside the one that takes turns take cores, not turns
     main_cpu_ms: float | None = None
 
     def limits(self) -> dict[str, float]:
@@ -202,9 +202,7 @@ def measured_cost(per_batch: dict[str, Any] | None, main_cpu_pct: float | None,
                      worker_cpu_ms=worker_cpu_ms, receive_ms=receive_ms,
                      step_ms=step_ms, step_on_cpu=step_on_cpu, cpus=cpus,
                      samples_per_batch=samples_per_s / batches_per_s, max_workers=max_workers,
-                     receive_seen=num_workers > 0,
-                     main_cpu_ms=(main_ms if main_ms > receive_ms + (step_ms if step_on_cpu
-                                                                    else 0.0) else None))
+                     receive_seen=num_workers > 0, main_cpu_ms=main_ms)
 
 
 def share_without(share: float, stage: str | None, sampled: dict[str, Any]) -> float:

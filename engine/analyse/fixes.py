@@ -45,16 +45,16 @@ def _fix(stage: str, function: str | None, fix: str, how: str, change: str | Non
     """``to_training``: the fix moves the work into the training process (NOTE [ A fix that
     moves work into the training process ]): no gain claimed, the loader's side said."""
     row = next((w for w in what_if if w["change"] == change), None) if change else None
-    loader_side = row and row["predicted_gain"]
-    if to_training and loader_side and math.isfinite(loader_side):
-        how += TO_TRAINING.format(gain=loader_side)
-    if to_training:
-        row = None
+    loader_side = None
+    if to_training:  # the row's gain is the loader's side only: said, not claimed
+        loader_side, row = row and row["predicted_gain"], None
+        if loader_side and math.isfinite(loader_side):
+            how += TO_TRAINING.format(gain=loader_side)
     return {"stage": stage, "function": function, "fix": fix, "how": how,
             "predicted_samples_per_s": row and row["predicted_samples_per_s"],
             "predicted_gain": row and row["predicted_gain"],
             "measured_samples_per_s": row and row["measured_samples_per_s"],
-            "loader_side_gain": loader_side if to_training else None}
+            "loader_side_gain": loader_side}
 
 
 def ranked_gain(fix: dict[str, Any]) -> float:

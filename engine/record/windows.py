@@ -34,7 +34,7 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence, cast
+from typing import Any, NamedTuple, Sequence, cast
 
 from dataloader_tuner.record.rows import BatchRecord
 
@@ -192,16 +192,14 @@ class Thinner:
     tail: list[BatchRecord] = field(default_factory=list)
     last_epoch: int | None = None  # of the last row out: a new one opens an epoch
 
-    def arrived(self, rows: Sequence[tuple], now: float | None = None,
-                timings: Callable[[], None] | None = None, hold: bool = False
+    def arrived(self, rows: Sequence[tuple], now: float | None = None, hold: bool = False
                 ) -> tuple[list[tuple], list[BatchWindow]]:
         """Rows as they arrive (BatchRecord's fields): while batches come slower than
         WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail. ``now``:
-        seconds since the run started, where known (see ``take``). ``timings``: puts the GPU
-        timings resolved so far onto their rows (``late``), called once these rows are in the
-        tail and before any is folded: rows that arrive already older than TAIL_S (a flush
-        long in coming) are folded at once, and a timing put after that is lost. ``hold``:
-        nothing is folded now (the timings for these rows come next: ``take`` after them)."""
+        seconds since the run started, where known (see ``take``). ``hold``: nothing is folded
+        yet, so the GPU timings of these rows go on them (``late``) before ``take``: rows that
+        arrive already older than TAIL_S (a flush long in coming) would be folded at once,
+        and a timing put after that is lost."""
         if not self.tail and not fast(rows):
             if rows:
                 self.last_epoch = rows[-1][1]
@@ -212,8 +210,6 @@ class Thinner:
         self.tail.extend(cast("Sequence[BatchRecord]", rows))
         if hold:
             return [], []
-        if timings is not None:
-            timings()
         kept, windows = self.take(now)
         return list(kept), windows
 

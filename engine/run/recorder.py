@@ -222,19 +222,20 @@ class WindowedRows:
 
     def through(self, measured: list, last: bool, recorder: Recorder
                 ) -> tuple[list, list[BatchWindow]]:
-        """The recorder's ``measured`` rows into the thinner (its now), after its late GPU
-        timings went onto the rows the thinner still holds; what waits to be written."""
+        """The recorder's ``measured`` rows into the thinner (its now), once its late GPU
+        timings went onto the rows the thinner holds, these among them; what waits to be
+        written."""
         thinner = self.thinner
-
-        def timings() -> None:  # (the rows measured are in the tail by now)
-            for gap in recorder.gaps[:]:
-                if thinner.late(gap[0], gpu_gap_ms=gap[1]):
-                    recorder.gaps.remove(gap)
-            for copy in recorder.copies[:]:
-                if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
-                    recorder.copies.remove(copy)
-
-        kept, windows = thinner.arrived(measured, time.monotonic() - recorder.t0, timings)
+        kept: list
+        kept, windows = thinner.arrived(measured, hold=True)  # (slow rows: straight out)
+        for gap in recorder.gaps[:]:
+            if thinner.late(gap[0], gpu_gap_ms=gap[1]):
+                recorder.gaps.remove(gap)
+        for copy in recorder.copies[:]:
+            if thinner.late(copy[0], h2d_ms=copy[1], h2d_other_ms=copy[2]):
+                recorder.copies.remove(copy)
+        if thinner.tail:  # (then nothing went straight out)
+            kept, windows = thinner.take(time.monotonic() - recorder.t0)
         del recorder.rows[:len(measured)]
         if recorder.recent is not None:  # every row: a rank's report reads its recent ones
             recorder.recent.extend(measured)
