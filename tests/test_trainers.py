@@ -173,8 +173,14 @@ def test_the_wait_agrees_with_lightning_s_own_profiler(persistent, db_path):
     later = [i for i in range(len(tool)) if i % n]  # all but each epoch's first
     gaps_ms = [1000 * abs(lightning[i] - tool[i]) for i in later]
     assert statistics.median(gaps_ms) < 0.3, gaps_ms
-    lightning_s, tool_s = sum(lightning[i] for i in later), sum(tool[i] for i in later)
-    assert abs(tool_s - lightning_s) <= 0.05 * lightning_s + 0.002, (tool_s, lightning_s)
+    # The sums over all but the two farthest apart: on a loaded 2-core host the job's thread
+    # is now and then taken off its core for a few ms between Lightning's clock and the
+    # tool's (CI once read 7 ms apart over 21 fetches of ~2 ms; here 0.04-0.14 ms a fetch,
+    # and one of 0.73 in 84). What this guards, a share of every fetch missed, shows in all.
+    kept = sorted(later, key=lambda i: abs(lightning[i] - tool[i]))[:-2]
+    lightning_s, tool_s = sum(lightning[i] for i in kept), sum(tool[i] for i in kept)
+    assert abs(tool_s - lightning_s) <= 0.05 * lightning_s + 0.001, (tool_s, lightning_s,
+                                                                     gaps_ms)
     firsts = [i for i in range(len(tool)) if i % n == 0]
     assert all(tool[i] >= lightning[i] - 0.001 for i in firsts), (
         [tool[i] for i in firsts], [lightning[i] for i in firsts])
