@@ -91,7 +91,8 @@ def test_failure_has_a_specific_headline(target, args, error_type, phrases, db_p
     code, doc, elapsed = profile(target, "--seconds", "8", *args, db=db_path)
     assert code == 1
     assert doc["status"] == "error"
-    # (what the engine printed: an engine_crashed here once in CI, not seen in 50 runs since)
+    # (what the engine printed: an engine_crashed here once in CI, the worker's death pending
+    # as the run failed: test_a_worker_s_death_pending_as_the_run_fails_is_its_report)
     assert doc["error"]["type"] == error_type, (doc["error"]["message"],
                                                 str(doc["error"].get("details"))[-3000:])
     for phrase in phrases:
@@ -117,6 +118,53 @@ def test_torch_s_worker_death_check_raises_once_in_the_engine():
     with pytest.raises(RuntimeError, match="Segmentation fault"):
         handling._error_if_any_worker_fails()
     assert handling._error_if_any_worker_fails() is None  # the second death: reported already
+
+
+RACE = """
+import json, os, signal, sys
+from dataloader_tuner.child import process
+from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.run.sinks import PipeSink
+
+def torch_s_handler(signum, frame):  # its text for a worker killed by SIGBUS
+    raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Bus error. It is "
+                       "possible that dataloader's workers are out of shared memory.")
+
+def run_finding_the_death_itself(self):
+    # the worker's SIGCHLD comes in while the loader's own check raises first
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    os.kill(os.getpid(), signal.SIGCHLD)
+    raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
+
+real_calm = process.calm_signals
+def calm_signals():  # the pending signal's handler runs at the first call
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    real_calm()
+
+signal.signal(signal.SIGCHLD, torch_s_handler)
+process.calm_signals = calm_signals
+process.ChildRun._run = run_finding_the_death_itself
+read, write = os.pipe()
+code = process.ChildRun(RunRequest(target="x.py"), PipeSink(write)).run()
+os.close(write)
+events = [json.loads(line) for line in os.fdopen(read).read().splitlines()]
+print(json.dumps({"code": code, "events": events}))
+"""
+
+
+def test_a_worker_s_death_pending_as_the_run_fails_is_its_report():
+    """torch's loader found a dead worker itself ("exited unexpectedly") while the worker's
+    SIGCHLD was still pending: its handler ran as the child began to calm its signals, and
+    its "killed by signal" escaped the run (exit 1, no report: once in CI, as
+    ``engine_crashed``, worker_bus_error.py with 2 workers). Now it is the run's report."""
+    run = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(run.stdout.splitlines()[-1])
+    errors = [event["error"] for event in doc["events"] if event["e"] == "error"]
+    assert doc["code"] == 1 and len(errors) == 1, doc
+    assert errors[0]["type"] == "worker_killed", errors
+    assert "Bus error" in errors[0]["message"] and "--shm-size" in errors[0]["message"]
 
 
 def test_invalid_settings_are_rejected_before_starting(db_path):
