@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from dataloader_tuner.analyse.hotspots import SampledProfile, stage_of
-from dataloader_tuner.instrument.sampler import StackSampler, named
+from dataloader_tuner.instrument.frames import named
+from dataloader_tuner.instrument.sampler import StackSampler
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 
 from dataloader_tuner import ProfileResult
@@ -160,6 +161,66 @@ def test_only_a_process_that_is_all_the_loader_s_looks_on_the_time_passing():
     job_s = StackSampler(window=NEXT_WINDOW).start()
     assert job_s is not None and job_s.wall is None
     job_s.stop()
+
+
+def test_the_handler_s_cost_is_kept_within_its_share_by_spacing_the_looks():
+    """A look's cost (its handler's CPU) over each second sets how far apart the next looks
+    are: the engine's own process on detectron2_style took 1.0% in 148 looks a second (and
+    ~3% of the rate); the stretch lands on LOOK_SHARE in one step, holds there, relaxes once
+    looks are cheap, and never goes past MAX_STRETCH."""
+    from dataloader_tuner.instrument.sampler import LOOK_SHARE, MAX_STRETCH, HandlerCost
+
+    cost = HandlerCost()
+    now = cost.second_began
+
+    def second(looks: int, each_s: float) -> None:
+        nonlocal now
+        for _ in range(looks):
+            now += (1.0 + 1e-9) / looks
+            cost.paid(each_s, now)
+
+    second(148, 70e-6)
+    assert cost.stretch == pytest.approx(148 * 70e-6 / LOOK_SHARE, rel=0.02)
+    for _ in range(3):  # as many looks as the stretch leaves: the same share, the same stretch
+        second(round(148 / cost.stretch), 70e-6)
+        assert cost.stretch == pytest.approx(148 * 70e-6 / LOOK_SHARE, rel=0.05)
+    second(40, 10e-6)  # cheap looks: back towards every interval
+    assert cost.stretch == 1.0
+    second(148, 1e-3)
+    assert cost.stretch == MAX_STRETCH
+    assert cost.since_take == pytest.approx(148 * 70e-6 * (1 + 3 / 2.59) + 40 * 10e-6 + 0.148,
+                                            rel=0.02)
+
+
+@pytest.mark.slow  # a sampled loop of 4 s
+def test_a_sampler_whose_looks_are_dear_looks_less_often(monkeypatch):
+    """Looks made dear (120 us more each, a deep stack's walk): over the run's later seconds
+    the handler takes about LOOK_SHARE of the time, not the ~1% every interval would cost."""
+    from dataloader_tuner.instrument import sampler as sampler_module
+
+    walk = sampler_module.read_stack
+
+    def dear_walk(frame):
+        until = time.thread_time() + 120e-6
+        while time.thread_time() < until:
+            pass
+        return walk(frame)
+
+    monkeypatch.setattr(sampler_module, "read_stack", dear_walk)
+    sampler = StackSampler().start()
+    assert sampler is not None and sampler.wall is not None
+    began = time.monotonic()
+    spent = []
+    while time.monotonic() - began < 4.0:
+        sum(i * i for i in range(2000))
+        if not spent and time.monotonic() - began > 2.0:  # from the third second
+            spent.append((sampler.cost.since_take, time.monotonic()))
+    sampler.stop()
+    share = (sampler.cost.since_take - spent[0][0]) / (time.monotonic() - spent[0][1])
+    unstretched = sampler.cost.stretch * share
+    print(f"looks {sampler.looks}, share {share:.4f}, stretch {sampler.cost.stretch:.2f}")
+    assert unstretched > 2 * sampler_module.LOOK_SHARE  # dear enough to be spaced out
+    assert share < 1.5 * sampler_module.LOOK_SHARE
 
 
 def test_the_sampler_charges_each_thread_its_own_cpu():
@@ -450,7 +511,7 @@ class Scale(torch.nn.Module):
 def test_a_look_on_the_compose_s_loop_is_charged_to_the_step_it_just_called():
     """NOTE [ A step seen after it returned ]: the Compose's frame as a look after a step's
     return finds it; its step put back as the leaf, by its class (an nn.Module's forward)."""
-    from dataloader_tuner.instrument.sampler import _stack
+    from dataloader_tuner.instrument.frames import read_stack as _stack
 
     Compose([Scale(), Normalize()])(torch.ones(2))
     stack = _stack(Normalize.caller)

@@ -30,9 +30,10 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Sequence
 
-from dataloader_tuner.instrument.sampler import COLLATE_WRAPPER, FETCH_WRAPPERS, SAMPLER_ROLE
+from dataloader_tuner.instrument.frames import COLLATE_WRAPPER, FETCH_WRAPPERS
+from dataloader_tuner.instrument.sampler import SAMPLER_ROLE
 
-# frames: (file, first line, qualified name, line), leaf first (sampler.Frame)
+# frames: (file, first line, qualified name, line), leaf first (frames.Frame)
 GENERIC_CALLS = ("Module._call_impl", "Module._wrapped_call_impl", "Transform.forward",
                  "Transform.__call__", "BasicTransform.__call__", "DualTransform.__call__",
                  "ImageOnlyTransform.__call__", "BaseCompose.__call__")
@@ -44,7 +45,7 @@ READ_PATHS = ("/tarfile.py", "/zipfile.py", "/lmdb", "/fsspec/", "/s3fs/", "/bot
               "/h5py/", "/pyarrow/", "/webdataset/", "/pathlib.py", "/_pyio.py")
 READ_FUNCTIONS = ("open",)  # in a decoding library: PIL's Image.open reads the header
 IDLE, NOT_LOADER = "waiting for work", "not the loader"
-# A stack: its frames leaf first, each (file, first line, qualified name, line) (sampler.Frame)
+# A stack: its frames leaf first, each (file, first line, qualified name, line) (frames.Frame)
 Stack = tuple[tuple[Any, ...], ...]
 # The loader's work, one sampled stack each: (stage, frames, time spent, CPU of it, looks)
 Work = tuple[str, Stack, float, float, float]

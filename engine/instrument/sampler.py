@@ -97,9 +97,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from dataloader_tuner.instrument.cpu_timer import CpuTimer
+from dataloader_tuner.instrument.frames import Frame, in_work, named, read_stack
 from dataloader_tuner.record.ledger import NEXT_WINDOW, NextWindow
 
 # A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
@@ -107,22 +108,11 @@ INTERVAL_S = 0.005
 OTHERS_EVERY = 4
 CPU_APART = 2  # with two timers, the CPU's every this many of the time's intervals
 IDLE_EVERY = 4  # a wall look outside the loader's work sets the next this many intervals on
-MAX_DEPTH = 48  # frames kept from the leaf up (a DataLoader worker's stack is ~15-30 deep)
-# The probes' wrappers around the loader's work (probes.py), by qualified name: the time
-# passed inside them is the loader's (here); its stages begin below them (analyse/hotspots.py)
-FETCH_WRAPPERS = ("TimedMapDataset.__getitems__", "TimedIterableDataset.__iter__")
-COLLATE_WRAPPER = "TimedCollate.__call__"
-WORK_FRAMES = frozenset(name.rsplit(".", 1)[1] for name in (*FETCH_WRAPPERS, COLLATE_WRAPPER))
-WORK_FILE = os.path.join("instrument", "probes.py")
-
-# a Compose's loop, and its variable (NOTE [ A step seen after it returned ])
-COMPOSE_CALLS = ("Compose.__call__", "Compose.forward")
-LOOP_NAMES = ("t", "transform")
-GENERIC_FILES = (os.path.join("torch", "nn", "modules", "module.py"),)
-
+# The handler's own CPU is kept under this share of the time passed: beyond it the looks are
+# spaced out, up to MAX_STRETCH times (detectron2_style at 0 workers: 148 looks a second took
+# 1.0% in the handler and ~3% of the rate, the caches it leaves cold counted)
+LOOK_SHARE, MAX_STRETCH = 0.004, 4.0
 SAMPLER_ROLE = "(the sampler itself)"  # its own time, shipped with the stacks
-# One frame as shipped: (file, first line of its function, function's qualified name, line)
-Frame = tuple[str, int, str, int]
 # A delta: [(thread role, frames leaf-first, cpu_s, wall_s, looks)]
 Sampled = list[tuple[str, tuple[Frame, ...], float, float, int]]
 
@@ -147,6 +137,30 @@ class WallTicks:
         self.timer, self.at, self.idle = timer, time.monotonic(), False
 
 
+class HandlerCost:
+    """The handler's own CPU: since the last take (shipped as the sampler's own time), and
+    over each second, after which the intervals are stretched by its share over LOOK_SHARE
+    (the share the last second's stretch gave: one step lands on the budget), 1 to
+    MAX_STRETCH times."""
+
+    __slots__ = ("since_take", "second_cost", "second_began", "stretch")
+
+    def __init__(self) -> None:
+        self.since_take = self.second_cost = 0.0
+        self.second_began = time.monotonic()
+        self.stretch = 1.0
+
+    def paid(self, used: float, now: float) -> None:
+        """A look's ``used`` seconds, at ``now`` (time.monotonic)."""
+        self.since_take += used
+        self.second_cost += used
+        passed = now - self.second_began
+        if passed >= 1.0:
+            share = self.second_cost / passed
+            self.stretch = min(MAX_STRETCH, max(1.0, self.stretch * share / LOOK_SHARE))
+            self.second_cost, self.second_began = 0.0, now
+
+
 class StackSampler:
     """Samples this process from its CPU timer's signal until ``stop()`` (``start()`` in the
     main thread); with a ``window``, only while the loop is inside a loader's ``next()``."""
@@ -168,7 +182,7 @@ class StackSampler:
         # job's own: NOTE [ Waiting seen on a clock of its own ])
         self.wall: WallTicks | None = None
         self.running = False
-        self.spent = 0.0  # seconds in the handler itself since the last take: its own cost
+        self.cost = HandlerCost()  # the handler's own time
 
     def start(self) -> "StackSampler | None":
         """Sampling from now, or None where it cannot be (not the main thread, no free
@@ -216,21 +230,24 @@ class StackSampler:
         # its CPU, not the time passed: another thread may take the GIL in the middle
         entered = time.thread_time()
         if self.wall is not None:
-            self._on_either(frame, self.wall)
-            self.spent += time.thread_time() - entered
+            self._on_either(frame, self.wall, entered)
             return
         # A process whose other threads work (a training job's step on many cores) spends
         # CPU faster than the time passes: a look at most every half interval of that time
         if time.monotonic() - self._last_wall >= self.interval_s / 2:
             self.look(frame)
+        self._paid(entered)
         if self.running and self.timer is not None:  # the next look at a jittered interval:
             # a loader whose samples take a round number of milliseconds was otherwise seen
             # at the same point of each (known_stages: decode 0.56 of the CPU against its
             # 0.50, with a 1 ms timer)
-            self.timer.set(self.interval_s * (0.5 + random.random()))
-        self.spent += time.thread_time() - entered
+            self.timer.set(self.interval_s * self.cost.stretch * (0.5 + random.random()))
 
-    def _on_either(self, frame: Any, wall: "WallTicks") -> None:
+    def _paid(self, entered: float) -> None:
+        """The handler's CPU since ``entered`` counted (HandlerCost)."""
+        self.cost.paid(time.thread_time() - entered, time.monotonic())
+
+    def _on_either(self, frame: Any, wall: "WallTicks", entered: float) -> None:
         """Two timers, one signal: which fired is asked of the timers (a CPU timer fires at
         the kernel's next tick after it is due: read from the clock, a look in a sleep took
         it for fired and charged the sleep CPU), each then set again at a jittered interval."""
@@ -240,13 +257,14 @@ class StackSampler:
         cpu_tick, wall_tick = timer.expired(), wall.timer.expired()
         if cpu_tick or wall_tick:
             self.look_apart(frame, cpu_tick, wall if wall_tick else None)
+        self._paid(entered)
         if not self.running:
             return
+        interval = self.interval_s * self.cost.stretch
         if cpu_tick:
-            timer.set(self.interval_s * CPU_APART * (0.5 + random.random()))
+            timer.set(interval * CPU_APART * (0.5 + random.random()))
         if wall_tick:  # (an idle process looked at less often: its looks find nothing)
-            wall.timer.set(self.interval_s * (IDLE_EVERY if wall.idle else 1) * (
-                0.5 + random.random()))
+            wall.timer.set(interval * (IDLE_EVERY if wall.idle else 1) * (0.5 + random.random()))
 
     def look_apart(self, frame: Any, cpu_tick: bool, wall_tick: "WallTicks | None") -> None:
         """One look with two timers (NOTE [ Waiting seen on a clock of its own ]): a CPU tick
@@ -257,18 +275,18 @@ class StackSampler:
             cpu_tick = False  # other threads spend CPU faster than time passes (as _on_signal)
         if not cpu_tick and wall_tick is None:
             return
-        stack = _stack(frame)
-        in_work = _in_work(stack)
+        stack = read_stack(frame)
+        working = in_work(stack)
         cpu = wall = 0.0
         if cpu_tick:
             cpu, self._last_cpu, self._last_wall = cpu_now - self._last_cpu, cpu_now, now
-            if not in_work:
+            if not working:
                 wall = cpu
         if wall_tick is not None:
             passed, wall_tick.at = now - wall_tick.at, now
-            if in_work:  # after an idle look, the work began at most an interval before
+            if working:  # after an idle look, the work began at most an interval before
                 wall += min(passed, self.interval_s) if wall_tick.idle else passed
-            wall_tick.idle = not in_work
+            wall_tick.idle = not working
         self.looks += 1
         if cpu or wall:
             self._charge("main", stack, cpu, wall)
@@ -291,8 +309,8 @@ class StackSampler:
             # threads' CPU is theirs, by their own clocks, below.)
             wall = max(cpu, min(wall, now - window.since))
         self.looks += 1
-        stack = _stack(frame)
-        self._charge("main", stack, cpu, wall if _in_work(stack) else min(cpu, wall))
+        stack = read_stack(frame)
+        self._charge("main", stack, cpu, wall if in_work(stack) else min(cpu, wall))
         # The other threads every OTHERS_EVERY-th look (their CPU adds up between looks, and
         # listing them is most of a look's cost), and after the main thread was away long
         if self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s:
@@ -339,66 +357,11 @@ class StackSampler:
         """What was sampled since the last take, named (and forgotten here). The handler runs
         in the main thread, between its instructions: a swap here is not torn by it."""
         stacks, self.stacks = self.stacks, {}
-        spent, self.spent = self.spent, 0.0
+        spent, self.cost.since_take = self.cost.since_take, 0.0
         sampled = [(role, named(stack), cpu, wall, looks)
                    for (role, stack), (cpu, wall, looks) in stacks.items()]
         # the handler's own time, as a thread of its own (never the loader's work)
         return sampled + [(SAMPLER_ROLE, (), spent, spent, 0)] if spent else sampled
-
-
-def _in_work(stack: tuple) -> bool:
-    """The stack is inside the fetch or the collate (probes.py's wrappers)."""
-    return any(code.co_name in WORK_FRAMES and code.co_filename.endswith(WORK_FILE)
-               for code in stack)
-
-
-def _stack(frame: Any) -> tuple:
-    """The stack from ``frame`` up, leaf first, as code objects, to a process's
-    or thread's ``_bootstrap``: a forked worker runs on top of the frames its parent was in
-    when it forked (the job's script, its ``for batch in loader``), which are not its work."""
-    out = []
-    depth = 0
-    leaf = frame
-    while frame is not None and depth < MAX_DEPTH:
-        code = frame.f_code
-        out.append(code)
-        if code.co_name == "_bootstrap":
-            break
-        frame = frame.f_back
-        depth += 1
-    if out and getattr(out[0], "co_qualname", "").endswith(COMPOSE_CALLS):
-        step = _step_just_called(leaf)  # NOTE [ A step seen after it returned ]
-        if step is not None:
-            out.insert(0, step)
-    return tuple(out)
-
-
-def _step_just_called(compose_frame: Any) -> Any:
-    """The code of the step a ``Compose`` frame's loop called last (its loop variable: ``t``
-    in torchvision's v1 and albumentations', ``transform`` in v2's), or None."""
-    try:
-        local = compose_frame.f_locals
-    except Exception:  # noqa: BLE001 - a frame that cannot be read is left as it is
-        return None
-    step = next((local[n] for n in LOOP_NAMES if local.get(n) is not None), None)
-    if step is None:
-        return None
-    kind = type(step)
-    # an nn.Module's work is its forward (its __call__ is torch's generic one)
-    for method in ("forward", "__call__"):
-        code = getattr(getattr(kind, method, None), "__code__", None)
-        if code is not None and not code.co_filename.endswith(GENERIC_FILES):
-            return code
-    return None
-
-
-def named(stack: Iterable[Any]) -> tuple[Frame, ...]:
-    """Code objects as frames a reader can name. Functions, not lines: keyed by the line each
-    frame was at, a job's stacks were many times as many (and each look, send and write of
-    them dearer) for figures that rank functions."""
-    return tuple((code.co_filename, code.co_firstlineno,
-                  getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
-                 for code in stack)
 
 
 # Set in the engine's child for the runs it profiles; its workers inherit it (fork, spawn).
