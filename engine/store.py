@@ -1,4 +1,4 @@
-"""SQLite run history: the only module that speaks SQL.
+"""SQLite run history: the only module that speaks SQL (with bulk_sql.py, its bulk writes).
 
 Each run is written as it goes: the run row when it starts, then every event batch in its own
 transaction (WAL mode, so readers such as the dashboard never block the writer). A killed
@@ -23,6 +23,7 @@ from typing import Sequence
 import psutil
 
 from dataloader_tuner.access import private_file, private_folder
+from dataloader_tuner.bulk_sql import insert_rows, update_by_seq
 from dataloader_tuner import protocol
 from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
@@ -453,34 +454,24 @@ def _typed_batch_row(row: tuple) -> tuple:
 
 def _write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) -> None:
     """One event into the tables it belongs in (the caller holds the transaction)."""
+    # (many rows to a statement: NOTE [ One statement for many rows ], bulk_sql.py)
     if isinstance(event, protocol.Batches):
-        marks = ", ".join("?" * (len(BATCH_COLUMNS) + 1))
-        conn.executemany(
-            f"INSERT INTO batches (run_id, {', '.join(BATCH_COLUMNS)}) VALUES ({marks})",
-            [(run_id, *row) for row in event.rows],
-        )
+        insert_rows(conn, "batches", ("run_id", *BATCH_COLUMNS),
+                    [(run_id, *row) for row in event.rows])
         return
     if isinstance(event, protocol.Windows):
-        conn.executemany(
-            f"INSERT INTO batch_windows (run_id, {', '.join(WINDOW_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * (len(WINDOW_COLUMNS) + 1))})",
-            [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]), *row[12:])
-             for row in event.windows])
+        insert_rows(conn, "batch_windows", ("run_id", *WINDOW_COLUMNS),
+                    [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]), *row[12:])
+                     for row in event.windows])
         return
     if isinstance(event, protocol.LateTimings):
-        conn.executemany("UPDATE batches SET gpu_gap_ms = ? WHERE run_id = ? AND seq = ?",
-                         [(gap, run_id, seq) for seq, gap in event.gaps])
-        conn.executemany("UPDATE batches SET h2d_ms = ?, h2d_other_ms = ? "
-                         "WHERE run_id = ? AND seq = ?",
-                         [(ms, other, run_id, seq) for seq, ms, other in event.copies])
+        update_by_seq(conn, "batches", run_id, ("gpu_gap_ms",), event.gaps)
+        update_by_seq(conn, "batches", run_id, ("h2d_ms", "h2d_other_ms"), event.copies)
         return
     if isinstance(event, protocol.Resources):
-        conn.executemany(
-            f"INSERT INTO resources (run_id, {', '.join(RESOURCE_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * (len(RESOURCE_COLUMNS) + 1))})",
-            [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
-             for p in event.procs],
-        )
+        insert_rows(conn, "resources", ("run_id", *RESOURCE_COLUMNS),
+                    [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
+                     for p in event.procs])
         if event.gpu:
             conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
                          (run_id, event.t, event.gpu["util_percent"],

@@ -112,7 +112,7 @@ def test_the_cycle_check_finds_a_cycle():
 # The package's parts, bottom to top (docs/development.md, "Layers"): a part imports only the
 # parts of the layers below its own, at module level, inside functions or for type checking.
 LAYERS = [
-    {"errors", "access"},  # plain facts: the tool's errors, private files and the token
+    {"errors", "access", "bulk_sql"},  # plain facts: errors, private files, SQLite in bulk
     {"config", "system"},  # a loader's settings; the machine
     {"record"},  # the per-batch rows and trial values, and how they cross a pipe
     {"protocol"},  # what the parent and the engine's child say to each other

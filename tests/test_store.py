@@ -106,3 +106,38 @@ def test_the_ranks_of_a_job_can_open_a_new_history_at_the_same_moment(tmp_path):
         errors = [rank.communicate(timeout=60)[1] for rank in ranks]
         assert [rank.returncode for rank in ranks] == [0] * 4, errors
         assert len(RunStore(path).list_runs()) == 4
+
+
+def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_rows(tmp_path):
+    """A flush's rows go as multi-row statements (NOTE [ One statement for many rows ]: one
+    a row, a writer thread waited for the GIL after each while the job's thread held it,
+    1.3-2.0 s for 2,000 rows); they read back as written, and late GPU timings land on their
+    own rows of their own run only."""
+    from dataloader_tuner import bulk_sql
+
+    from .records import make_batches
+
+    store = RunStore(str(tmp_path / "runs.db"))
+    run_id, other = (store.create_run("watch", "t.py", {}) for _ in range(2))
+    rows = [b._replace(seq=i).to_row() for i, b in enumerate(make_batches(2000))]
+    statements: list[str] = []
+    conn = store._conn()
+    conn.set_trace_callback(statements.append)
+    store.record_events(run_id, [protocol.Batches(rows)])
+    store.record_events(other, [protocol.Batches(rows[:10])])
+    inserts = [s for s in statements if s.startswith("INSERT INTO batches")]
+    per = min(bulk_sql.MAX_ROWS, bulk_sql._variables(conn) // (1 + len(rows[0])))
+    assert len(inserts) == -(-2000 // per) + 1 and len(inserts) <= 40, len(inserts)
+    assert [r.to_row() for r in store.batches(run_id)] == rows
+    gaps = [(seq, 0.5 + seq) for seq in range(0, 2000, 7)]  # 286: three statements
+    copies = [(5, 0.25, None), (1999, 1.5, 0.75)]
+    statements.clear()
+    store.record_events(run_id, [protocol.LateTimings(gaps, copies)])
+    conn.set_trace_callback(None)
+    assert len([s for s in statements if s.startswith("WITH late")]) == 3 + 1
+    got = {r.seq: r for r in store.batches(run_id)}
+    assert all(got[seq].gpu_gap_ms == gap for seq, gap in gaps)
+    assert got[1].gpu_gap_ms == rows[1][15] and got[8].gpu_gap_ms == rows[8][15]  # untouched
+    assert (got[5].h2d_ms, got[5].h2d_other_ms) == (0.25, None)
+    assert (got[1999].h2d_ms, got[1999].h2d_other_ms) == (1.5, 0.75)
+    assert [r.to_row() for r in store.batches(other)] == rows[:10]  # the other run's alone
