@@ -4,8 +4,9 @@ of the per-pair ratios of the reported samples/s (target >= 0.99: at most 1%), a
 sampled run rests on.
 
 Cases: the fastest batches (long_tail at 0 workers: ~65 us batches, the sampler's handler in
-the loop's own process), JPEG decoding in 2 persistent workers (jpeg_folder), and the known
-make-up dataset in 2 workers (tests/datasets/known_stages.py).
+the loop's own process), deep stacks at 0 workers (detectron2_style's deep copies: its looks
+are the dearest, spaced out by the sampler's budget), JPEG decoding in 2 persistent workers
+(jpeg_folder), and the known make-up dataset in 2 workers (tests/datasets/known_stages.py).
 
     ../shared/tools/capped 8 -- python bench/profile_cost.py [--pairs 5] [--seconds 4]
 """
@@ -24,6 +25,7 @@ from dataloader_tuner.run.runner import RunRequest, run_to_completion  # noqa: E
 
 CASES = [
     ("long_tail, 0 workers", "tests/real/long_tail.py", {"num_workers": 0}),
+    ("detectron2_style, 0 workers", "tests/real/detectron2_style.py", {"num_workers": 0}),
     ("jpeg_folder, 2 persistent", "tests/real/jpeg_folder.py",
      {"num_workers": 2, "persistent_workers": True}),
     ("known_stages, 2 workers", "tests/datasets/known_stages.py", {"num_workers": 2}),
