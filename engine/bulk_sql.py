@@ -32,27 +32,43 @@ def _variables(conn: sqlite3.Connection) -> int:
     return int(getlimit(limit))
 
 
-def _chunks(conn: sqlite3.Connection, rows: Sequence[Sequence[Any]], width: int,
-            most: int) -> list[Sequence[Sequence[Any]]]:
-    per = max(1, min(most, _variables(conn) // width))
-    return [rows[start:start + per] for start in range(0, len(rows), per)]
+def _chunks(rows: Sequence[Sequence[Any]], per: int) -> list[Sequence[Sequence[Any]]]:
+    """``rows`` in chunks of ``per``, the rest in chunks of powers of two (largest first): a
+    flush's count differs each time, and each length is a statement to prepare, so a few
+    lengths are kept in sqlite3's statement cache instead of a new one each flush."""
+    sizes = [per] * (len(rows) // per)
+    rest = len(rows) % per
+    sizes += [1 << bit for bit in range(rest.bit_length() - 1, -1, -1) if rest >> bit & 1]
+    chunks, start = [], 0
+    for size in sizes:
+        chunks.append(rows[start:start + size])
+        start += size
+    return chunks
+
+
+def _per_statement(conn: sqlite3.Connection, width: int, most: int, extra: int = 0) -> int:
+    """Rows of ``width`` values a statement may take (``extra``: parameters besides them)."""
+    return max(1, min(most, (_variables(conn) - extra) // width))
 
 
 def insert_rows(conn: sqlite3.Connection, table: str, columns: Sequence[str],
-                rows: Sequence[Sequence[Any]]) -> None:
-    """``rows`` (each a value per column) into ``table``, many to a statement."""
+                rows: Sequence[Sequence[Any]], verb: str = "INSERT") -> None:
+    """``rows`` (each a value per column) into ``table``, many to a statement (``verb``: or
+    "INSERT OR REPLACE")."""
     if not rows:
         return
     one = "(" + ", ".join("?" * len(columns)) + ")"
-    head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-    for chunk in _chunks(conn, rows, len(columns), MAX_ROWS):
+    head = f"{verb} INTO {table} ({', '.join(columns)}) VALUES "
+    for chunk in _chunks(rows, _per_statement(conn, len(columns), MAX_ROWS)):
         conn.execute(head + ", ".join([one] * len(chunk)), [v for row in chunk for v in row])
 
 
 def update_by_seq(conn: sqlite3.Connection, table: str, run_id: int, columns: Sequence[str],
                   rows: Sequence[Sequence[Any]]) -> None:
     """Set ``columns`` of the rows of run ``run_id`` in ``table`` whose ``seq`` is each row's
-    first value, to its other values (``(seq, *values)``), many to a statement."""
+    first value, to its other values (``(seq, *values)``), many to a statement; of two rows
+    for one seq, the later (as one statement a row had it)."""
+    rows = list({row[0]: row for row in rows}.values())
     if not rows:
         return
     width = 1 + len(columns)
@@ -60,7 +76,7 @@ def update_by_seq(conn: sqlite3.Connection, table: str, run_id: int, columns: Se
     sets = ", ".join(f"{column} = (SELECT v{i} FROM late WHERE late.seq = {table}.seq)"
                      for i, column in enumerate(columns))
     one = "(" + ", ".join("?" * width) + ")"
-    for chunk in _chunks(conn, rows, width, UPDATE_ROWS):
+    for chunk in _chunks(rows, _per_statement(conn, width, UPDATE_ROWS, extra=1)):
         conn.execute(
             f"WITH late(seq, {names}) AS (VALUES {', '.join([one] * len(chunk))}) "
             f"UPDATE {table} SET {sets} WHERE run_id = ? AND seq IN (SELECT seq FROM late)",

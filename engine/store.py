@@ -214,14 +214,13 @@ class RunStore:
         """Reports of a torchrun job's ranks, gathered by the rank that writes ``run_id``
         (watcher/job_report.py), each with when it was received: ``latest`` replace each
         rank's last one; ``series`` are kept (a sparser record over time, for trends)."""
-        with self._conn() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO rank_latest (run_id, rank, received_at, body_json) "
-                "VALUES (?, ?, ?, ?)", [(run_id, s.rank, at, s.to_json()) for at, s in latest])
-            conn.executemany(
-                "INSERT INTO rank_reports (run_id, rank, seq, received_at, body_json) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(run_id, s.rank, s.seq, at, s.to_json()) for at, s in series])
+        with self._conn() as conn:  # (beside the training thread: bulk_sql.py)
+            insert_rows(conn, "rank_latest", ("run_id", "rank", "received_at", "body_json"),
+                        [(run_id, s.rank, at, s.to_json()) for at, s in latest],
+                        verb="INSERT OR REPLACE")
+            insert_rows(conn, "rank_reports",
+                        ("run_id", "rank", "seq", "received_at", "body_json"),
+                        [(run_id, s.rank, s.seq, at, s.to_json()) for at, s in series])
 
     def request_tune(self, run_id: int) -> None:
         """Ask a watched job to tune this loader in place (the dashboard's button); the job

@@ -126,15 +126,16 @@ def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_row
     store.record_events(run_id, [protocol.Batches(rows)])
     store.record_events(other, [protocol.Batches(rows[:10])])
     inserts = [s for s in statements if s.startswith("INSERT INTO batches")]
-    per = min(bulk_sql.MAX_ROWS, bulk_sql._variables(conn) // (1 + len(rows[0])))
-    assert len(inserts) == -(-2000 // per) + 1 and len(inserts) <= 40, len(inserts)
+    per = bulk_sql._per_statement(conn, 1 + len(rows[0]), bulk_sql.MAX_ROWS)
+    # (2,000 in chunks of up to 500; 10 as 8 + 2: a few lengths, each a prepared statement)
+    assert len(inserts) == len(bulk_sql._chunks(rows, per)) + 2 and len(inserts) <= 40
     assert [r.to_row() for r in store.batches(run_id)] == rows
-    gaps = [(seq, 0.5 + seq) for seq in range(0, 2000, 7)]  # 286: three statements
-    copies = [(5, 0.25, None), (1999, 1.5, 0.75)]
+    gaps = [(seq, 0.5 + seq) for seq in range(0, 2000, 7)]  # 286: 100, 100, 64, 16, 4, 2
+    copies = [(5, 9.0, 9.0), (1999, 1.5, 0.75), (5, 0.25, None)]  # the later for batch 5
     statements.clear()
     store.record_events(run_id, [protocol.LateTimings(gaps, copies)])
     conn.set_trace_callback(None)
-    assert len([s for s in statements if s.startswith("WITH late")]) == 3 + 1
+    assert len([s for s in statements if s.startswith("WITH late")]) == 6 + 1
     got = {r.seq: r for r in store.batches(run_id)}
     assert all(got[seq].gpu_gap_ms == gap for seq, gap in gaps)
     assert got[1].gpu_gap_ms == rows[1][15] and got[8].gpu_gap_ms == rows[8][15]  # untouched

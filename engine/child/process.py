@@ -166,12 +166,12 @@ class ChildRun:
             # Where torch's loader found the dead worker itself ("exited unexpectedly"), the
             # worker's SIGCHLD could still be pending: its "killed by signal" escaped the run
             # uncaught (exit 1, no report: once in CI, tests/broken/worker_bus_error.py). It
-            # raises once (worker_deaths_raise_once): the second call is calm. It names the
-            # signal, where the loader's own error could not.
-            if failure is None or (may_be_worker_death(failure)
-                                   and "killed by signal" in str(late)):
-                failure = late
-            calm_signals()
+            # raises once (worker_deaths_raise_once), and names the signal where the loader's
+            # own error could not. (Another handler pending may raise as _calmed begins.)
+            try:
+                failure = _calmed(failure, late)
+            except BaseException as later:  # noqa: BLE001
+                failure = _calmed(failure, later)
         reason, code = "stopped" if self.stop_requested else "deadline", 0
         try:
             if failure is not None and not isinstance(failure, StopRun):
@@ -310,6 +310,21 @@ def calm_signals() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # torch's SIGCHLD handler would raise "worker killed" for the deaths we are causing.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def _calmed(failure: BaseException | None, late: BaseException) -> BaseException:
+    """calm_signals() done, whatever handler still raises meanwhile (a SIGTERM's or SIGUSR1's
+    pending too); the run's report: ``failure`` (the run's own), unless ``late`` (raised as
+    the signals were being calmed) names how a worker died where ``failure`` could not."""
+    while True:
+        if failure is None or (may_be_worker_death(failure)
+                               and "killed by signal" in str(late)):
+            late.__context__, failure = failure, late  # (the loader's traceback kept with it)
+        try:
+            calm_signals()
+            return failure
+        except BaseException as again:  # noqa: BLE001 - one more handler, pending till now
+            late = again
 
 
 def reap_workers(timeout_s: float = 1.0) -> None:

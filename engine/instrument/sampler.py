@@ -234,17 +234,22 @@ class StackSampler:
             return
         # A process whose other threads work (a training job's step on many cores) spends
         # CPU faster than the time passes: a look at most every half interval of that time
-        if time.monotonic() - self._last_wall >= self.interval_s / 2:
+        if time.monotonic() - self._last_wall >= self.interval / 2:
             self.look(frame)
-        self._paid(entered)
         if self.running and self.timer is not None:  # the next look at a jittered interval:
             # a loader whose samples take a round number of milliseconds was otherwise seen
             # at the same point of each (known_stages: decode 0.56 of the CPU against its
             # 0.50, with a 1 ms timer)
-            self.timer.set(self.interval_s * self.cost.stretch * (0.5 + random.random()))
+            self.timer.set(self.interval * (0.5 + random.random()))
+        self._paid(entered)
+
+    @property
+    def interval(self) -> float:
+        """The time between looks now: the interval asked, stretched where looks are dear."""
+        return self.interval_s * self.cost.stretch
 
     def _paid(self, entered: float) -> None:
-        """The handler's CPU since ``entered`` counted (HandlerCost)."""
+        """The handler's CPU since ``entered`` counted (HandlerCost), last in the handler."""
         self.cost.paid(time.thread_time() - entered, time.monotonic())
 
     def _on_either(self, frame: Any, wall: "WallTicks", entered: float) -> None:
@@ -257,21 +262,21 @@ class StackSampler:
         cpu_tick, wall_tick = timer.expired(), wall.timer.expired()
         if cpu_tick or wall_tick:
             self.look_apart(frame, cpu_tick, wall if wall_tick else None)
+        if self.running:
+            interval = self.interval
+            if cpu_tick:
+                timer.set(interval * CPU_APART * (0.5 + random.random()))
+            if wall_tick:  # (an idle process looked at less often: its looks find nothing)
+                wall.timer.set(interval * (IDLE_EVERY if wall.idle else 1)
+                               * (0.5 + random.random()))
         self._paid(entered)
-        if not self.running:
-            return
-        interval = self.interval_s * self.cost.stretch
-        if cpu_tick:
-            timer.set(interval * CPU_APART * (0.5 + random.random()))
-        if wall_tick:  # (an idle process looked at less often: its looks find nothing)
-            wall.timer.set(interval * (IDLE_EVERY if wall.idle else 1) * (0.5 + random.random()))
 
     def look_apart(self, frame: Any, cpu_tick: bool, wall_tick: "WallTicks | None") -> None:
         """One look with two timers (NOTE [ Waiting seen on a clock of its own ]): a CPU tick
         charges the main thread's CPU since the last (and, outside the loader's work, that CPU
         as its time too), a wall tick the time passed since the last, inside the work only."""
         now, cpu_now = time.monotonic(), time.thread_time()
-        if cpu_tick and now - self._last_wall < self.interval_s / 2:
+        if cpu_tick and now - self._last_wall < self.interval / 2:
             cpu_tick = False  # other threads spend CPU faster than time passes (as _on_signal)
         if not cpu_tick and wall_tick is None:
             return
@@ -285,7 +290,7 @@ class StackSampler:
         if wall_tick is not None:
             passed, wall_tick.at = now - wall_tick.at, now
             if working:  # after an idle look, the work began at most an interval before
-                wall += min(passed, self.interval_s) if wall_tick.idle else passed
+                wall += min(passed, self.interval) if wall_tick.idle else passed
             wall_tick.idle = not working
         self.looks += 1
         if cpu or wall:
@@ -313,7 +318,7 @@ class StackSampler:
         self._charge("main", stack, cpu, wall if in_work(stack) else min(cpu, wall))
         # The other threads every OTHERS_EVERY-th look (their CPU adds up between looks, and
         # listing them is most of a look's cost), and after the main thread was away long
-        if self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval_s:
+        if self.looks % OTHERS_EVERY == 0 or wall > OTHERS_EVERY * self.interval:
             self._charge_others()
 
     def _charge_others(self) -> None:
