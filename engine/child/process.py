@@ -155,12 +155,11 @@ class ChildRun:
         worker_deaths_raise_once()  # a second raise would escape the report of the first
         failure: BaseException | None = None
         try:
-            try:
-                self._run()
-            except BaseException as exc:  # noqa: BLE001 - user code may raise anything
-                failure = exc  # (no call here: a signal's handler runs at a call or a loop)
-            # First, before any slow work: torch's SIGCHLD handler raises for a worker's
-            # death, and would abort the report of the first failure.
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything
+            failure = exc  # (no call here: a signal's handler runs at a call or a loop)
+        try:  # first, before any slow work: torch's SIGCHLD handler raises for a worker's
+            # death, and would abort the report of the first failure
             calm_signals()
         except BaseException as late:  # noqa: BLE001 - that handler, at calm_signals()'s call
             # Where torch's loader found the dead worker itself ("exited unexpectedly"), the
