@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
+from dataloader_tuner.instrument.fork_stuck import FORK_STUCK_FIX, stuck_in_fork_text
 from dataloader_tuner.protocol import MAX_OVERDUE, Overdue
 from dataloader_tuner.record.rows import BatchRecord, row_index
 
@@ -36,6 +37,7 @@ class LateBatch:
     indices: Any
     at: str | None  # the user's innermost frame in the stack
     stack: str | None  # the signalled thread's block
+    stuck_in_fork: bool = False  # its worker never started (instrument/fork_stuck.py)
 
     @property
     def late_s(self) -> float:
@@ -56,8 +58,17 @@ def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> 
         found.append(LateBatch(
             report.seq, row.wait_s if row is not None else None, came or row is not None,
             report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
-            holder.get("indices"), stuck_at(stack), stack.split("\n\n")[0] if stack else None))
+            holder.get("indices"), _where(holder),
+            stack.split("\n\n")[0] if stack else None, bool(holder.get("stuck_in_fork"))))
     return found
+
+
+def _where(holder: dict[str, Any]) -> str | None:
+    """Where the worker holding a batch is: inside fork() (fork_stuck.py), or the user's
+    innermost frame in its stack."""
+    if holder.get("stuck_in_fork"):
+        return stuck_in_fork_text()
+    return stuck_at(holder.get("stack"))
 
 
 def overdue_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]
@@ -77,8 +88,9 @@ def overdue_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]
     return [Diagnostic(
         "overdue_batch", "warning", message,
         {"batches": [dataclasses.asdict(late) for late in found], "stack": worst.stack},
-        fix="# Look at that line for those sample indices: a huge or corrupt file, a network\n"
-            "# read, a lock. DataLoader(..., timeout=SECONDS) turns a hang into an error.")]
+        fix=FORK_STUCK_FIX if worst.stuck_in_fork else
+        "# Look at that line for those sample indices: a huge or corrupt file, a network\n"
+        "# read, a lock. DataLoader(..., timeout=SECONDS) turns a hang into an error.")]
 
 
 def _sentence(late: LateBatch) -> str:
@@ -118,7 +130,7 @@ def overdue_now(report: Overdue) -> str:
         holder = report.outstanding[0]
         stack = holder.get("stack")
         text += ": " + _waited_on(holder.get("worker_id", -1), holder.get("indices"),
-                                  stuck_at(stack) or outside_users_code(stack), "waiting")
+                                  _where(holder) or outside_users_code(stack), "waiting")
     return text
 
 

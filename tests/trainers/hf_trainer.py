@@ -4,6 +4,8 @@ callback: from each epoch's start to its first step, and from each step's end to
 one's start. argv: DB OUTPUT_DIR."""
 
 import json
+import multiprocessing
+import os
 import sys
 import time
 
@@ -62,6 +64,11 @@ class LoopClock(TrainerCallback):
 
 
 def main() -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Workers from a fork server, as in lightning_fit.py: one forked from a rank can
+        # deadlock inside fork() on Python before 3.11.10 (CPython gh-112275).
+        multiprocessing.set_start_method("forkserver", force=True)
+        multiprocessing.set_forkserver_preload(["torch", "transformers", "dataloader_tuner"])
     torch.manual_seed(0)
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)

@@ -6,6 +6,7 @@ argv: DB [--unwatched] [--ddp] (2 processes on gloo, Lightning's own launcher, l
 [--no-workers] (both loaders at num_workers=0: their fetch in the job's own process)."""
 
 import json
+import multiprocessing
 import sys
 import time
 
@@ -55,14 +56,22 @@ class Model(L.LightningModule):
 
 
 WORKERS = 0 if "--no-workers" in sys.argv else 2
+# The ranks' workers start from a fork server: a worker forked from a rank can deadlock inside
+# fork() on Python before 3.11.10 (CPython gh-112275) while a gloo thread of the rank makes a
+# thread state, as it does as each collective's work ends (1 run in ~25 here, and in CI).
+CONTEXT = "forkserver" if "--ddp" in sys.argv and WORKERS else None
+# (its workers start with torch and Lightning loaded: ~7 s an epoch's start-up otherwise)
+multiprocessing.set_forkserver_preload(["torch", "lightning", "dataloader_tuner"])
 
 
 class Data(L.LightningDataModule):
     def train_dataloader(self):
-        return DataLoader(Slow(192), batch_size=8, shuffle=True, num_workers=WORKERS)
+        return DataLoader(Slow(192), batch_size=8, shuffle=True, num_workers=WORKERS,
+                          multiprocessing_context=CONTEXT)
 
     def val_dataloader(self):
-        return DataLoader(Slow(48), batch_size=8, num_workers=WORKERS)
+        return DataLoader(Slow(48), batch_size=8, num_workers=WORKERS,
+                          multiprocessing_context=CONTEXT)
 
 
 class LoopClock(L.Callback):

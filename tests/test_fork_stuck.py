@@ -1,0 +1,83 @@
+"""A worker that never started, still inside fork(), is named as such in an overdue batch's
+report (instrument/fork_stuck.py), with the Python release that fixes it."""
+
+import multiprocessing
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
+from dataloader_tuner.instrument import fork_stuck
+from dataloader_tuner.instrument.stalls import where_stuck
+from dataloader_tuner.protocol import Overdue
+
+pytestmark = pytest.mark.skipif(not fork_stuck.torch_names_its_workers(),
+                                reason="this torch's workers do not name their processes")
+
+
+@pytest.fixture
+def forked_sleeper():
+    """A real forked process that never reaches a worker loop (it sleeps instead)."""
+    process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    process.start()
+    yield process
+    process.kill()
+    process.join()
+
+
+def test_a_forked_process_that_never_reached_the_worker_loop_is_stuck(forked_sleeper):
+    assert not fork_stuck.stuck_in_fork(forked_sleeper, after_s=30)  # not yet: just made
+    time.sleep(0.3)
+    assert fork_stuck.stuck_in_fork(forked_sleeper, after_s=0.2)
+
+
+def test_a_real_worker_a_spawned_one_and_one_not_started_are_not(forked_sleeper):
+    iterator = iter(DataLoader(torch.arange(8.0), batch_size=2, num_workers=1))
+    try:
+        next(iterator)  # its worker is in its loop now
+        time.sleep(0.3)
+        assert not fork_stuck.stuck_in_fork(iterator._workers[0], after_s=0.2)
+    finally:
+        iterator._shutdown_workers()
+    # A spawned or forkserver worker imports torch before its loop: seconds, not a hang.
+    spawned = SimpleNamespace(pid=forked_sleeper.pid, _start_method="spawn")  # (live, unnamed)
+    assert not fork_stuck.stuck_in_fork(spawned, after_s=0.0)
+    not_started = multiprocessing.get_context("fork").Process(target=time.sleep, args=(5,))
+    assert not fork_stuck.stuck_in_fork(not_started, after_s=0.0)  # no pid: not this process
+
+
+def test_the_python_releases_with_the_fork_bug():
+    assert fork_stuck.python_has_the_fork_bug((3, 11, 7))
+    assert fork_stuck.python_has_the_fork_bug((3, 10, 14))
+    assert not fork_stuck.python_has_the_fork_bug((3, 11, 10))
+    assert not fork_stuck.python_has_the_fork_bug((3, 12, 1))
+
+
+def test_the_overdue_batch_s_worker_is_reported_inside_fork(forked_sleeper, monkeypatch):
+    """where_stuck marks the outstanding batch whose worker never started; the live line and
+    the run's diagnostic say where it is and what fixes it."""
+    monkeypatch.setattr(fork_stuck, "STUCK_AFTER_S", 0.2)
+    monkeypatch.setattr(fork_stuck.stuck_in_fork, "__defaults__", (0.2,))
+    iterator = iter(DataLoader(torch.arange(8.0), batch_size=2, num_workers=1))
+    try:
+        time.sleep(0.3)
+        found = where_stuck(iterator, None)  # its batches asked for, none received yet
+        assert found and not any(entry.get("stuck_in_fork") for entry in found)
+        real = iterator._workers[0]
+        iterator._workers[0] = forked_sleeper  # as if worker 0 had never left fork()
+        found = where_stuck(iterator, None)
+        iterator._workers[0] = real
+    finally:
+        iterator._shutdown_workers()
+    assert found[0]["worker_id"] == 0 and found[0]["stuck_in_fork"] is True
+    report = Overdue(0, 0.1, 25.0, None, True, found)
+    line = overdue_now(report)
+    assert "waiting on worker 0" in line and "inside fork(): it never started" in line
+    if fork_stuck.python_has_the_fork_bug():
+        assert "gh-112275" in line
+    [diagnostic] = overdue_batches([report], [])
+    assert "inside fork()" in diagnostic.message
+    assert 'multiprocessing_context="forkserver"' in diagnostic.fix
