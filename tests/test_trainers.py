@@ -22,7 +22,7 @@ from dataloader_tuner.watcher.shutdown import _watched
 
 from .browser import free_port
 from .conftest import ROOT
-from .jobs import run_job
+from .jobs import reap_orphans, run_job
 from .test_app import WATCHED_SCRIPT
 
 
@@ -210,9 +210,8 @@ def test_lightning_ddp_ranks_are_one_job_with_their_distributed_samplers(db_path
     before = {p.pid for p in psutil.Process().children()}
     loop = script("lightning_fit.py", db_path, "--ddp")
     # Lightning's launcher does not wait for its other ranks: rank 1 may outlive rank 0 by a
-    # moment, handed to this process (the suite's subreaper) to reap.
-    for orphan in [p for p in psutil.Process().children() if p.pid not in before]:
-        orphan.wait(timeout=60)
+    # moment (and each rank's fork server), handed to this process to reap.
+    reap_orphans(before)
     assert len(loop["received"]) == 24  # rank 0: 96 samples of 8, twice
     store = RunStore(db_path)
     train = [run for run in store.list_runs() if run.label == "train"]
@@ -245,12 +244,14 @@ def launcher(name: str, port: int) -> list[str]:
 def test_hugging_face_trainer_ranks_are_one_job(name, db_path, tmp_path):
     """Under torchrun or ``accelerate launch`` each rank's train and eval loaders are its runs,
     and rank 0 gathers both ranks of each into the job's view."""
+    before = {p.pid for p in psutil.Process().children()}
     job = run_job(
         [*launcher(name, free_port()), os.path.join(ROOT, "tests", "trainers", "hf_trainer.py"),
          db_path, str(tmp_path / "out")],
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                  OMP_NUM_THREADS="1"))
+    reap_orphans(before)  # each rank's fork server and resource tracker (hf_trainer.py)
     assert job.returncode == 0, job.stderr[-3000:]
     store = RunStore(db_path)
     runs = store.list_runs()
