@@ -60,7 +60,6 @@ def test_the_overdue_batch_s_worker_is_reported_inside_fork(forked_sleeper, monk
     """where_stuck marks the outstanding batch whose worker never started; the live line and
     the run's diagnostic say where it is and what fixes it."""
     monkeypatch.setattr(fork_stuck, "STUCK_AFTER_S", 0.2)
-    monkeypatch.setattr(fork_stuck.stuck_in_fork, "__defaults__", (0.2,))
     iterator = iter(DataLoader(torch.arange(8.0), batch_size=2, num_workers=1))
     try:
         time.sleep(0.3)

@@ -48,10 +48,11 @@ def torch_names_its_workers() -> bool:
         return False
 
 
-def stuck_in_fork(worker: Any, after_s: float = STUCK_AFTER_S) -> bool:
+def stuck_in_fork(worker: Any, after_s: float | None = None) -> bool:
     """Whether ``worker`` (a loader iterator's ``multiprocessing.Process``) was forked over
-    ``after_s`` seconds ago and has not reached torch's worker loop: NOTE above. False where it
-    cannot be told (spawn and forkserver workers import torch first, and may take seconds)."""
+    ``after_s`` (STUCK_AFTER_S) seconds ago and has not reached torch's worker loop: NOTE
+    above. False where it cannot be told (spawn and forkserver workers import torch first, and
+    may take seconds)."""
     pid = getattr(worker, "pid", None)  # (psutil.Process(None) would be this process)
     if (pid is None or getattr(worker, "_start_method", None) != "fork"
             or not torch_names_its_workers()):
@@ -60,7 +61,7 @@ def stuck_in_fork(worker: Any, after_s: float = STUCK_AFTER_S) -> bool:
         process = psutil.Process(pid)
         return (process.name() != WORKER_NAME
                 and process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-                and time.time() - process.create_time() > after_s)
+                and time.time() - process.create_time() > (after_s or STUCK_AFTER_S))
     except (psutil.Error, ValueError):  # gone meanwhile
         return False
 
@@ -73,6 +74,6 @@ def stuck_in_fork_text() -> str:
     return f"inside fork(): it never started{cause}"
 
 
-FORK_STUCK_FIX = ("# A worker stuck inside fork(): Python 3.11.10 or later fixes it (CPython\n"
-                  "# gh-112275); or start the workers without fork:\n"
+FORK_STUCK_FIX = ("# A worker stuck inside fork(): Python 3.11.10 or later (3.10.15, 3.9.20)\n"
+                  "# fixes CPython gh-112275; or start the workers without fork:\n"
                   "DataLoader(..., multiprocessing_context=\"forkserver\")")
