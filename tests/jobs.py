@@ -46,13 +46,20 @@ def run_job(command: list[str], timeout: float = JOB_TIMEOUT_S,
     return subprocess.CompletedProcess(command, job.returncode, out, err)
 
 
-def reap_orphans(before: set[int], timeout: float = 60) -> None:
+def reap_orphans(before: set[int], timeout: float = 30) -> None:
     """Wait for the processes handed to this one (the suite's subreaper) since ``before``, the
     pids of its children then: what a job's processes leave to end on their own once the job
-    has (a rank outliving its launcher; a rank's fork server and resource tracker), which init
-    would reap outside the suite. One still running after ``timeout`` fails the test."""
-    for orphan in [p for p in psutil.Process().children() if p.pid not in before]:
-        orphan.wait(timeout=timeout)
+    has (a rank outliving its launcher; a rank's fork server and resource tracker, adopted only
+    once that rank ends), which init would reap outside the suite. One still running after
+    ``timeout`` fails the test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        adopted = [p for p in psutil.Process().children() if p.pid not in before]
+        if not adopted:
+            return
+        gone, alive = psutil.wait_procs(adopted, timeout=max(deadline - time.monotonic(), 0))
+        assert not alive, f"still running {timeout:.0f} s after the job: {alive}"
+        before = before | {p.pid for p in gone}
 
 
 def _kill_tree(job: subprocess.Popen, tree: list[psutil.Process]) -> None:

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
+from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now, placed
+from dataloader_tuner.child.failures import hang_error
 from dataloader_tuner.instrument import fork_stuck
 from dataloader_tuner.instrument.stalls import where_stuck
 from dataloader_tuner.protocol import Overdue
@@ -18,10 +19,14 @@ pytestmark = pytest.mark.skipif(not fork_stuck.torch_names_its_workers(),
                                 reason="this torch's workers do not name their processes")
 
 
-@pytest.fixture
-def forked_sleeper():
-    """A real forked process that never reaches a worker loop (it sleeps instead)."""
-    process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+@pytest.fixture(params=["default", "fork"])
+def forked_sleeper(request):
+    """A real forked process that never reaches a worker loop (it sleeps instead), made as a
+    DataLoader without a context makes its workers (torch.multiprocessing's default context,
+    whose processes say no start method of their own) or with ``"fork"``."""
+    context = torch.multiprocessing if request.param == "default" else (
+        multiprocessing.get_context("fork"))
+    process = context.Process(target=time.sleep, args=(30,))
     process.start()
     yield process
     process.kill()
@@ -71,12 +76,21 @@ def test_the_overdue_batch_s_worker_is_reported_inside_fork(forked_sleeper, monk
         iterator._workers[0] = real
     finally:
         iterator._shutdown_workers()
-    assert found[0]["worker_id"] == 0 and found[0]["stuck_in_fork"] is True
+    assert found[0]["worker_id"] == 0
+    assert found[0]["stuck_in_fork"].startswith("inside fork(): it never started")
     report = Overdue(0, 0.1, 25.0, None, True, found)
     line = overdue_now(report)
-    assert "waiting on worker 0" in line and "inside fork(): it never started" in line
+    assert "waiting on worker 0" in line and ", inside fork(): it never started" in line
+    assert "at inside" not in line
     if fork_stuck.python_has_the_fork_bug():
         assert "gh-112275" in line
     [diagnostic] = overdue_batches([report], [])
     assert "inside fork()" in diagnostic.message
     assert 'multiprocessing_context="forkserver"' in diagnostic.fix
+    headline = hang_error(60, found).message
+    assert "Waiting on worker 0" in headline and ", inside fork(): it never started" in headline
+
+
+def test_a_place_is_said_with_at_unless_it_is_inside_fork():
+    assert placed("slow.py:18 in __getitem__") == "at slow.py:18 in __getitem__"
+    assert placed("inside fork(): it never started") == "inside fork(): it never started"

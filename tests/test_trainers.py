@@ -251,8 +251,8 @@ def test_hugging_face_trainer_ranks_are_one_job(name, db_path, tmp_path):
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
                  OMP_NUM_THREADS="1"))
-    reap_orphans(before)  # each rank's fork server and resource tracker (hf_trainer.py)
     assert job.returncode == 0, job.stderr[-3000:]
+    reap_orphans(before)  # each rank's fork server and resource tracker (hf_trainer.py)
     store = RunStore(db_path)
     runs = store.list_runs()
     # 128 samples over 2 ranks in batches of 8, twice; 32 over 2 ranks, twice

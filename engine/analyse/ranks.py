@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse.pitfalls import SHM_FIXES
 from dataloader_tuner.analyse.batch_log import BatchLog
+from dataloader_tuner.analyse.stalls import placed
 from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 from dataloader_tuner.record.windows import BatchWindow
 
@@ -204,7 +205,7 @@ def rank_states(latest: Sequence[tuple[float, RankSummary]], now: float,
             state, note = "stalled", (f"waiting for a batch for {s.waiting_for_batch_s:.0f} s: "
                                       "its loader is stuck (a hung worker or file system, a "
                                       "deadlock in the dataset)"
-                                      + (f", at {s.stuck_at}" if s.stuck_at else ""))
+                                      + (f", {placed(s.stuck_at)}" if s.stuck_at else ""))
         elif (s.last_batch_age_s is not None and s.last_batch_age_s > stalled_s
               and len(ages) > 1 and statistics.median(ages) < stalled_s / 3):
             state, note = "stalled", (f"no batch for {s.last_batch_age_s:.0f} s while the other "
@@ -290,7 +291,7 @@ def slowest_rank(summaries: Sequence[RankSummary],
         worst = max(stuck, key=lambda s: s.waiting_for_batch_s or 0)
         return worst.rank, (f"rank {worst.rank} has been waiting {worst.waiting_for_batch_s:.0f} "
                             "s for a batch: its loader is stuck"
-                            + (f" at {worst.stuck_at}" if worst.stuck_at else "")
+                            + (f" {placed(worst.stuck_at)}" if worst.stuck_at else "")
                             + ", and the other ranks wait for it at their next collective.")
     rated = [s for s in summaries if s.samples_per_s]
     if len(rated) < 2:

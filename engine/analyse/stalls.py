@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
-from dataloader_tuner.instrument.fork_stuck import FORK_STUCK_FIX, stuck_in_fork_text
+from dataloader_tuner.instrument.fork_stuck import FORK_STUCK_FIX, INSIDE_FORK
 from dataloader_tuner.protocol import MAX_OVERDUE, Overdue
 from dataloader_tuner.record.rows import BatchRecord, row_index
 
@@ -58,16 +58,18 @@ def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> 
         found.append(LateBatch(
             report.seq, row.wait_s if row is not None else None, came or row is not None,
             report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
-            holder.get("indices"), _where(holder),
+            holder.get("indices"), where_held(holder),
             stack.split("\n\n")[0] if stack else None, bool(holder.get("stuck_in_fork"))))
     return found
 
 
-def _where(holder: dict[str, Any]) -> str | None:
-    """Where the worker holding a batch is: inside fork() (fork_stuck.py), or the user's
-    innermost frame in its stack."""
-    if holder.get("stuck_in_fork"):
-        return stuck_in_fork_text()
+def where_held(holder: dict[str, Any]) -> str | None:
+    """Where the worker holding a batch (an outstanding entry: instrument/stalls.where_stuck)
+    is: inside fork(), as said where it was found (fork_stuck.py), or the user's innermost
+    frame in its stack."""
+    stuck = holder.get("stuck_in_fork")
+    if stuck:
+        return stuck if isinstance(stuck, str) else INSIDE_FORK
     return stuck_at(holder.get("stack"))
 
 
@@ -117,7 +119,12 @@ def _waited_on(worker_id: int, indices: Any, at: str | None, verb: str) -> str:
     text = f"{verb} on " + ("the main process" if worker_id < 0 else f"worker {worker_id}")
     if indices is not None:
         text += f" for sample indices {indices}"
-    return text + (f", at {at}" if at else "")
+    return text + (f", {placed(at)}" if at else "")
+
+
+def placed(where: str, preposition: str = "at") -> str:
+    """"at slow.py:18 in __getitem__"; "inside fork(): it never started" as it is."""
+    return where if where.startswith(INSIDE_FORK) else f"{preposition} {where}"
 
 
 def overdue_now(report: Overdue) -> str:
@@ -130,7 +137,7 @@ def overdue_now(report: Overdue) -> str:
         holder = report.outstanding[0]
         stack = holder.get("stack")
         text += ": " + _waited_on(holder.get("worker_id", -1), holder.get("indices"),
-                                  _where(holder) or outside_users_code(stack), "waiting")
+                                  where_held(holder) or outside_users_code(stack), "waiting")
     return text
 
 

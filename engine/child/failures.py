@@ -13,7 +13,7 @@ import signal
 import traceback
 from typing import Any
 
-from dataloader_tuner.analyse.stalls import stuck_at
+from dataloader_tuner.analyse.stalls import placed, where_held
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument.probes import NOTE_PREFIX
 
@@ -129,8 +129,8 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
         who = "the main process" if first["worker_id"] < 0 else f"worker {first['worker_id']}"
         indices = first.get("indices")
         headline += f". Waiting on {who}" + (f" for sample indices {indices}" if indices else "")
-        where = stuck_at(first.get("stack"))
-        headline += f", stuck at {where}" if where else ""
+        where = where_held(first)
+        headline += f", {placed(where, 'stuck at')}" if where else ""
         if len(outstanding) > 1:
             others = ", ".join(f"worker {o['worker_id']}" for o in outstanding[1:6])
             headline += f" (also outstanding: {len(outstanding) - 1} batch(es) from {others})"

@@ -28,7 +28,7 @@ import psutil
 
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument import probes
-from dataloader_tuner.instrument.fork_stuck import stuck_in_fork
+from dataloader_tuner.instrument.fork_stuck import stuck_in_fork, stuck_in_fork_text
 from dataloader_tuner.instrument.stacks import STACKS_ENV, main_thread_stack, worker_stack
 from dataloader_tuner.record.ledger import BatchLedger
 
@@ -43,7 +43,7 @@ WAIT_S, STEP_S = 3, 4  # a batch row's positions (record/rows.BatchRecord)
 def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
     """The batches ``iterator`` was asked for and has not delivered, oldest first, each as
     ``{worker_id, indices, stack}`` (indices where its batch sampler remembers them, a stack
-    where the worker answers; ``stuck_in_fork`` where its worker never started); at most
+    where the worker answers; ``stuck_in_fork``, said, where its worker never started); at most
     MAX_STACKS workers asked."""
     outstanding = probes.outstanding(iterator)
     stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
@@ -53,8 +53,11 @@ def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
         if worker not in stacks and len(stacks) < MAX_STACKS:
             stacks[worker] = stack_of(iterator, worker, stacks_dir)
         entry["stack"] = stacks.get(worker)
-        if 0 <= worker < len(workers) and stuck_in_fork(workers[worker]):
-            entry["stuck_in_fork"] = True  # it never started: NOTE [ A worker stuck inside fork() ]
+        # (one that answered for its stack is not inside fork(); said in this process's words:
+        # its Python's, not the dashboard's)
+        if (entry["stack"] is None and 0 <= worker < len(workers)
+                and stuck_in_fork(workers[worker])):
+            entry["stuck_in_fork"] = stuck_in_fork_text()  # NOTE [ A worker stuck inside fork() ]
     return outstanding
 
 

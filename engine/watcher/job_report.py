@@ -28,7 +28,7 @@ from typing import Callable
 import psutil
 
 from dataloader_tuner import system
-from dataloader_tuner.analyse.stalls import stuck_at
+from dataloader_tuner.analyse.stalls import where_held
 from dataloader_tuner.instrument.stalls import StallWatch
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
@@ -155,7 +155,7 @@ class RankReporter:
             shm_used_mb=None if shm is None else round(shm["used_mb"], 1),
             shm_total_mb=None if shm is None else round(shm["total_mb"], 1),
             waiting_for_batch_s=None if asking is None else round(time.monotonic() - asking, 3),
-            stuck_at=stuck_at(waiting_on.get("stack")),
+            stuck_at=where_held(waiting_on),
             **profile_fields(self.sampled(fresh=status != "running")))
 
     def _node_cpu_pct(self) -> float | None:

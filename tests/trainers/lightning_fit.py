@@ -58,7 +58,7 @@ class Model(L.LightningModule):
 WORKERS = 0 if "--no-workers" in sys.argv else 2
 # The ranks' workers start from a fork server: a worker forked from a rank can deadlock inside
 # fork() on Python before 3.11.10 (CPython gh-112275) while a gloo thread of the rank makes a
-# thread state, as it does as each collective's work ends (1 run in ~25 here, and in CI).
+# thread state, as it does as each collective's work ends (2 runs in ~170 here, 1 in CI).
 CONTEXT = "forkserver" if "--ddp" in sys.argv and WORKERS else None
 # (its workers start with torch and Lightning loaded: ~7 s an epoch's start-up otherwise)
 multiprocessing.set_forkserver_preload(["torch", "lightning", "dataloader_tuner"])
