@@ -67,10 +67,7 @@ def where_held(holder: dict[str, Any]) -> str | None:
     """Where the worker holding a batch (an outstanding entry: instrument/stalls.where_stuck)
     is: inside fork(), as said where it was found (fork_stuck.py), or the user's innermost
     frame in its stack."""
-    stuck = holder.get("stuck_in_fork")
-    if stuck:
-        return stuck if isinstance(stuck, str) else INSIDE_FORK
-    return stuck_at(holder.get("stack"))
+    return holder.get("stuck_in_fork") or stuck_at(holder.get("stack"))
 
 
 def overdue_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]

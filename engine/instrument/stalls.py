@@ -47,17 +47,18 @@ def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
     MAX_STACKS workers asked."""
     outstanding = probes.outstanding(iterator)
     stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
+    in_fork: dict[int, bool] = {}  # likewise: NOTE [ A worker stuck inside fork() ]
     workers = getattr(iterator, "_workers", None) or []
     for entry in outstanding:
         worker = entry["worker_id"]
         if worker not in stacks and len(stacks) < MAX_STACKS:
             stacks[worker] = stack_of(iterator, worker, stacks_dir)
         entry["stack"] = stacks.get(worker)
-        # (one that answered for its stack is not inside fork(); said in this process's words:
-        # its Python's, not the dashboard's)
-        if (entry["stack"] is None and 0 <= worker < len(workers)
-                and stuck_in_fork(workers[worker])):
-            entry["stuck_in_fork"] = stuck_in_fork_text()  # NOTE [ A worker stuck inside fork() ]
+        if worker not in in_fork:  # (one that answered for its stack is not inside fork())
+            in_fork[worker] = (entry["stack"] is None and 0 <= worker < len(workers)
+                               and stuck_in_fork(workers[worker]))
+        if in_fork[worker]:  # said in this process's words: its Python's, not the dashboard's
+            entry["stuck_in_fork"] = stuck_in_fork_text()
     return outstanding
 
 
