@@ -124,23 +124,29 @@ def test_a_longer_profile_agrees_within_five_points(workers, tmp_path):
     _profile_and_check(workers, 12.0, 0.05, tmp_path)
 
 
-@pytest.mark.slow  # a 4 s profile; its unit sibling below is quick
+@pytest.mark.slow  # a 6 s profile; its unit sibling below is quick
 def test_a_mostly_waiting_worker_is_seen_where_it_waits(tmp_path):
     """60% of each sample a sleep: a CPU-time timer alone never looked there (the wait's time
     went to the spins: read_bytes 0.05 of the three, decode 0.47); a second timer on the time
-    passing charges it where it passed, and the CPU stays the spins'."""
+    passing charges it where it passed, and the CPU stays the spins'. The truth is the workers'
+    own clock around each stage: under load a sleep wakes late and a spin is preempted (CI once
+    saw read 0.67, decode 0.17 against the nominal 0.6, 0.25)."""
+    clock = tmp_path / "clock"
+    clock.mkdir()
     done = cli("profile", dataset_path("waiting_stages.py"), "--num-workers", "2",
-               "--seconds", "4", "--json", db=str(tmp_path / "runs.db"))
+               "--seconds", "6", "--json", db=str(tmp_path / "runs.db"),
+               env_extra={"WAITING_STAGES_CLOCK": str(clock)})
     assert done.returncode == 0, done.stderr
     result = ProfileResult.from_dict(json.loads(done.stdout))
     names = tuple(waiting_stages.SHARES)
     found = {h["function"]: h for h in result.hotspots if h["function"] in names}
     total = sum(h["total_share"] for h in found.values())
     shares = {name: found[name]["total_share"] / total for name in names}
-    independent = _cprofile_shares(waiting_stages.WaitingStages(), names)
-    for name, known in waiting_stages.SHARES.items():
-        assert shares[name] == pytest.approx(known, abs=0.08), (shares, result.stacks_sampled)
-        assert shares[name] == pytest.approx(independent[name], abs=0.08), (shares, independent)
+    timed = waiting_stages.own_clock_shares(str(clock))
+    print(f"sampled {shares}, the workers' own clock {timed}")  # (pytest -rP)
+    for name in names:
+        assert shares[name] == pytest.approx(timed[name], abs=0.08), (shares, timed,
+                                                                      result.stacks_sampled)
     # read_bytes is its own leaf (the sleep has no Python frame): its time, hardly any CPU
     read = found["read_bytes"]
     assert read["cpu_share"] < 0.2 * read["self_share"], read
