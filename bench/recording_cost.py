@@ -2,7 +2,7 @@
 measuring loop runs, timed alone over ready-made batches so nothing else varies.
 
 A plain loop (``for batch, meta in items``) and the same loop through the ledger (timing
-``next()``, numbering, the row, appending it) take turns over the same items (A B A B ...); the
+``next()``, numbering, the batch as taken (record/taken.py), appending it) take turns over the same items (A B A B ...); the
 cost is the median of the per-pair differences, in microseconds per batch. Target: <= 2.5 us.
 
     python bench/recording_cost.py [--batches 200000] [--pairs 9]
@@ -14,9 +14,12 @@ import argparse
 import statistics
 import time
 
+from dataloader_tuner.record.columns import NO_STEP_TIMES
 from dataloader_tuner.record.ledger import BatchLedger
+from dataloader_tuner.record.rows import BatchMeta
 
-META = (0, 4242, 0.0, 0.0001, 0.00001, None, 32, None, None)  # a worker's probe meta
+# a worker's timed meta (a plain tuple is an untimed one: worker, pid, samples)
+META = BatchMeta(0, 4242, 0.0, 0.0001, 0.00001, None, 32, None, None)
 
 
 def plain(items: list) -> float:
@@ -30,7 +33,7 @@ def plain(items: list) -> float:
 def recorded(items: list) -> float:
     started = time.perf_counter()
     ledger = BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None)
-    next_batch, row, handed, clock = ledger.next_batch, ledger.row, ledger.handed, time.monotonic
+    next_batch, handed, clock = ledger.next_batch, ledger.handed, time.monotonic
     rows = []
     mark = ledger.new_epoch()
     iterator = iter(items)
@@ -39,7 +42,7 @@ def recorded(items: list) -> float:
             (batch, meta), t_request, t_ready, seq = next_batch(iterator)
         except StopIteration:
             break
-        rows.append(row(seq, mark.epoch, t_request, t_ready, clock(), meta))
+        rows.append((seq, mark.epoch, t_request, t_ready, clock(), meta, NO_STEP_TIMES))
         handed(mark, t_ready, meta)
     return time.perf_counter() - started
 

@@ -16,6 +16,7 @@ from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.loop import BatchSource, ColumnLoop, TimedLoop
+from dataloader_tuner.record.taken import rows_of_taken
 from dataloader_tuner.record.rows import BatchMeta
 
 from .conftest import dataset_path
@@ -64,6 +65,7 @@ def test_rows_from_columns_are_the_per_batch_loops_rows():
         _epoch(timed, timed.ledger.new_epoch(), items, 0.001)
         _epoch(column, ledger.new_epoch(), items, 0.001)
     rows = columns.rows()
+    per_batch = rows_of_taken(timed.ledger.t0, per_batch)
     assert len(rows) == len(per_batch) == 12
     clocks = ("t_request", "wait_s", "step_s", "fetch_start")  # (since each loop's own t0)
     for ours, theirs in zip(rows, per_batch):

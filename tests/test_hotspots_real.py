@@ -129,8 +129,13 @@ def test_the_stages_agree_with_py_spy_on_the_same_loop(name, top, agree, tmp_pat
           f"py-spy's {spy_samples}")  # the figures a closing note quotes (pytest -rP)
     for stage, (ours, theirs) in side_by_side.items():
         assert abs(ours - theirs) <= agree, (stage, side_by_side)
-    ranked = sorted(tool, key=tool.get, reverse=True)
-    assert ranked[:len(top)] == top, side_by_side
+    # The order py-spy sees, where its shares are further apart than the agreement: the usual
+    # top moves with the machine (beside a busy neighbour imagefolder_compose's torch steps
+    # took the lead from decode, 0.42 and 0.30 against 0.20, in both tools' figures)
+    spy_ranked = sorted(spy, key=spy.get, reverse=True)[:len(top)]
+    for higher, lower in zip(spy_ranked, spy_ranked[1:]):
+        if spy[higher] - spy[lower] > agree:
+            assert tool.get(higher, 0.0) > tool.get(lower, 0.0), (higher, lower, side_by_side)
     assert sum(tool.values()) == pytest.approx(1.0, abs=0.01)
 
 

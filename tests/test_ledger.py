@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner.record.ledger import UNKNOWN_WORKER, BatchLedger, samples_of, unprobed_meta
 from dataloader_tuner.record.rows import BatchMeta
+from dataloader_tuner.record.taken import rows_of_taken
 
 
 def meta(pid: int, worker_id: int = 0, samples: int = 4, probe=None) -> BatchMeta:
@@ -32,8 +33,6 @@ def test_batches_are_numbered_across_epochs_and_each_epoch_opens_with_its_start_
         for _ in range(2):
             (_, m), t_request, t_ready, seq = ledger.next_batch(iterator)
             ledger.handed(mark, t_ready, m)
-            assert ledger.row(seq, mark.epoch, t_request, t_ready, time.monotonic(), m).epoch == (
-                mark.epoch)
             seqs.append(seq)
     assert seqs == [0, 1, 2, 3]
     epochs = [entry for entry in log if entry[0] == "epoch"]
@@ -90,9 +89,12 @@ def test_two_iterators_at_once_keep_their_own_epochs():
 def test_the_row_carries_the_batch_as_the_loop_saw_it():
     ledger, _ = ledger_with_log()
     t0 = ledger.t0
-    row = ledger.row(7, 0, t0 + 1.0, t0 + 1.25, t0 + 1.75, meta(11, samples=16))
+    (row,) = rows_of_taken(t0, [(7, 0, t0 + 1.0, t0 + 1.25, t0 + 1.75, meta(11, samples=16),
+                                 (0.5, None, 2.0))])
     assert (row.seq, row.epoch, row.t_request, row.wait_s, row.step_s, row.samples) == (
         7, 0, 1.0, 0.25, 0.5, 16)
+    assert (row.nbytes, row.worker_pid, row.fetch_start, row.fetch_s) == (64, 11, -t0, 0.001)
+    assert (row.h2d_ms, row.h2d_other_ms, row.gpu_gap_ms) == (0.5, None, 2.0)
 
 
 def test_an_unprobed_batch_notes_no_worker():
@@ -100,7 +102,8 @@ def test_an_unprobed_batch_notes_no_worker():
     mark = ledger.new_epoch()
     unprobed = unprobed_meta(8)
     ledger.handed(mark, ledger.t0, unprobed)
-    row = ledger.row(0, mark.epoch, ledger.t0, ledger.t0, ledger.t0, unprobed)
+    (row,) = rows_of_taken(ledger.t0, [(0, mark.epoch, ledger.t0, ledger.t0, ledger.t0,
+                                        unprobed, (None, None, None))])
     assert row.worker_id == UNKNOWN_WORKER and row.samples == samples_of(unprobed) == 8
     assert (row.fetch_start, row.fetch_s, row.collate_s, row.worker_end) == (None,) * 4
     assert not [entry for entry in log if entry[0] == "worker"]
@@ -111,7 +114,8 @@ def test_a_batch_whose_making_was_not_timed_keeps_its_worker_and_samples():
     mark = ledger.new_epoch()
     ledger.handed(mark, ledger.t0, meta(11, worker_id=1))
     ledger.handed(mark, ledger.t0, (1, 11, 32))  # the probes' untimed meta
-    row = ledger.row(5, mark.epoch, ledger.t0, ledger.t0, ledger.t0, (1, 11, 32))
+    (row,) = rows_of_taken(ledger.t0, [(5, mark.epoch, ledger.t0, ledger.t0, ledger.t0,
+                                        (1, 11, 32), (None, None, None))])
     assert (row.worker_id, row.worker_pid, row.samples, row.fetch_s) == (1, 11, 32, None)
     assert [entry for entry in log if entry[0] == "worker"] == [("worker", 11, 1, None)]
 

@@ -32,16 +32,23 @@ def _rows(first: int, n: int) -> list[tuple]:
     return [b._replace(seq=first + i).to_row() for i, b in enumerate(make_batches(n))]
 
 
+def _taken(first: int, n: int, t0: float = 0.0) -> list[tuple]:
+    """``n`` batches as a watched loop takes them (record/taken.py), numbered from ``first``."""
+    return [(first + i, b.epoch, t0 + b.t_request, t0 + b.t_ready, t0 + b.t_ready + b.step_s,
+             (b.worker_id, b.worker_pid, b.samples), (None, None, None))
+            for i, b in enumerate(make_batches(n))]
+
+
 def test_events_go_before_the_rows_and_late_timings_wait_for_their_rows():
     sink = ListSink()
     recorder = Recorder(sink, time.monotonic(), keep_recent=True)
     recorder.epoch_began(0, 0.0, 0.05)
-    recorder.rows.extend(_rows(0, 3))
+    recorder.taken.extend(_taken(0, 3))
     recorder.gaps.extend([(2, 1.5), (3, 2.5)])  # batch 3's row has not come yet
     recorder.flush()
     assert [type(e).kind for e in sink.written] == ["epoch", "batches", "late_timings"]
     assert sink.written[2].gaps == [(2, 1.5)] and recorder.gaps == [(3, 2.5)]
-    recorder.rows.extend(_rows(3, 1))
+    recorder.taken.extend(_taken(3, 1))
     recorder.copies.append((3, 0.4, None))
     recorder.flush()
     assert sink.written[-1] == protocol.LateTimings([(3, 2.5)], [(3, 0.4, None)])
@@ -54,16 +61,16 @@ def test_a_failed_write_is_reported_once_kept_and_capped(monkeypatch, capsys):
     sink = ListSink()
     recorder = Recorder(sink, time.monotonic())
     sink.failing = True
-    recorder.rows.extend(_rows(0, 4))
+    recorder.taken.extend(_taken(0, 4))
     recorder.flush()
-    recorder.rows.extend(_rows(4, 4))
+    recorder.taken.extend(_taken(4, 4))
     recorder.flush()
     err = capsys.readouterr().err
     assert err.count("could not write the measurements to a test list") == 1
-    assert [row[0] for row in recorder.rows] == [3, 4, 5, 6, 7]  # the newest MAX_BACKLOG
+    assert [row[0] for row in recorder.taken] == [3, 4, 5, 6, 7]  # the newest MAX_BACKLOG
     sink.failing = False
     recorder.flush()
-    assert [row[0] for row in sink.written[0].rows] == [3, 4, 5, 6, 7] and not recorder.rows
+    assert [row[0] for row in sink.written[0].rows] == [3, 4, 5, 6, 7] and not recorder.taken
 
 
 def test_the_thread_flushes_every_tick_samples_every_second_and_runs_on_tick(monkeypatch):
@@ -71,7 +78,7 @@ def test_the_thread_flushes_every_tick_samples_every_second_and_runs_on_tick(mon
     sink, ticks = ListSink(), []
     recorder = Recorder(sink, time.monotonic()).start(
         first=lambda: protocol.Finished("first", 0.0), on_tick=lambda: ticks.append(1) and False)
-    recorder.rows.extend(_rows(0, 2))
+    recorder.taken.extend(_taken(0, 2))
     time.sleep(0.3)
     recorder.stop(sample=False)
     kinds = [type(e).kind for e in sink.written]
@@ -94,7 +101,7 @@ def test_stop_cuts_the_first_records_wait_short_and_still_writes_it_first():
 
     recorder = Recorder(ListSink(), time.monotonic())
     recorder.start(first=first)
-    recorder.rows.extend(_rows(0, 2))
+    recorder.taken.extend(_taken(0, 2))
     time.sleep(0.1)
     started = time.monotonic()
     recorder.stop(sample=False)

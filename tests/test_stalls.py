@@ -17,6 +17,7 @@ from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.taken import seconds_of_taken
 from dataloader_tuner.watcher.checks import stacks_folder as _stacks_folder
 
 from tests.datasets.slow_indices import SlowOnAFew
@@ -24,6 +25,13 @@ from tests.datasets.slow_indices import SlowOnAFew
 
 def row(seq: int, wait_s: float, step_s: float = 0.0) -> BatchRecord:
     return BatchRecord(seq, 0, 0.0, wait_s, step_s, 4, None, 0, 1, None, None, None)
+
+
+def usual(batches: int, wait_s: float, step_s: float = 0.0) -> list[float]:
+    """What a stall watch reads of ``batches`` taken, each ``wait_s`` then ``step_s``."""
+    taken = [(i, 0, 10.0 * i, 10.0 * i + wait_s, 10.0 * i + wait_s + step_s, (0, 1, 4),
+              (None, None, None)) for i in range(batches)]
+    return seconds_of_taken(taken, stalls.USUAL_SAMPLE)
 
 
 def waiting_ledger(seq: int, for_s: float, opening: bool = False) -> BatchLedger:
@@ -44,7 +52,7 @@ def where() -> list[dict]:
 def test_a_batch_is_overdue_at_many_times_the_usual_and_reported_once():
     watch_ = stalls.StallWatch(0.0)
     # 5 ms a batch
-    watch_.observe(stalls.batch_seconds([row(i, 0.004, 0.001) for i in range(100)]))
+    watch_.observe(usual(100, 0.004, 0.001))
     assert watch_.usual_s == pytest.approx(0.005)
     assert watch_.check(waiting_ledger(100, 0.5), time.monotonic(), where) is None  # < 1 s
     report = watch_.check(waiting_ledger(100, 1.2), time.monotonic(), where)
@@ -52,14 +60,14 @@ def test_a_batch_is_overdue_at_many_times_the_usual_and_reported_once():
     assert report.outstanding[0]["indices"] == [40, 41] and not report.opening
     assert watch_.check(waiting_ledger(100, 3.0), time.monotonic(), where) is None  # once
     # slower batches: a higher bar
-    watch_.observe(stalls.batch_seconds([row(i, 0.2) for i in range(10)]))
+    watch_.observe(usual(10, 0.2))
     assert watch_.check(waiting_ledger(101, 1.5), time.monotonic(), where) is None
     assert watch_.check(waiting_ledger(101, 2.1), time.monotonic(), where) is not None
 
 
 def test_an_epochs_first_batch_has_its_start_up_allowed_and_reports_are_capped():
     watch_ = stalls.StallWatch(0.0)
-    watch_.observe(stalls.batch_seconds([row(i, 0.001) for i in range(100)]))
+    watch_.observe(usual(100, 0.001))
     assert watch_.check(waiting_ledger(100, 5.0, opening=True), time.monotonic(), where) is None
     late = watch_.check(waiting_ledger(100, stalls.STARTUP_MIN_S + 1, opening=True),
                         time.monotonic(), where)

@@ -435,7 +435,7 @@ def test_gpu_gaps_of_rows_that_arrive_already_old_are_not_lost(tmp_path, monkeyp
     from .test_gpu_timing import FakeEvent, gaps
 
     monkeypatch.setattr(recorder, "FLUSH_S", 1.2 * TAIL_S)
-    n = 45_000
+    n = 70_000  # ~2 s of batches here (45,000 took 1.26-1.35 s, near the one flush's 1.2 s)
     watched = watch(DataLoader(TensorDataset(torch.arange(n)), batch_size=1), name="fast",
                     db=str(tmp_path / "runs.db"))
     watched.ledger.gaps = gaps()

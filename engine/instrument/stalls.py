@@ -37,7 +37,6 @@ SLOW_MIN_S = 1.0
 STARTUP_MIN_S = 20.0
 MAX_STACKS = 4  # workers whose stacks one report reads
 USUAL_SAMPLE = 256  # rows the usual time is read from, spread over the flush
-WAIT_S, STEP_S = 3, 4  # a batch row's positions (record/rows.BatchRecord)
 
 
 def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
@@ -107,12 +106,6 @@ def made_for_this_process() -> str | None:
     if folder and os.path.basename(folder).startswith(f"{STACKS_PREFIX}{os.getpid()}-"):
         return folder
     return None
-
-
-def batch_seconds(rows: Sequence[tuple]) -> list[float]:
-    """Up to USUAL_SAMPLE rows' wait plus step, spread over ``rows`` (StallWatch.observe)."""
-    step = max(1, len(rows) // USUAL_SAMPLE)
-    return [row[WAIT_S] + row[STEP_S] for row in rows[::step]]
 
 
 class StallWatch:

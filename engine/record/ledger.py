@@ -6,7 +6,8 @@ a batch.
 The ledger times ``next()`` (and says, while the loop waits in it, since when: a rank stuck
 there is named by job_report.py), numbers batches as they are handed out, opens each epoch with
 its start-up, notes each worker process the first time one of its batches arrives, brackets the
-wait with GPU events where the job uses CUDA, and builds the one row per batch (rows.py).
+wait with GPU events where the job uses CUDA. The rows are built off the loop (columns.py,
+taken.py).
 Its cost is the loops' hot path: NOTE [ Measuring cost on the fastest batches ].
 
 NOTE [ Measuring cost on the fastest batches ]
@@ -45,7 +46,9 @@ NOTE [ Measuring cost on the fastest batches ]
       every 8th batch of the first 1024, then every 64th (child/measure.py);
     - building the row in the loop (this ledger's calls, the row's 16 fields) was ~5 us of the
       engine's own loop: it writes columns and its rows are built elsewhere (NOTE [ Rows built
-      off the loop ], columns.py);
+      off the loop ], columns.py); a watched loop keeps each batch as one flat tuple, its row
+      built on the recorder's thread (NOTE [ A watched batch's row built off the job's
+      thread ], taken.py);
     - reading the user's dataset's ``vars()`` (the first fetch's probe looked for random
       generators there) slowed every ``self.x`` in its ``__getitem__`` for the rest of the
       process on CPython 3.11+, ~4% of long_tail's rate, in the main process and in every
@@ -60,7 +63,7 @@ import time
 from threading import get_ident
 from typing import Any, Callable, Iterator, Protocol
 
-from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
+from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 
 UNKNOWN_WORKER = -2  # a batch of a loader that could not be probed: its worker is not known
 # A meta is read by position on the hot path: where it holds its batch's sample count.
@@ -228,23 +231,3 @@ class BatchLedger:
             self.on_worker(pid, meta[0], None if sampled else probe)
         if sampled:
             self.on_profile(pid, meta[0], probe["profile"])  # type: ignore[index]  # sampled
-
-    def row(self, seq: int, epoch: int, t_request: float, t_ready: float, t_back: float,
-            meta: BatchMeta | UntimedMeta, h2d_ms: float | None = None,
-            other_ms: float | None = None, gap_ms: float | None = None) -> BatchRecord:
-        """The batch's row: handed over at ``t_ready``, the loop back for the next at
-        ``t_back`` (its step between). A batch whose making was not timed (fast batches' are
-        timed on a sample; a loader that could not be probed) has its fetch figures None."""
-        t0 = self.t0
-        if meta.__class__ is tuple:
-            worker_id, pid, samples = meta  # type: ignore[misc]  # an UntimedMeta
-            return tuple.__new__(BatchRecord, (
-                seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
-                None, worker_id, pid, None, None, None, None, h2d_ms, other_ms, gap_ms))
-        worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes, _ = (
-            meta)  # type: ignore[misc]  # a BatchMeta
-        # tuple.__new__: a NamedTuple's own constructor is a Python function, 4x slower.
-        return tuple.__new__(BatchRecord, (
-            seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
-            nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, h2d_ms,
-            other_ms, gap_ms))

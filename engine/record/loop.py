@@ -16,8 +16,10 @@ NOTE [ One batch, in order ]
        step (ColumnLoop runs the step itself, and asks whether to stop after it: in neither
        the step nor the wait). A loop that raises or breaks off there still gets its row,
        with the step until then;
-    5. the row is written (or held one batch, where a wrapper asks one batch ahead), and the
-       source is told (``taken``: a tuned epoch may switch loaders here, outside the timing).
+    5. the batch as taken is written (or held one batch, where a wrapper asks one batch
+       ahead), its row built later on the recorder's thread (NOTE [ A watched batch's row
+       built off the job's thread ], taken.py), and the source is told (``taken``: a tuned
+       epoch may switch loaders here, outside the timing).
     The epoch's end closes the source (its workers, unless a loader keeps them) and then
     lets the held row take in the end's wait.
 
@@ -35,9 +37,10 @@ from typing import Any, Callable, Generator, Iterator
 
 from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns, column_meta
 from dataloader_tuner.record.ledger import BatchLedger, EpochMark
-from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
+from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
+from dataloader_tuner.record.taken import TakenBatch, ended
 
-Emit = Callable[[BatchRecord], Any]
+Emit = Callable[[TakenBatch], Any]
 # A loop's step on a batch: what it timed on a GPU around it (h2d_ms, other_ms, gap_ms)
 Step = Callable[[Any], tuple[float | None, float | None, float | None]]
 
@@ -73,31 +76,31 @@ class BatchSource:
 
 
 class Handover:
-    """An epoch's rows on their way out. Where a wrapper asks the loader one batch ahead of
-    the loop (``ahead``: accelerate), each row is held until the next batch or the epoch's end
-    came, so that the end's wait lands on the last batch (``ended``)."""
+    """An epoch's batches on their way out. Where a wrapper asks the loader one batch ahead of
+    the loop (``ahead``: accelerate), each is held until the next batch or the epoch's end
+    came, so that the end's wait lands on the last batch (taken.ended)."""
 
     __slots__ = ("emit", "ahead", "held")
 
     def __init__(self, emit: Emit, ahead: bool) -> None:
         self.emit, self.ahead = emit, ahead
-        self.held: BatchRecord | None = None
+        self.held: TakenBatch | None = None
 
     def arrived(self) -> None:
-        """The next batch came: the row held is complete."""
+        """The next batch came: the batch held is complete."""
         if self.held is not None:
             self.emit(self.held)
             self.held = None
 
-    def taken(self, row: BatchRecord) -> None:
-        """The loop is back for another batch after ``row``'s."""
+    def taken(self, batch: TakenBatch) -> None:
+        """The loop is back for another batch after ``batch``."""
         if self.ahead:
-            self.held = row
+            self.held = batch
         else:
-            self.emit(row)
+            self.emit(batch)
 
     def end(self, t_end: float | None) -> None:
-        """The epoch ran out at ``t_end`` (since the run's start; None: it broke off)."""
+        """The epoch ran out at ``t_end`` (time.monotonic; None: it broke off)."""
         if self.held is not None:
             self.emit(ended(self.held, t_end) if t_end is not None else self.held)
             self.held = None
@@ -106,14 +109,6 @@ class Handover:
 def _inherited(method: Callable[..., Any], base: Callable[..., Any]) -> bool:
     """``method`` (bound to a source) is ``base``'s own, not overridden nor set on it."""
     return getattr(method, "__func__", None) is base
-
-
-def ended(last: BatchRecord, t_end: float) -> BatchRecord:
-    """The epoch's last row, its wait taking in the epoch's end: a wrapper that asks one batch
-    ahead (accelerate) asks for the end (the workers shutting down) before it hands the last
-    batch over, inside the loop's wait (``t_end``: since the run's start)."""
-    return last._replace(wait_s=last.wait_s + max(
-        t_end - (last.t_request + last.wait_s + last.step_s), 0.0))
 
 
 class TimedLoop:
@@ -130,8 +125,8 @@ class TimedLoop:
     def epoch(self, mark: EpochMark, source: BatchSource) -> Generator[Any, None, None]:
         """The epoch's batches, each timed; the hot path of every measurement (a plain loop
         over tiny batches takes ~40 us a batch: bench/overhead.py)."""
-        ledger, clock, emit = self.ledger, time.monotonic, self.emit
-        next_batch, row, handed = ledger.next_batch, ledger.row, ledger.handed
+        ledger, clock, emit, epoch = self.ledger, time.monotonic, self.emit, mark.epoch
+        next_batch, handed = ledger.next_batch, ledger.handed
         handover = Handover(emit, self.ahead)
         # (rows go straight out unless held: a call less per batch on the hot path)
         put = handover.taken if self.ahead else emit
@@ -163,16 +158,15 @@ class TimedLoop:
                 try:
                     yield held.pop()
                 except BaseException:  # also the last batch of a loop that breaks off
-                    emit(row(seq, mark.epoch, t_request, t_ready, clock(), meta,
-                             *self.step_times))
+                    emit((seq, epoch, t_request, t_ready, clock(), meta, self.step_times))
                     raise
                 t_back = clock()
-                put(row(seq, mark.epoch, t_request, t_ready, t_back, meta, *self.step_times))
+                put((seq, epoch, t_request, t_ready, t_back, meta, self.step_times))
                 if taken is not None:
                     taken(seq, meta, t_request, t_back)
         finally:
             source.close()
-            handover.end(clock() - ledger.t0 if ran_out else None)
+            handover.end(clock() if ran_out else None)
 
 
 class ColumnLoop:

@@ -2,7 +2,8 @@
 background thread: the engine child's (to its parent's pipe) and a watched loader's (to the run
 history) are this one recorder with different sinks (run/sinks.py).
 
-The measuring thread only appends: batch rows to ``rows``, the rare event (an epoch began, a
+The measuring thread only appends: batches as a watched loop took them to ``taken`` (their
+rows built here, NOTE [ A watched batch's row built off the job's thread ]), the rare event (an epoch began, a
 worker was first seen, a trial) to ``events``, GPU timings resolved after their batch to
 ``gaps``/``copies``. Every FLUSH_S the thread writes what has accumulated, with a resource
 sample every RESOURCES_EVERY flushes. Nothing here may stop the measuring: a write that fails
@@ -29,6 +30,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
+from dataloader_tuner.record.taken import TakenBatch, rows_of_taken
 from dataloader_tuner.record.windows import BatchWindow, Thinner
 from dataloader_tuner.run.sinks import Sink
 
@@ -50,7 +52,7 @@ class Recorder:
         row as it is)."""
         self.sink, self.t0 = sink, t0
         self.own_workers_only = own_workers_only
-        self.rows: list = []  # appended by the measuring thread, taken by the flush
+        self.taken: list[TakenBatch] = []  # appended by the measuring thread, taken by flush
         # ...or, for the engine's own loop, its batches in columns (record/columns.py)
         self.columns: BatchColumns | None = None
         self.events: list = []
@@ -124,7 +126,8 @@ class Recorder:
         with self._lock:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
-            events, rows = self.events[:], self.rows[:]
+            events, taken = self.events[:], self.taken[:]
+            rows: list = rows_of_taken(self.t0, taken)
             windows: list[BatchWindow] = []
             if self.windowed is not None:
                 rows, windows = self.windowed.through(rows, last, self)
@@ -154,7 +157,7 @@ class Recorder:
                 self.report_failure()
                 backlogs = ([self.windowed.rows, self.windowed.windows]
                             if self.windowed is not None else [])
-                for backlog in (self.rows, self.gaps, self.copies, *backlogs):
+                for backlog in (self.taken, self.gaps, self.copies, *backlogs):
                     if len(backlog) > MAX_BACKLOG:  # a sink that stays down
                         del backlog[:len(backlog) - MAX_BACKLOG]
                 if self.columns is not None and len(self.columns) > MAX_BACKLOG:
@@ -164,7 +167,7 @@ class Recorder:
             if self.windowed is not None:
                 self.windowed.written(len(rows), len(windows))
             else:
-                del self.rows[:len(rows)]
+                del self.taken[:len(taken)]
             if columns and self.columns is not None:
                 self.columns.drop(len(columns))
             for done, pending in ((late.gaps, self.gaps), (late.copies, self.copies)):
@@ -177,7 +180,7 @@ class Recorder:
     def pending(self) -> int:
         """Batches measured and not yet written."""
         held = self.windowed.pending() if self.windowed is not None else 0
-        return len(self.rows) + held + (len(self.columns) if self.columns is not None else 0)
+        return len(self.taken) + held + (len(self.columns) if self.columns is not None else 0)
 
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:
@@ -222,9 +225,9 @@ class WindowedRows:
 
     def through(self, measured: list, last: bool, recorder: Recorder
                 ) -> tuple[list, list[BatchWindow]]:
-        """The recorder's ``measured`` rows into the thinner (its now), once its late GPU
-        timings went onto the rows the thinner holds, these among them; what waits to be
-        written."""
+        """The rows of the recorder's batches taken (``measured``, as many) into the thinner
+        (its now), once its late GPU timings went onto the rows the thinner holds, these among
+        them; what waits to be written."""
         thinner = self.thinner
         kept: list
         kept, windows = thinner.arrived(measured, hold=True)  # (slow rows: straight out)
@@ -236,7 +239,7 @@ class WindowedRows:
                 recorder.copies.remove(copy)
         if thinner.tail:  # (then nothing went straight out)
             kept, windows = thinner.take(time.monotonic() - recorder.t0)
-        del recorder.rows[:len(measured)]
+        del recorder.taken[:len(measured)]
         if recorder.recent is not None:  # every row: a rank's report reads its recent ones
             recorder.recent.extend(measured)
         self.rows += kept

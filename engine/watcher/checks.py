@@ -18,6 +18,7 @@ from dataloader_tuner.analyse.shm import tightest_shm
 from dataloader_tuner.config import TunedSettings
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.instrument import sampler, stalls
+from dataloader_tuner.record.taken import latest_bytes, seconds_of_taken
 from dataloader_tuner.run.recorder import Recorder
 
 
@@ -61,7 +62,7 @@ class PeriodicChecks:
     def watch_stalls(self) -> None:
         """Each flush: a batch overdue is written to the run and said on stderr."""
         try:
-            self.stalls.observe(stalls.batch_seconds(self.recorder.rows))
+            self.stalls.observe(seconds_of_taken(self.recorder.taken, stalls.USUAL_SAMPLE))
             overdue = self.stalls.check(self.recorder.ledger, time.monotonic(),
                                         self.where_stuck)
             if overdue is not None:
@@ -79,10 +80,7 @@ class PeriodicChecks:
             return
         self._shm_sample = sample
         try:
-            for row in reversed(self.recorder.rows[-64:]):  # the latest batch's size, sampled
-                if row[6]:
-                    self._batch_bytes = row[6]
-                    break
+            self._batch_bytes = latest_bytes(self.recorder.taken) or self._batch_bytes
             current = self.running()
             found = pitfalls.shm_pressure(
                 current.num_workers, current.prefetch_factor or 2, self._batch_bytes,
