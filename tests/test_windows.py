@@ -17,7 +17,7 @@ from dataloader_tuner.analyse import metrics
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, TAIL_S, WINDOW_ABOVE_PER_S,
-                                             Thinner, wait_bucket)
+                                             WINDOW_S, Thinner, wait_bucket, window_cuts)
 from dataloader_tuner.run.live import LiveRun
 
 from .conftest import live_descendants
@@ -474,3 +474,33 @@ def test_an_engine_run_s_late_gpu_timings_reach_the_rows_of_a_flush_that_came_la
                + sum(w.gaps for w in handle.live.windows))
     assert handle.live.windows and log.batches == len(rows)
     assert counted == len(rows)
+
+
+def _cuts_one_by_one(epochs, starts, ends) -> list[int]:
+    """The windows' cuts as the fold first found them, batch by batch."""
+    cuts, begin, epoch = [0], starts[0], epochs[0]
+    for i in range(1, len(ends)):
+        if epochs[i] != epoch or ends[i] - begin > WINDOW_S:
+            cuts.append(i)
+            begin, epoch = starts[i], epochs[i]
+    return cuts + [len(ends)]
+
+
+@pytest.mark.parametrize("case", ["in order", "two epochs", "out of order"])
+def test_windows_are_cut_where_batch_by_batch_cut_them(case):
+    """The bisects (one iterator's batches, ending in order) and the loop they stand in for
+    find the same cuts, on batches of irregular lengths; an epoch's start or batches out of
+    order take the loop."""
+    rng = random.Random(7)
+    starts, ends, t = [], [], 0.0
+    for _ in range(5000):
+        wait, step = rng.expovariate(1 / 40e-6), rng.choice([10e-6, 20e-6, 3e-3])
+        starts.append(t)
+        ends.append(t + wait + step)
+        t += wait + step
+    epochs = [0] * 5000 if case != "two epochs" else [0] * 2500 + [1] * 2500
+    if case == "out of order":
+        ends[100], ends[101] = ends[101], ends[100]
+    cuts = window_cuts(epochs, starts, ends)
+    assert cuts == _cuts_one_by_one(epochs, starts, ends)
+    assert len(cuts) > 20 and (case != "two epochs" or 2500 in cuts)
