@@ -31,17 +31,20 @@ def in_work(stack: tuple) -> bool:
                for code in stack)
 
 
-def read_stack(frame: Any) -> tuple:
+def read_stack(frame: Any, top: Any = None) -> tuple:
     """The stack from ``frame`` up, leaf first, as code objects, to a process's
     or thread's ``_bootstrap``: a forked worker runs on top of the frames its parent was in
-    when it forked (the job's script, its ``for batch in loader``), which are not its work."""
+    when it forked (the job's script, its ``for batch in loader``), which are not its work.
+    ``top``: a code object the walk ends at (a job's own process, at the watcher's ``next()``:
+    the trainer's callers above it are in every look, and ranked by their share of the looks,
+    the dozens of a real fit's took every place of the top functions from the hand-off's)."""
     out = []
     depth = 0
     leaf = frame
     while frame is not None and depth < MAX_DEPTH:
         code = frame.f_code
         out.append(code)
-        if code.co_name == "_bootstrap":
+        if code.co_name == "_bootstrap" or code is top:
             break
         frame = frame.f_back
         depth += 1

@@ -101,7 +101,7 @@ from typing import Any
 
 from dataloader_tuner.instrument.cpu_timer import CpuTimer
 from dataloader_tuner.instrument.frames import Frame, in_work, named, read_stack
-from dataloader_tuner.record.ledger import NEXT_WINDOW, NextWindow
+from dataloader_tuner.record.ledger import NEXT_WINDOW, BatchLedger, NextWindow
 
 # A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
 INTERVAL_S = 0.005
@@ -112,6 +112,9 @@ IDLE_EVERY = 4  # a wall look outside the loader's work sets the next this many 
 # spaced out, up to MAX_STRETCH times (detectron2_style at 0 workers: 148 looks a second took
 # 1.0% in the handler and ~3% of the rate, the caches it leaves cold counted)
 LOOK_SHARE, MAX_STRETCH = 0.004, 4.0
+# Where a job's own process is sampled, the frame its stacks end at (the loader's next() is
+# the only place it is looked at: NEXT_WINDOW is set there)
+NEXT_CODE = BatchLedger.next_batch.__code__
 SAMPLER_ROLE = "(the sampler itself)"  # its own time, shipped with the stacks
 # A delta: [(thread role, frames leaf-first, cpu_s, wall_s, looks)]
 Sampled = list[tuple[str, tuple[Frame, ...], float, float, int]]
@@ -314,7 +317,7 @@ class StackSampler:
             # threads' CPU is theirs, by their own clocks, below.)
             wall = max(cpu, min(wall, now - window.since))
         self.looks += 1
-        stack = read_stack(frame)
+        stack = read_stack(frame, None if window is None else NEXT_CODE)
         self._charge("main", stack, cpu, wall if in_work(stack) else min(cpu, wall))
         # The other threads every OTHERS_EVERY-th look (their CPU adds up between looks, and
         # listing them is most of a look's cost), and after the main thread was away long
