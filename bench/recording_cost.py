@@ -2,8 +2,9 @@
 measuring loop runs, timed alone over ready-made batches so nothing else varies.
 
 A plain loop (``for batch, meta in items``) and the same loop through the ledger (timing
-``next()``, numbering, the batch as taken (record/taken.py), appending it) take turns over the same items (A B A B ...); the
-cost is the median of the per-pair differences, in microseconds per batch. Target: <= 2.5 us.
+``next()``, numbering, the batch as taken (record/taken.py), appending it) take turns over the
+same items (A B A B ...); the cost is the median of the per-pair differences, in microseconds
+per batch. Target: <= 2.5 us.
 
     python bench/recording_cost.py [--batches 200000] [--pairs 9]
 """

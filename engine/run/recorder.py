@@ -3,11 +3,11 @@ background thread: the engine child's (to its parent's pipe) and a watched loade
 history) are this one recorder with different sinks (run/sinks.py).
 
 The measuring thread only appends: batches as a watched loop took them to ``taken`` (their
-rows built here, NOTE [ A watched batch's row built off the job's thread ]), the rare event (an epoch began, a
-worker was first seen, a trial) to ``events``, GPU timings resolved after their batch to
-``gaps``/``copies``. Every FLUSH_S the thread writes what has accumulated, with a resource
-sample every RESOURCES_EVERY flushes. Nothing here may stop the measuring: a write that fails
-is reported once on stderr, its events are kept for the next flush, and rows beyond
+rows built here, NOTE [ A watched batch's row built off the job's thread ]), the rare event
+(an epoch began, a worker was first seen, a trial) to ``events``, GPU timings resolved after
+their batch to ``gaps``/``copies``. Every FLUSH_S the thread writes what has accumulated, with
+a resource sample every RESOURCES_EVERY flushes. Nothing here may stop the measuring: a write
+that fails is reported once on stderr, its events are kept for the next flush, and rows beyond
 MAX_BACKLOG are dropped, oldest first, while the sink stays unwritable.
 
 One thread waking every FLUSH_S, which also runs the owner's ``on_tick`` (the child's
