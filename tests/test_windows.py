@@ -420,6 +420,7 @@ def test_a_windowed_watched_run_whose_writes_fail_keeps_every_batch_once(tmp_pat
     assert len({b.seq for b in rows}) == len(rows)
 
 
+@pytest.mark.slow  # 70,000 batches over two flushes of 1.2 s: ~4 s
 def test_gpu_gaps_of_rows_that_arrive_already_old_are_not_lost(tmp_path, monkeypatch):
     """A watched fast loader on a GPU (stand-in events: each pair done a batch later) whose
     recorder flushes more than TAIL_S apart (a busy job starving its thread; on an H100, 908 of
