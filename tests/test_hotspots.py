@@ -37,11 +37,11 @@ def _shares_of(result) -> dict[str, float]:
     return {name: found.get(name, 0.0) / total for name in FUNCTIONS}
 
 
-def _cprofile_shares(dataset=None, names=FUNCTIONS) -> dict[str, float]:
-    """``names``' cumulative time (cProfile's clock: the time passing) in a plain
-    single-process loop over ``dataset`` (known_stages'), over their sum."""
+def _cprofile_shares() -> dict[str, float]:
+    """The known stages' cumulative time (cProfile's clock: the time passing) in a plain
+    single-process loop over known_stages, over their sum."""
     profiler = cProfile.Profile()
-    loader = DataLoader(dataset or known_stages.KnownStages(), batch_size=8)
+    loader = DataLoader(known_stages.KnownStages(), batch_size=8)
     profiler.enable()
     for i, _ in enumerate(loader):
         if i == 40:
@@ -49,7 +49,7 @@ def _cprofile_shares(dataset=None, names=FUNCTIONS) -> dict[str, float]:
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     cumulative = {name: sum(v[3] for (f, _, n), v in stats.items() if n == name)
-                  for name in names}
+                  for name in FUNCTIONS}
     total = sum(cumulative.values())
     return {name: t / total for name, t in cumulative.items()}
 

@@ -9,7 +9,7 @@ NOTE [ One batch, in order ]
 
     1. ``ledger.next_batch``: the wait, from the loop's ``next()`` (or the epoch's ``iter()``,
        or a switch of loaders: ``source.since``) to the batch;
-    2. the row held from the batch before is complete (``Handover.arrived``);
+    2. the batch held from the one before is complete (``Handover.arrived``);
     3. ``ledger.handed``: an epoch's or a worker's first batch is announced, outside the
        timed windows (``ledger.seq - 1`` is the batch the loop holds);
     4. the batch goes to the loop (``yield``); what the loop does until it asks again is its
@@ -21,7 +21,7 @@ NOTE [ One batch, in order ]
        built off the job's thread ], taken.py), and the source is told (``taken``: a tuned
        epoch may switch loaders here, outside the timing).
     The epoch's end closes the source (its workers, unless a loader keeps them) and then
-    lets the held row take in the end's wait.
+    lets the batch held take in the end's wait.
 
     Nothing here holds a batch while the loop has it, so the loop's reference is its last, as
     unwatched. Held here, the batch was freed inside the job's next batch's next() (a worker's
@@ -112,8 +112,8 @@ def _inherited(method: Callable[..., Any], base: Callable[..., Any]) -> bool:
 
 
 class TimedLoop:
-    """Epochs of batches through one ledger, each row to ``emit`` (NOTE [ One batch, in
-    order ]). ``step_times``: what the loop measured around the last batch's step on a GPU
+    """Epochs of batches through one ledger, each batch as taken to ``emit`` (NOTE [ One
+    batch, in order ]). ``step_times``: what the loop measured around the last batch's step on a GPU
     (h2d_ms, other_ms, gap_ms), set before it asks for the next."""
 
     __slots__ = ("ledger", "emit", "ahead", "step_times")
@@ -128,7 +128,7 @@ class TimedLoop:
         ledger, clock, emit, epoch = self.ledger, time.monotonic, self.emit, mark.epoch
         next_batch, handed = ledger.next_batch, ledger.handed
         handover = Handover(emit, self.ahead)
-        # (rows go straight out unless held: a call less per batch on the hot path)
+        # (batches go straight out unless held: a call less per batch on the hot path)
         put = handover.taken if self.ahead else emit
         # A source's hooks that do nothing are not called: two calls a batch less (~2k
         # instructions of a watched loop's ~27k: bench/instructions.py)

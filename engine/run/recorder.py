@@ -127,7 +127,12 @@ class Recorder:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
             events, taken = self.events[:], self.taken[:]
-            rows: list = rows_of_taken(self.t0, taken)
+            try:
+                rows: list = rows_of_taken(self.t0, taken)
+            except Exception:  # noqa: BLE001 - a bug of ours: never the job's, nor a stop to
+                self.report_failure()  # the recording (those batches are dropped, once said)
+                del self.taken[:len(taken)]
+                taken, rows = [], []
             windows: list[BatchWindow] = []
             if self.windowed is not None:
                 rows, windows = self.windowed.through(rows, last, self)

@@ -44,6 +44,7 @@ class WaitingStages(Dataset):
         self.clock_dir = os.environ.get("WAITING_STAGES_CLOCK")
         self.spent = dict.fromkeys(SHARES, 0.0)
         self.timed = 0
+        self.pid = os.getpid()  # a forked worker starts its own sums (not its parent's copy)
 
     def __len__(self) -> int:
         return 100_000
@@ -54,6 +55,8 @@ class WaitingStages(Dataset):
             decode_sample()
             augment()
         else:
+            if self.pid != os.getpid():
+                self.spent, self.timed, self.pid = dict.fromkeys(SHARES, 0.0), 0, os.getpid()
             for stage in (read_bytes, decode_sample, augment):
                 began = time.perf_counter()
                 stage()
@@ -79,6 +82,7 @@ def own_clock_shares(clock_dir: str) -> dict[str, float]:
                 for stage, seconds in json.load(kept).items():
                     spent[stage] += seconds
     total = sum(spent.values())
+    assert total > 0, f"no process kept its stage clock in {clock_dir}"
     return {stage: seconds / total for stage, seconds in spent.items()}
 
 
