@@ -24,6 +24,7 @@ from array import array
 from typing import Any, Sequence
 
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
+from dataloader_tuner.record.taken import rows_of_taken
 
 NO_STEP_TIMES = (None, None, None)
 TIMED_FIELDS = 8  # a timed meta's fields kept in the columns (BatchMeta without its probe)
@@ -154,27 +155,15 @@ def rows_from_wire(doc: dict[str, Any]) -> list[BatchRecord]:
 def rows_of(t0: float, first_seq: int, clocks: Sequence[float], metas: Sequence[tuple],
             epochs: Sequence[tuple[int, int]], step_times: dict[int, tuple]
             ) -> list[BatchRecord]:
-    """Rows from columns (tuple.__new__: a NamedTuple's own constructor is a Python function,
-    4x slower, and the parent builds ~10,000 a second for a fast loader)."""
-    rows: list[BatchRecord] = []
-    new = tuple.__new__
+    """Rows from columns, built as a watched loop's batches are (taken.rows_of_taken: the
+    parent builds ~10,000 a second for a fast loader)."""
     starts = sorted(epochs)
     epoch, at = (starts[0][1] if starts else 0), 0
+    taken = []
     for i, meta in enumerate(metas):
         seq = first_seq + i
         while at < len(starts) and starts[at][0] <= seq:
             epoch, at = starts[at][1], at + 1
-        t_request, t_ready, t_back = clocks[3 * i], clocks[3 * i + 1], clocks[3 * i + 2]
-        h2d, other, gap = step_times.get(seq, NO_STEP_TIMES)
-        if len(meta) == 3:
-            worker_id, pid, samples = meta
-            rows.append(new(BatchRecord, (
-                seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples, None,
-                worker_id, pid, None, None, None, None, h2d, other, gap)))
-        else:
-            worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes = meta
-            rows.append(new(BatchRecord, (
-                seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
-                nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, h2d,
-                other, gap)))
-    return rows
+        taken.append((seq, epoch, clocks[3 * i], clocks[3 * i + 1], clocks[3 * i + 2], meta,
+                      step_times.get(seq, NO_STEP_TIMES)))
+    return rows_of_taken(t0, taken)

@@ -33,14 +33,14 @@ def rows_of_taken(t0: float, taken: Sequence[TakenBatch]) -> list[BatchRecord]:
     rows: list[BatchRecord] = []
     new, add = tuple.__new__, rows.append  # (a NamedTuple's own constructor is 4x slower)
     for seq, epoch, t_request, t_ready, t_back, meta, (h2d, other, gap) in taken:
-        if meta.__class__ is tuple:
-            worker_id, pid, samples = meta  # type: ignore[misc]  # an UntimedMeta
+        if len(meta) == 3:  # (a timed meta has 9 fields, 8 as the engine's columns keep it)
+            worker_id, pid, samples = meta  # an UntimedMeta
             add(new(BatchRecord, (
                 seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
                 None, worker_id, pid, None, None, None, None, h2d, other, gap)))
         else:
             worker_id, pid, fetch_start, fetch_s, collate_s, fetch_cpu_s, samples, nbytes = (
-                meta[:8])  # type: ignore[misc]  # a BatchMeta (its probe went to the ledger)
+                meta[:8])  # timed (its probe went to the ledger)
             add(new(BatchRecord, (
                 seq, epoch, t_request - t0, t_ready - t_request, t_back - t_ready, samples,
                 nbytes, worker_id, pid, fetch_start - t0, fetch_s, collate_s, fetch_cpu_s, h2d,
