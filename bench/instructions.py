@@ -34,6 +34,7 @@ hundred instructions a call more than the real one: its calls are counted, and w
 beyond the real clock's (timed in a phase of their own) is taken off each way's figure.
 
     python bench/instructions.py [--only NAME] [--batches 1500] [--repeats 2] [--no-child]
+        [--keep DIR]
 
 Needs valgrind and gcc (Debian: valgrind, gcc); ~4 minutes a module (importing torch under
 valgrind alone takes ~2), and ~8 more for ``child``.
@@ -358,6 +359,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="phases of each way counted")
     parser.add_argument("--no-child", dest="child", action="store_false",
                         help="skip the real engine child's runs (~6 minutes a module)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="copy callgrind's dumps here (for callgrind_annotate)")
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--native-s", type=float, help=argparse.SUPPRESS)
@@ -387,6 +390,10 @@ def main() -> None:
               f"{'child x':>8s} {'spread':>7s} {'slowed':>6s}")
         for target in targets:
             row = measure(target, args, folder, shim)
+            if args.keep:
+                shutil.copytree(os.path.join(folder, os.path.basename(target)),
+                                os.path.join(args.keep, os.path.basename(target)),
+                                dirs_exist_ok=True)
             plain = row["plain"]
             print(f"{row['module']:22s} {row['native_us']:8.1f} {plain:9,.0f} "
                   f"{row['engine']:9,.0f} {row['engine'] / plain:8.4f} {row['watched']:9,.0f} "

@@ -132,7 +132,9 @@ def test_the_column_loop_asks_whether_to_stop_every_check_s_and_writes_that_batc
                       stopping, 0.02)
     n = len(columns)
     assert len(asked) == 3 and loop.ledger.seq == n and columns.metas[-1] == (-1, 400, 1)
-    assert 15 <= n <= 40  # the first batch, then every ~20 ms of 2 ms steps (not every batch)
+    # The first batch, then every ~20 ms of 2 ms steps: not every batch (a loaded host's
+    # sleeps overshoot, so fewer than 20 ms / 2 ms a check; 13 seen under an install)
+    assert 2 * len(asked) <= n <= 40
     assert all(b - a >= 0.02 for a, b in zip(asked, asked[1:]))
     assert asked[-1] == columns.clocks[-1]  # asked with the stopped batch's end
 
