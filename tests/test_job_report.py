@@ -16,6 +16,8 @@ from dataloader_tuner.watcher.job_report import RankReporter, job_store
 from dataloader_tuner.watcher.rank_identity import RankIdentity
 from dataloader_tuner.run.recorder import Recorder
 from dataloader_tuner.run.sinks import HistorySink
+from dataloader_tuner.record.columns import NO_STEP_TIMES
+from dataloader_tuner.record.rows import BatchMeta
 
 
 @pytest.fixture
@@ -34,11 +36,14 @@ def rank_of(rank: int, tmp_path, port: int, step_s: float = 0.004):
     batches in its recorder (as the recorder keeps them after writing them)."""
     history = RunStore(str(tmp_path / f"node{rank}.sqlite"))
     run_id = history.create_run("watch", "train.py", {}, label="train")
-    recorder = Recorder(HistorySink(history, run_id), time.monotonic() - 1.0, keep_recent=True)
+    t0 = time.monotonic() - 1.0
+    recorder = Recorder(HistorySink(history, run_id), t0, keep_recent=True)
     for seq in range(100):  # 2 ms wait on rank 0, 8 ms on rank 1 (its loader is slow)
         wait = 0.002 if rank == 0 else 0.008
-        recorder.recent.append((seq, 0, seq * (wait + step_s), wait, step_s, 16, None, 0, 1,
-                                seq * (wait + step_s), wait, 0.0, None, None, None, None))
+        asked = t0 + seq * (wait + step_s)  # (as the loop took it: recorder.recent's batches)
+        meta = BatchMeta(0, 1, asked, wait, 0.0, None, 16, None, None)
+        recorder.recent.append((seq, 0, asked, asked + wait, asked + wait + step_s, meta,
+                                NO_STEP_TIMES))
     identity = RankIdentity(rank, 2, 0, 1, rank, "job-1")
     return history, run_id, RankReporter(identity, "train", recorder, history, run_id,
                                          connect=lambda: client(port))

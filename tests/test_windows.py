@@ -158,6 +158,8 @@ def test_gpu_timings_on_every_batch_are_folded_with_their_sums_exact():
     sample, total, largest = BatchLog(kept, windows).gpu_gaps_ms(WARMUP)
     exact = [b.gpu_gap_ms for b in rows[WARMUP:]]
     assert total == pytest.approx(sum(exact)) and largest == max(exact) == 30.0
+    folded = sum(w.batches for w in windows)
+    assert sum(w.gaps for w in windows) == folded > 1000  # every folded batch's gap counted
     assert metrics.percentile(sample, 50) == pytest.approx(metrics.percentile(exact, 50),
                                                             rel=0.15)
 
@@ -487,7 +489,7 @@ def _cuts_one_by_one(epochs, starts, ends) -> list[int]:
     return cuts + [len(ends)]
 
 
-@pytest.mark.parametrize("case", ["in order", "two epochs", "out of order"])
+@pytest.mark.parametrize("case", ["in order", "two epochs", "out of order", "epochs at once"])
 def test_windows_are_cut_where_batch_by_batch_cut_them(case):
     """The bisects (one iterator's batches, ending in order) and the loop they stand in for
     find the same cuts, on batches of irregular lengths; an epoch's start or batches out of
@@ -502,6 +504,8 @@ def test_windows_are_cut_where_batch_by_batch_cut_them(case):
     epochs = [0] * 5000 if case != "two epochs" else [0] * 2500 + [1] * 2500
     if case == "out of order":
         ends[100], ends[101] = ends[101], ends[100]
+    if case == "epochs at once":  # (two iterators of one watched loader taking turns)
+        epochs = [(i // 3) % 2 for i in range(5000)]
     cuts = window_cuts(epochs, starts, ends)
     assert cuts == _cuts_one_by_one(epochs, starts, ends)
     assert len(cuts) > 20 and (case != "two epochs" or 2500 in cuts)

@@ -16,14 +16,20 @@ NOTE [ A watched batch's row built off the job's thread ]
 
 from __future__ import annotations
 
-from typing import Sequence
+from operator import itemgetter
+from typing import Any, Sequence
+
+import numpy as np
 
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
+from dataloader_tuner.record.windows import FoldColumns
 
 # (seq, epoch, t_request, t_ready, t_back, meta, (h2d_ms, other_ms, gap_ms))
 TakenBatch = tuple[int, int, float, float, float, BatchMeta | UntimedMeta,
                    tuple[float | None, float | None, float | None]]
 NBYTES = BatchMeta._fields.index("nbytes")
+SAMPLES = BatchMeta._fields.index("samples")
+NO_GAPS = (None, None, None)  # (a loop's step times where it timed none: columns.NO_STEP_TIMES)
 
 
 def rows_of_taken(t0: float, taken: Sequence[TakenBatch]) -> list[BatchRecord]:
@@ -72,3 +78,48 @@ def ended(last: TakenBatch, t_end: float) -> TakenBatch:
     seq, epoch, t_request, t_ready, t_back, meta, steps = last
     extra = max(t_end - t_back, 0.0)
     return (seq, epoch, t_request, t_ready + extra, t_back + extra, meta, steps)
+
+
+class TakenForm:
+    """A watched loop's batches as taken, for a Thinner (record/windows.py) to fold straight
+    into windows: only the rows it keeps whole are built (NOTE [ Windows for fast loaders ]).
+    ``t0``: the run's start, what the rows' times count from."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+
+    @staticmethod
+    def seq(batch: TakenBatch) -> int:
+        return batch[0]
+
+    def start(self, batch: TakenBatch) -> float:
+        return batch[2] - self.t0
+
+    def end(self, batch: TakenBatch) -> float:
+        return batch[4] - self.t0
+
+    def columns(self, taken: Sequence[TakenBatch]) -> FoldColumns:
+        n = len(taken)
+
+        def column(index: int, kind: type, of: Sequence[Any] = taken) -> np.ndarray:
+            return np.fromiter(map(itemgetter(index), of), kind, n)
+
+        request, ready, back = column(2, float), column(3, float), column(4, float)
+        metas = list(map(itemgetter(5), taken))
+        timed = np.fromiter(map(len, metas), np.int64, n) != 3  # (an UntimedMeta has 3 fields)
+        # an UntimedMeta's samples (3rd); a timed meta's 3rd is its fetch's start: replaced
+        samples = column(2, float, metas)
+        for i in np.flatnonzero(timed).tolist():
+            samples[i] = metas[i][SAMPLES]
+        steps = list(map(itemgetter(6), taken))
+        gaps = np.full(n, np.nan)
+        if steps.count(NO_GAPS) != n:  # (a GPU job's: its step timed around each batch)
+            for i, (_h2d, _other, gap) in enumerate(steps):
+                if gap is not None:
+                    gaps[i] = gap
+        return FoldColumns(column(0, np.int64), column(1, np.int64), request - self.t0,
+                           ready - request, back - ready, samples.astype(np.int64),
+                           column(0, np.int64, metas), timed, gaps)
+
+    def rows(self, taken: Sequence[TakenBatch]) -> list[BatchRecord]:
+        return rows_of_taken(self.t0, taken)

@@ -24,7 +24,14 @@ NOTE [ Windows for fast loaders ]
     Slower loaders are never folded: their rows go through as they came.
     The engine's runs are folded in the parent (run/runner.py), a flush's rows once its late
     timings (sent after them) are on them; a watched loader's by its recorder's thread before
-    they are written, each flush's timings put on its rows first (run/recorder.py).
+    they are written, each flush's timings put on its batches first (run/recorder.py).
+
+    A fold reads a chunk's batches as numpy columns (``FoldColumns``), every window of the
+    chunk in the same few calls, and builds a row only for a batch kept whole: a watched
+    loop's batches go in as taken (taken.TakenForm), so most never become a row. Row by row,
+    a watched fast loop's recorder built a row for every batch and folded each window in
+    Python (long_tail at 0 workers, bench/instructions.py's watched way: 40.8k instructions a
+    batch over a plain loop's 530k; 29.1k with numpy columns and only the kept rows built).
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_left, bisect_right
-from collections import Counter
 from operator import itemgetter
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence, cast
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import numpy as np
 
 from dataloader_tuner.record.rows import BatchRecord
 
@@ -54,9 +62,17 @@ def wait_bucket(seconds: float) -> int:
 
 
 def wait_buckets(waits: Sequence[float]) -> list[int]:
-    """``wait_bucket`` of each wait, in one comprehension (a call per wait is most of a fold)."""
-    floor, per, log2 = HISTOGRAM_FLOOR_S, HISTOGRAM_PER_DOUBLING, math.log2
-    return [0 if wait < floor else 1 + int(log2(wait / floor) * per) for wait in waits]
+    """``wait_bucket`` of each wait."""
+    return wait_buckets_of(np.asarray(waits, dtype=float)).tolist()
+
+
+def wait_buckets_of(waits: np.ndarray) -> np.ndarray:
+    """``wait_bucket`` of each wait, over an array (a fold's: NOTE [ Windows for fast
+    loaders ]); the one formula, so rows and windows count a wait in the same bucket."""
+    floor = HISTOGRAM_FLOOR_S
+    with np.errstate(divide="ignore", invalid="ignore"):  # (waits under the floor: bucket 0)
+        scaled = np.floor(np.log2(np.maximum(waits, floor) / floor) * HISTOGRAM_PER_DOUBLING)
+    return np.where(waits < floor, 0, 1 + scaled.astype(np.int64))
 
 
 def bucket_bounds(bucket: int) -> tuple[float, float]:
@@ -131,37 +147,142 @@ class BatchWindow(NamedTuple):
                    tuple((int(w), int(n)) for w, n in workers), int(gaps), gap_ms, gap_max_ms)
 
 
-# A row's fields by position: the fold reads them as columns (``field_columns``), not by name
+# A row's fields by position: a fold reads them as columns (RowForm.columns), not by name
 SEQ, EPOCH, T_REQUEST, WAIT, STEP, SAMPLES = range(6)
 WORKER = BatchRecord._fields.index("worker_id")
 FETCH = BatchRecord._fields.index("fetch_s")
 GAP = BatchRecord._fields.index("gpu_gap_ms")
-FOLDED = (SEQ, EPOCH, T_REQUEST, WAIT, STEP, SAMPLES, WORKER, FETCH, GAP)
 SAMPLE_HASH, SAMPLE_BELOW = 2654435761, 2**32 // KEEP_EVERY
 
 
-def field_columns(rows: Sequence[tuple]) -> list[list[Any]]:
-    """The rows' fields as columns, by position: those a fold reads (FOLDED), the others
-    empty. A C-speed pass per field (``zip(*rows)``, every field, took 0.5-0.8 us a row against
-    0.24 for these nine)."""
-    columns: list[list[Any]] = [[] for _ in BatchRecord._fields]
-    for index in FOLDED:
-        columns[index] = list(map(itemgetter(index), rows))
-    return columns
+class FoldColumns(NamedTuple):
+    """Batches as columns, one entry a batch (numpy arrays): what a fold reads of each. Times
+    are seconds since the run started; ``gap`` is NaN where the GPU's idle gap was not timed."""
+
+    seq: np.ndarray
+    epoch: np.ndarray
+    start: np.ndarray  # t_request
+    wait: np.ndarray
+    step: np.ndarray
+    samples: np.ndarray
+    worker: np.ndarray
+    timed: np.ndarray  # the batch's making was timed (its row is kept whole)
+    gap: np.ndarray
+
+    def take(self, index: np.ndarray | slice) -> "FoldColumns":
+        return FoldColumns(*(column[index] for column in self))
 
 
-def fold(columns: Sequence[Sequence[Any]], lo: int, hi: int, t_end: float) -> BatchWindow:
-    """The window of rows ``lo..hi-1`` of ``columns`` (a row's fields, each a column), whose
-    last batch's step ended at ``t_end``."""
-    waits, steps = columns[WAIT][lo:hi], columns[STEP][lo:hi]
-    hist = Counter(wait_buckets(waits))
-    workers = Counter(columns[WORKER][lo:hi])
-    gaps = [gap for gap in columns[GAP][lo:hi] if gap is not None]
-    return BatchWindow(
-        columns[SEQ][lo], hi - lo, columns[EPOCH][lo], columns[T_REQUEST][lo], t_end,
-        sum(columns[SAMPLES][lo:hi]), sum(waits), max(waits), sum(steps), max(steps),
-        tuple(sorted(hist.items())), tuple(sorted(workers.items())),
-        len(gaps), sum(gaps), max(gaps, default=0.0))
+def object_column(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A column that may hold None: whether each is set, and the values as floats (NaN: None)."""
+    held = np.array(values, dtype=object)
+    present = np.not_equal(held, np.array(None, dtype=object))
+    floats = np.full(len(values), np.nan)
+    floats[present] = held[present].astype(float)
+    return present, floats
+
+
+class BatchForm(Protocol):
+    """What a Thinner's batches are: rows (RowForm) or a watched loop's batches as taken
+    (record/taken.TakenForm); read one at a time where one is enough, as columns to fold."""
+
+    def seq(self, item: Any) -> int: ...
+
+    def start(self, item: Any) -> float: ...
+
+    def end(self, item: Any) -> float: ...
+
+    def columns(self, items: Sequence[Any]) -> FoldColumns: ...
+
+    def rows(self, items: Sequence[Any]) -> list[BatchRecord]: ...
+
+
+class RowForm:
+    """Batches as rows: BatchRecords, or the plain tuples of the pipe's JSON (its fields)."""
+
+    @staticmethod
+    def seq(row: Sequence[Any]) -> int:
+        return row[SEQ]
+
+    @staticmethod
+    def start(row: Sequence[Any]) -> float:
+        return row[T_REQUEST]
+
+    @staticmethod
+    def end(row: Sequence[Any]) -> float:
+        return _end(row)
+
+    @staticmethod
+    def columns(rows: Sequence[Sequence[Any]]) -> FoldColumns:
+        n = len(rows)
+
+        def column(index: int, kind: type) -> np.ndarray:
+            return np.fromiter(map(itemgetter(index), rows), kind, n)
+
+        timed, _ = object_column(list(map(itemgetter(FETCH), rows)))
+        _, gaps = object_column(list(map(itemgetter(GAP), rows)))
+        return FoldColumns(column(SEQ, np.int64), column(EPOCH, np.int64),
+                           column(T_REQUEST, float), column(WAIT, float), column(STEP, float),
+                           column(SAMPLES, np.int64), column(WORKER, np.int64), timed, gaps)
+
+    @staticmethod
+    def rows(rows: Sequence[Sequence[Any]]) -> list[BatchRecord]:
+        return [BatchRecord.from_row(row) for row in rows]
+
+
+ROWS = RowForm()
+
+
+class Cuts(NamedTuple):
+    """A chunk of batches cut into spans (``lo``/``hi``: each span's first and past-the-last
+    position), with the span of each batch (``span_of``) and which spans are folded."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    span_of: np.ndarray
+    folded: np.ndarray
+
+
+def fold(columns: FoldColumns, ends: np.ndarray, cuts: Cuts) -> list[BatchWindow]:
+    """The windows of the folded spans of ``columns`` (``ends``: when each batch's step ended),
+    every figure of every window in one pass over the chunk: a few numpy calls a chunk, not a
+    few a window (a window can be one short epoch's 90 batches)."""
+    folded = np.flatnonzero(cuts.folded)
+    if not len(folded):
+        return []
+    lo, hi = cuts.lo, cuts.hi
+    gaps_timed = ~np.isnan(columns.gap)
+    sums = [np.add.reduceat(values, lo)[folded].tolist() for values in (
+        columns.samples, columns.wait, columns.step, gaps_timed.astype(np.int64),
+        np.where(gaps_timed, columns.gap, 0.0))]
+    maxes = [np.maximum.reduceat(values, lo)[folded].tolist() for values in (
+        columns.wait, columns.step, np.where(gaps_timed, columns.gap, 0.0))]
+    inside = cuts.folded[cuts.span_of]  # the batches in folded spans
+    hists = _counted(cuts.span_of[inside], wait_buckets_of(columns.wait[inside]), folded)
+    workers = _counted(cuts.span_of[inside], columns.worker[inside], folded)
+    firsts = lo[folded].tolist()
+    seqs, epochs = columns.seq[firsts].tolist(), columns.epoch[firsts].tolist()
+    starts, t_ends = columns.start[firsts].tolist(), ends[hi[folded] - 1].tolist()
+    counts = (hi - lo)[folded].tolist()
+    samples, waits, steps, gaps, gap_ms = sums
+    wait_max, step_max, gap_max = maxes
+    return [BatchWindow(seqs[k], counts[k], epochs[k], starts[k], t_ends[k], samples[k],
+                        waits[k], wait_max[k], steps[k], step_max[k], hists[k], workers[k],
+                        gaps[k], gap_ms[k], gap_max[k]) for k in range(len(folded))]
+
+
+def _counted(spans: np.ndarray, values: np.ndarray, folded: np.ndarray
+             ) -> list[tuple[tuple[int, int], ...]]:
+    """For each span in ``folded`` (in order), its ``(value, count)`` pairs, sorted: one
+    np.unique over every batch's (span, value), not one a window."""
+    low = int(values.min())
+    width = int(values.max()) - low + 1
+    keys, counts = np.unique(spans * width + (values - low), return_counts=True)
+    of_span, value = (keys // width).tolist(), (keys % width + low).tolist()
+    counts_list = counts.tolist()
+    bounds = np.searchsorted(keys // width, np.append(folded, folded[-1] + 1)).tolist()
+    return [tuple(zip(value[bounds[k]:bounds[k + 1]], counts_list[bounds[k]:bounds[k + 1]]))
+            for k in range(len(folded))]
 
 
 def sampled(seq: int) -> bool:
@@ -170,12 +291,12 @@ def sampled(seq: int) -> bool:
     return (seq * SAMPLE_HASH) % 2**32 < SAMPLE_BELOW
 
 
-def kept_whole(seqs: Sequence[int], fetch_s: Sequence[float | None]) -> list[bool]:
-    """Which folded batches stay rows for what they are, by their numbers and fetch times:
-    one in KEEP_EVERY (``sampled``, written out: a call per batch is most of the cost) and
-    each timed one. (Thinner._thin keeps a window's first of an epoch, last and slowest.)"""
-    return [(seq * SAMPLE_HASH) % 2**32 < SAMPLE_BELOW or fetch is not None
-            for seq, fetch in zip(seqs, fetch_s)]
+def kept_whole(seqs: np.ndarray, timed: np.ndarray) -> np.ndarray:
+    """Which folded batches stay rows for what they are, by their numbers and whether their
+    making was timed: one in KEEP_EVERY (``sampled``, over the column) and each timed one.
+    (Thinner._thin keeps a window's first of an epoch, last and slowest.)"""
+    hashed = (seqs.astype(np.uint64) * np.uint64(SAMPLE_HASH)) % np.uint64(2**32)
+    return (hashed < SAMPLE_BELOW) | timed
 
 
 def latest_stretch(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]
@@ -196,136 +317,182 @@ def latest_stretch(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]
 
 @dataclass
 class Thinner:
-    """Rows in, rows and windows out (NOTE [ Windows for fast loaders ]): rows as they
+    """Batches in, rows and windows out (NOTE [ Windows for fast loaders ]): batches as they
     arrive (``arrived``), ``flush`` at the run's end; a GPU timing resolved after its batch
-    finds its row while that waits in the tail (``late``)."""
+    finds it while it waits in the tail (``late``). ``form``: what the batches are (rows, or
+    a watched loop's batches as taken); what comes out is rows."""
 
     loose_below: int = 0  # batches numbered below this (the warm-up) stay rows
-    tail: list[BatchRecord] = field(default_factory=list)
-    last_epoch: int | None = None  # of the last row out: a new one opens an epoch
+    form: BatchForm = ROWS
+    tail: list[Any] = field(default_factory=list)
+    last_epoch: int | None = None  # of the last batch out: a new one opens an epoch
+    # GPU timings resolved after their batch, put on it as it leaves the tail: {seq: fields}
+    timings: dict[int, dict[str, Any]] = field(default_factory=dict)
 
-    def arrived(self, rows: Sequence[tuple], now: float | None = None, hold: bool = False
-                ) -> tuple[list[tuple], list[BatchWindow]]:
-        """Rows as they arrive (BatchRecord's fields): while batches come slower than
-        WINDOW_ABOVE_PER_S they go straight out as they are, else through the tail. ``now``:
-        seconds since the run started, where known (see ``take``). ``hold``: nothing is folded
-        yet, so the GPU timings of these rows go on them (``late``) before ``take``: rows that
-        arrive already older than TAIL_S (a flush long in coming) would be folded at once,
-        and a timing put after that is lost."""
-        if not self.tail and not fast(rows):
-            if rows:
-                self.last_epoch = rows[-1][1]
-            return list(rows), []
-        # (rows of one kind: BatchRecords already, or the plain tuples of the pipe's JSON)
-        if rows and rows[0].__class__ is not BatchRecord:
-            rows = [BatchRecord.from_row(row) for row in rows]
-        self.tail.extend(cast("Sequence[BatchRecord]", rows))
+    def arrived(self, batches: Sequence[Any], now: float | None = None, hold: bool = False
+                ) -> tuple[list[BatchRecord], list[BatchWindow]]:
+        """Batches as they arrive: while they come slower than WINDOW_ABOVE_PER_S they go
+        straight out as rows, else through the tail. ``now``: seconds since the run started,
+        where known (see ``take``). ``hold``: nothing is folded yet, so the GPU timings of
+        these batches go on them (``late``) before ``take``: batches that arrive already older
+        than TAIL_S (a flush long in coming) would be folded at once, and a timing put after
+        that is lost."""
+        if not self.tail and not self._fast(batches):
+            if batches:
+                self.last_epoch = batches[-1][EPOCH]
+            return self.form.rows(batches), []
+        self.tail.extend(batches)
         if hold:
             return [], []
-        kept, windows = self.take(now)
-        return list(kept), windows
+        return self.take(now)
 
     def late(self, seq: int, **timings: Any) -> bool:
-        """A GPU timing resolved after batch ``seq``: onto its row if it is still in the tail
+        """A GPU timing resolved after batch ``seq``: onto it if it is still in the tail
         (True), else False (it has gone out: the timing goes after it)."""
         if not self.tail:
             return False
-        index = seq - self.tail[0].seq
-        if not (0 <= index < len(self.tail) and self.tail[index].seq == seq):
+        number = self.form.seq
+        index = seq - number(self.tail[0])
+        if not (0 <= index < len(self.tail) and number(self.tail[index]) == seq):
             return False
-        self.tail[index] = self.tail[index]._replace(**timings)
+        self.timings.setdefault(seq, {}).update(timings)
         return True
 
     def take(self, now: float | None = None) -> tuple[list[BatchRecord], list[BatchWindow]]:
-        """Rows and windows for everything more than TAIL_S older than the newest row, or than
-        ``now`` (seconds since the run started: a loop away from its loader lets its rows out)."""
+        """Rows and windows for everything more than TAIL_S older than the newest batch, or
+        than ``now`` (seconds since the run started: a loop away from its loader lets its
+        batches out)."""
         tail = self.tail
         if not tail:
             return [], []
-        horizon = max(_end(tail[-1]), now or 0.0) - TAIL_S
-        # The rows that ended before the horizon, up to the first that did not. A batch ends
-        # after the one before it, so a bisect finds them; where rows came out of order (two
-        # iterators of one watched loader at once) the first too late among them cuts it.
-        out = tail[:bisect_left(tail, horizon, key=_end)]
-        late = [i for i, row in enumerate(out)  # (_end written out: a call a row costs)
-                if row[2] + row[3] + row[4] >= horizon]
-        if late:
-            out = out[:late[0]]
+        end = self.form.end
+        horizon = max(end(tail[-1]), now or 0.0) - TAIL_S
+        # The batches that ended before the horizon, up to the first that did not. A batch
+        # ends after the one before it, so a bisect finds them; where they came out of order
+        # (two iterators of one watched loader at once) the first too late among them cuts it.
+        out = tail[:bisect_left(tail, horizon, key=end)]
+        if not out:
+            return [], []
+        columns = self.form.columns(out)
+        late = np.flatnonzero(columns.start + columns.wait + columns.step >= horizon)
+        if len(late):
+            out, columns = out[:late[0]], columns.take(slice(0, int(late[0])))
         del tail[:len(out)]
-        return self._thin(out)
+        return self._thin(out, columns)
 
     def flush(self) -> tuple[list[BatchRecord], list[BatchWindow]]:
         """Everything left (the run ended)."""
         out = self.tail[:]
         self.tail.clear()
-        return self._thin(out)
+        return self._thin(out, self.form.columns(out)) if out else ([], [])
 
-    def _thin(self, rows: list[BatchRecord]) -> tuple[list[BatchRecord], list[BatchWindow]]:
-        """``rows`` cut into windows of one epoch each spanning at most WINDOW_S; those that
-        came faster than WINDOW_ABOVE_PER_S folded. Read as columns: ~2x fewer instructions a
-        row than row by row (bench/instructions.py)."""
-        loose = self.loose_below
-        kept = [row for row in rows if row.seq < loose]
-        rest = [row for row in rows if row.seq >= loose]
+    def _fast(self, batches: Sequence[Any]) -> bool:
+        """Batches that came faster than WINDOW_ABOVE_PER_S."""
+        if len(batches) < KEEP_EVERY:
+            return False
+        span = self.form.end(batches[-1]) - self.form.start(batches[0])
+        return span <= 0 or len(batches) / span > WINDOW_ABOVE_PER_S
+
+    def _thin(self, batches: list[Any], columns: FoldColumns
+              ) -> tuple[list[BatchRecord], list[BatchWindow]]:
+        """``batches`` (``columns`` theirs) cut into windows of one epoch each spanning at most
+        WINDOW_S; those that came faster than WINDOW_ABOVE_PER_S folded, and only the rows
+        kept whole built (the fold reads numpy columns: NOTE [ Windows for fast loaders ])."""
+        timings = self.timings
+        if timings:
+            columns = self._timed_gaps(columns)
+        loose = columns.seq < self.loose_below
+        keep: list[int] = np.flatnonzero(loose).tolist()
         windows: list[BatchWindow] = []
-        if not rest:
-            return kept, windows
-        columns = field_columns(rest)
-        epochs, starts = columns[EPOCH], columns[T_REQUEST]
-        ends = [start + wait + step for start, wait, step in zip(starts, columns[WAIT],
-                                                                  columns[STEP])]
-        cuts = window_cuts(epochs, starts, ends)
-        for lo, hi in zip(cuts, cuts[1:]):
-            span = ends[hi - 1] - starts[lo]
-            rate = (hi - lo) / span if span > 0 else math.inf
-            opens_epoch, self.last_epoch = epochs[lo] != self.last_epoch, epochs[lo]
-            if rate <= WINDOW_ABOVE_PER_S or hi - lo < KEEP_EVERY:
-                kept.extend(rest[lo:hi])
-                continue
-            windows.append(fold(columns, lo, hi, ends[hi - 1]))
-            # its slowest (an overdue batch's row; the spikes of a chart) and its last (where a
-            # stretch that begins inside it starts its clock: latest_stretch) stay rows too;
-            # an epoch's first too (its wait is the epoch's start-up)
-            waits = columns[WAIT][lo:hi]
-            also = {lo + waits.index(max(waits)), hi - 1, lo if opens_epoch else hi - 1}
-            whole = kept_whole(columns[SEQ][lo:hi], columns[FETCH][lo:hi])
-            kept.extend(rest[i] for i in range(lo, hi) if whole[i - lo] or i in also)
-        return kept, windows
+        if not loose.all():
+            rest = np.flatnonzero(~loose)
+            inside = self._windows(columns.take(rest) if keep else columns, windows)
+            keep += rest[inside].tolist() if inside else []
+        rows = self.form.rows([batches[i] for i in keep])
+        if timings:
+            rows = [row._replace(**timings[row.seq]) if row.seq in timings else row
+                    for row in rows]
+            for seq in columns.seq.tolist():  # (a folded batch's gap is in its window's)
+                timings.pop(seq, None)
+        return rows, windows
+
+    def _windows(self, columns: FoldColumns, windows: list[BatchWindow]) -> list[int]:
+        """Fold ``columns`` into ``windows`` (appended); the positions of the batches that stay
+        rows, in order: all those of spans not folded (slower than WINDOW_ABOVE_PER_S, or
+        fewer than KEEP_EVERY), and of a folded one those ``kept_whole``, its slowest (an
+        overdue batch's row; the spikes of a chart), its last (where a stretch that begins
+        inside it starts its clock: latest_stretch) and an epoch's first (its wait is the
+        epoch's start-up)."""
+        ends = columns.start + columns.wait + columns.step
+        at = np.asarray(window_cuts(columns.epoch.tolist(), columns.start.tolist(),
+                                    ends.tolist()))
+        lo, hi = at[:-1], at[1:]
+        batches = hi - lo
+        spans = ends[hi - 1] - columns.start[lo]
+        with np.errstate(divide="ignore"):
+            rates = np.where(spans > 0, batches / np.where(spans > 0, spans, 1.0), np.inf)
+        span_of = np.repeat(np.arange(len(lo)), batches)
+        cuts = Cuts(lo, hi, span_of, (rates > WINDOW_ABOVE_PER_S) & (batches >= KEEP_EVERY))
+        windows += fold(columns, ends, cuts)
+        epochs = columns.epoch[lo]
+        # (each span against the one before it; the first against the last batch out)
+        before = np.append([-1 if self.last_epoch is None else self.last_epoch], epochs[:-1])
+        opens_epoch = epochs != before
+        self.last_epoch = int(epochs[-1])
+        keep = ~cuts.folded[span_of] | kept_whole(columns.seq, columns.timed)
+        keep[hi[cuts.folded] - 1] = True
+        keep[lo[cuts.folded & opens_epoch]] = True
+        slowest = np.where(columns.wait == np.maximum.reduceat(columns.wait, lo)[span_of],
+                           np.arange(len(span_of)), len(span_of))
+        keep[np.minimum.reduceat(slowest, lo)[cuts.folded]] = True
+        return np.flatnonzero(keep).tolist()
+
+    def _timed_gaps(self, columns: FoldColumns) -> FoldColumns:
+        """``columns`` with the GPU gaps resolved after their batches (``timings``) on them."""
+        gaps = columns.gap.copy()
+        for i, seq in enumerate(columns.seq.tolist()):
+            timing = self.timings.get(seq)
+            if timing is not None and "gpu_gap_ms" in timing:
+                gaps[i] = timing["gpu_gap_ms"]
+        return columns._replace(gap=gaps)
 
 
 def window_cuts(epochs: Sequence[int], starts: Sequence[float], ends: Sequence[float]
                 ) -> list[int]:
     """Where the windows of batches with these epochs, start and end times begin (and, last,
     where they all end): at each new epoch, and at the first batch that ended more than
-    WINDOW_S after its window's first was asked for. Where the batches are of one epoch and
-    ended in order (one iterator's: nearly always), each cut is a bisect (a loop over every
-    batch took 0.11 us a batch, the bisects 0.013)."""
+    WINDOW_S after its window's first was asked for. Within an epoch's batches that ended in
+    order (one iterator's: nearly always), each cut is a bisect (a loop over every batch took
+    0.11 us a batch, the bisects 0.013); the epochs' starts are found by numpy."""
     n = len(ends)
-    if epochs.count(epochs[0]) == n and ends == sorted(ends):
-        cuts, lo = [0], 0
-        while lo < n:
-            begin = starts[lo]
-            lo = bisect_right(ends, WINDOW_S, lo + 1, n, key=lambda end: end - begin)
-            cuts.append(lo)
-        return cuts
-    cuts, begin, epoch = [0], starts[0], epochs[0]
-    for i in range(1, n):
-        if epochs[i] != epoch or ends[i] - begin > WINDOW_S:
-            cuts.append(i)
-            begin, epoch = starts[i], epochs[i]
+    numbers = np.asarray(epochs)
+    bounds = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), n]
+    cuts: list[int] = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        cuts += _cuts_in_epoch(starts, ends, lo, hi)
     cuts.append(n)
+    return cuts
+
+
+def _cuts_in_epoch(starts: Sequence[float], ends: Sequence[float], lo: int, hi: int
+                   ) -> list[int]:
+    """``window_cuts`` of batches ``lo..hi-1``, all of one epoch: where each window begins."""
+    cuts = [lo]
+    if ends[lo:hi] == sorted(ends[lo:hi]):
+        while True:
+            begin = starts[lo]
+            lo = bisect_right(ends, WINDOW_S, lo + 1, hi, key=lambda end: end - begin)
+            if lo >= hi:
+                return cuts
+            cuts.append(lo)
+    begin = starts[lo]
+    for i in range(lo + 1, hi):
+        if ends[i] - begin > WINDOW_S:
+            cuts.append(i)
+            begin = starts[i]
     return cuts
 
 
 def _end(row: Sequence[Any]) -> float:
     """When a row's step ended (its t_ready + step_s), since the run started."""
     return row[T_REQUEST] + row[WAIT] + row[STEP]
-
-
-def fast(rows: Sequence[tuple]) -> bool:
-    """Rows (BatchRecord's fields) of batches that came faster than WINDOW_ABOVE_PER_S."""
-    if len(rows) < KEEP_EVERY:
-        return False
-    first, last = rows[0], rows[-1]
-    span = _end(last) - first[T_REQUEST]
-    return span <= 0 or len(rows) / span > WINDOW_ABOVE_PER_S

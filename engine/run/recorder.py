@@ -30,7 +30,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
-from dataloader_tuner.record.taken import TakenBatch, rows_of_taken
+from dataloader_tuner.record.taken import TakenBatch, TakenForm, rows_of_taken
 from dataloader_tuner.record.windows import BatchWindow, Thinner
 from dataloader_tuner.run.sinks import Sink
 
@@ -63,12 +63,14 @@ class Recorder:
         self.ledger.on_profile = self.profiled
         self.worker_ids: dict[int, int] = {}  # pid -> DataLoader worker id, as batches show
         self.probed_workers: list[int] = []  # the worker id of each probe, in arrival order
-        # Rows written, the newest last (only where read: the engine's fast path keeps none).
-        self.recent: deque[tuple[Any, ...]] | None = (deque(maxlen=RECENT_ROWS) if keep_recent
-                                                       else None)
+        # Batches written as taken, the newest last (only where read: a rank's report, which
+        # builds their rows, job_report.py; the engine's fast path keeps none).
+        self.recent: deque[TakenBatch] | None = (deque(maxlen=RECENT_ROWS) if keep_recent
+                                                 else None)
         self.last_resources: protocol.Resources | None = None
         self.streaming = True  # False: the thread runs on_tick only (a tune sends its trials)
-        self.windowed = WindowedRows(windows_after) if windows_after is not None else None
+        self.windowed = (WindowedRows(windows_after, t0) if windows_after is not None
+                         else None)
         self._written_seq = -1  # the last batch row written: a late timing waits for its row
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or stop's)
@@ -127,15 +129,22 @@ class Recorder:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
             events, taken = self.events[:], self.taken[:]
+            rows: list = []
+            windows: list[BatchWindow] = []
             try:
-                rows: list = rows_of_taken(self.t0, taken)
+                if self.windowed is not None:  # (only the rows it keeps are built)
+                    rows, windows = self.windowed.through(taken, last, self)
+                else:
+                    rows = rows_of_taken(self.t0, taken)
             except Exception:  # noqa: BLE001 - a bug of ours: never the job's, nor a stop to
                 self.report_failure()  # the recording (those batches are dropped, once said)
                 del self.taken[:len(taken)]
-                taken, rows = [], []
-            windows: list[BatchWindow] = []
-            if self.windowed is not None:
-                rows, windows = self.windowed.through(rows, last, self)
+                taken = []
+                if self.windowed is not None:
+                    rows, windows = self.windowed.rows[:], self.windowed.windows[:]
+            else:
+                if self.windowed is not None:  # (held by it now, or written below)
+                    del self.taken[:len(taken)]
             columns = self.columns.peek() if self.columns is not None else None
             written_seq = (rows[-1][0] if rows else columns.first_seq + len(columns) - 1
                            if columns else self._written_seq)
@@ -180,7 +189,7 @@ class Recorder:
                     pending.remove(item)
             self._written_seq = written_seq
             if self.recent is not None and self.windowed is None:
-                self.recent.extend(rows)
+                self.recent.extend(taken)
 
     def pending(self) -> int:
         """Batches measured and not yet written."""
@@ -220,22 +229,23 @@ class Recorder:
 
 
 class WindowedRows:
-    """A watched loader's rows on their way to its history through a Thinner (NOTE [ Windows
-    for fast loaders ]): the rows and windows it let out that no write has taken yet."""
+    """A watched loader's batches on their way to its history through a Thinner (NOTE [ Windows
+    for fast loaders ]), as taken (their rows built only where kept): the rows and windows it
+    let out that no write has taken yet."""
 
-    def __init__(self, loose_below: int) -> None:
-        self.thinner = Thinner(loose_below)
+    def __init__(self, loose_below: int, t0: float) -> None:
+        self.thinner = Thinner(loose_below, TakenForm(t0))
         self.rows: list = []
         self.windows: list[BatchWindow] = []
 
-    def through(self, measured: list, last: bool, recorder: Recorder
+    def through(self, measured: list[TakenBatch], last: bool, recorder: Recorder
                 ) -> tuple[list, list[BatchWindow]]:
-        """The rows of the recorder's batches taken (``measured``, as many) into the thinner
-        (its now), once its late GPU timings went onto the rows the thinner holds, these among
-        them; what waits to be written."""
+        """The recorder's batches taken (``measured``, as many) into the thinner (its now),
+        once its late GPU timings went onto the batches the thinner holds, these among them;
+        what waits to be written."""
         thinner = self.thinner
         kept: list
-        kept, windows = thinner.arrived(measured, hold=True)  # (slow rows: straight out)
+        kept, windows = thinner.arrived(measured, hold=True)  # (slow ones: straight out)
         for gap in recorder.gaps[:]:
             if thinner.late(gap[0], gpu_gap_ms=gap[1]):
                 recorder.gaps.remove(gap)
@@ -244,8 +254,7 @@ class WindowedRows:
                 recorder.copies.remove(copy)
         if thinner.tail:  # (then nothing went straight out)
             kept, windows = thinner.take(time.monotonic() - recorder.t0)
-        del recorder.taken[:len(measured)]
-        if recorder.recent is not None:  # every row: a rank's report reads its recent ones
+        if recorder.recent is not None:  # every batch: a rank's report reads its recent ones
             recorder.recent.extend(measured)
         self.rows += kept
         self.windows += windows

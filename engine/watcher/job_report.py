@@ -30,7 +30,7 @@ import psutil
 from dataloader_tuner import system
 from dataloader_tuner.analyse.stalls import where_held
 from dataloader_tuner.instrument.stalls import StallWatch
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.taken import rows_of_taken
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,
                                             profile_fields, report_key, summary_from_batches)
 from dataloader_tuner.store import RunStore
@@ -134,7 +134,7 @@ class RankReporter:
 
     def summary(self, status: str) -> RankSummary:
         recorder = self.recorder
-        batches = [BatchRecord(*row) for row in list(recorder.recent or ())]
+        batches = rows_of_taken(recorder.t0, list(recorder.recent or ()))
         elapsed = time.monotonic() - recorder.t0
         last = batches[-1] if batches else None
         resources = recorder.last_resources
