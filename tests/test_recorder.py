@@ -141,3 +141,34 @@ def test_a_batch_whose_row_cannot_be_built_is_dropped_said_once_and_the_rest_go_
     assert capsys.readouterr().err.count("could not write the measurements") == 1
     assert [row[0] for e in sink.written if e.kind == "batches" for row in e.rows] == [1, 2]
     assert not recorder.taken
+
+
+def test_a_fast_batch_a_fold_cannot_read_is_dropped_once_and_later_windows_are_written(capsys):
+    """A watched fast loop's batches are folded on the recorder's thread (record/windows.py):
+    one a fold cannot read (a bug of ours) loses its flush's batches, said once; it does not
+    stay in the thinner's tail to fail every later flush while the tail grows."""
+    t0 = time.monotonic() - 10.0  # (every batch below is older than the tail holds)
+
+    def fast(first: int, n: int) -> list[tuple]:  # 10,000 batches a second
+        return [(seq, 0, t0 + seq * 1e-4, t0 + seq * 1e-4 + 5e-5, t0 + (seq + 1) * 1e-4,
+                 (-1, 1, 32), (None, None, None)) for seq in range(first, first + n)]
+
+    sink = ListSink()
+    recorder = Recorder(sink, t0, windows_after=0)
+    bad = fast(0, 400)
+    bad[200] = bad[200][:5] + ("not a meta",) + bad[200][6:]
+    recorder.taken.extend(bad)
+    recorder.flush()
+    recorder.taken.extend(fast(400, 400))
+    recorder.flush()
+    recorder.flush(last=True)
+    assert capsys.readouterr().err.count("could not write the measurements") == 1
+    from dataloader_tuner.analyse.batch_log import BatchLog
+    from dataloader_tuner.record.windows import BatchWindow
+
+    windows = [BatchWindow.from_row(w) for e in sink.written if e.kind == "windows"
+               for w in e.windows]
+    rows = [row for e in sink.written if e.kind == "batches" for row in e.rows]
+    assert windows and min(w.first_seq for w in windows) >= 400  # the second flush's, folded
+    assert BatchLog(rows, windows).batches == 400
+    assert not recorder.taken and not recorder.windowed.thinner.tail

@@ -147,6 +147,19 @@ def test_a_late_gpu_timing_lands_on_its_batch_in_the_tail():
     assert [b.gpu_gap_ms for b in kept if b.seq == target] in ([], [1.5])
 
 
+def test_a_late_gpu_timing_lands_where_two_batches_came_out_of_order():
+    rows = fast_run(epochs=1, per_epoch=6000)
+    rows[3000], rows[3001] = rows[3001], rows[3000]  # (two iterators of one loader at once)
+    thinner = Thinner(loose_below=WARMUP)
+    thinner.arrived([tuple(r) for r in rows], hold=True)
+    target = rows[5000].seq
+    assert thinner.late(target, gpu_gap_ms=2.5)
+    kept, windows = thinner.flush()
+    holder = next(w for w in windows if w.first_seq <= target <= w.last_seq)
+    assert (holder.gaps, holder.gap_ms) == (1, 2.5) and not thinner.timings
+    assert [b.gpu_gap_ms for b in kept if b.seq == target] in ([], [2.5])
+
+
 def test_gpu_timings_on_every_batch_are_folded_with_their_sums_exact():
     """On a GPU every batch has its idle gap timed: the rows are still thinned, the gaps'
     sum and largest exact, their median from the even sample."""
@@ -365,14 +378,15 @@ def test_a_watched_fast_loop_builds_rows_only_for_the_batches_it_keeps(tmp_path,
 
     monkeypatch.setattr(taken, "rows_of_taken", counted)
     db = str(tmp_path / "runs.db")
-    data = TensorDataset(torch.randn(32 * 3000, 4), torch.arange(32 * 3000))
-    watched = watch(DataLoader(data, batch_size=32), name="fast", db=db)
+    # (4 samples a batch: ~10 us, well past 2,000 batches a second on a loaded host too)
+    data = TensorDataset(torch.randn(4 * 3000, 4), torch.arange(4 * 3000))
+    watched = watch(DataLoader(data, batch_size=4), name="fast", db=db)
     count = sum(1 for _ in range(3) for _batch in watched)
     watched.close()
     store = RunStore(db)
     rows, windows = store.batches(watched.run_id), store.windows(watched.run_id)
     assert windows and BatchLog(rows, windows).batches == count == 9000
-    assert sum(built) == len(rows) < count / 4  # (the recorder's recent batches: not rows)
+    assert sum(built) == len(rows) < count / 2  # (the recorder's recent batches: not rows)
 
 
 def test_a_trace_of_a_windowed_run_has_its_windows_on_a_track_of_their_own():

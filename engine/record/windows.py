@@ -373,11 +373,15 @@ class Thinner:
         out = tail[:bisect_left(tail, horizon, key=end)]
         if not out:
             return [], []
+        # (out of the tail first: batches a fold cannot read are dropped once, not met again
+        # at every flush while the tail grows)
+        del tail[:len(out)]
         columns = self.form.columns(out)
         late = np.flatnonzero(columns.start + columns.wait + columns.step >= horizon)
         if len(late):
-            out, columns = out[:late[0]], columns.take(slice(0, int(late[0])))
-        del tail[:len(out)]
+            cut = int(late[0])
+            tail[:0] = out[cut:]
+            out, columns = out[:cut], columns.take(slice(0, cut))
         return self._thin(out, columns)
 
     def flush(self) -> tuple[list[BatchRecord], list[BatchWindow]]:
@@ -399,8 +403,9 @@ class Thinner:
         WINDOW_S; those that came faster than WINDOW_ABOVE_PER_S folded, and only the rows
         kept whole built (the fold reads numpy columns: NOTE [ Windows for fast loaders ])."""
         timings = self.timings
-        if timings:
-            columns = self._timed_gaps(columns)
+        waiting = self._waiting(columns) if timings else {}
+        if waiting:
+            columns = self._timed_gaps(columns, waiting)
         loose = columns.seq < self.loose_below
         keep: list[int] = np.flatnonzero(loose).tolist()
         windows: list[BatchWindow] = []
@@ -409,12 +414,25 @@ class Thinner:
             inside = self._windows(columns.take(rest) if keep else columns, windows)
             keep += rest[inside].tolist() if inside else []
         rows = self.form.rows([batches[i] for i in keep])
-        if timings:
-            rows = [row._replace(**timings[row.seq]) if row.seq in timings else row
+        if waiting:
+            rows = [row._replace(**timings[row.seq]) if row.seq in waiting else row
                     for row in rows]
-            for seq in columns.seq.tolist():  # (a folded batch's gap is in its window's)
-                timings.pop(seq, None)
+            for seq in waiting:  # (a folded batch's gap is in its window's)
+                del timings[seq]
         return rows, windows
+
+    def _waiting(self, columns: FoldColumns) -> dict[int, int]:
+        """The batches of ``columns`` with a late timing waiting: {seq: position}, found from
+        the timings (a few) rather than the batches (thousands a flush)."""
+        seqs = columns.seq
+        if not len(seqs):
+            return {}
+        first = int(seqs[0])
+        in_order = int(seqs[-1]) - first == len(seqs) - 1 and bool(np.all(np.diff(seqs) == 1))
+        if not in_order:  # (two iterators' batches taking turns: rare)
+            position = {s: i for i, s in enumerate(seqs.tolist())}
+            return {seq: position[seq] for seq in self.timings if seq in position}
+        return {seq: seq - first for seq in self.timings if 0 <= seq - first < len(seqs)}
 
     def _windows(self, columns: FoldColumns, windows: list[BatchWindow]) -> list[int]:
         """Fold ``columns`` into ``windows`` (appended); the positions of the batches that stay
@@ -447,13 +465,14 @@ class Thinner:
         keep[np.minimum.reduceat(slowest, lo)[cuts.folded]] = True
         return np.flatnonzero(keep).tolist()
 
-    def _timed_gaps(self, columns: FoldColumns) -> FoldColumns:
-        """``columns`` with the GPU gaps resolved after their batches (``timings``) on them."""
+    def _timed_gaps(self, columns: FoldColumns, waiting: dict[int, int]) -> FoldColumns:
+        """``columns`` with the GPU gaps resolved after their batches (``waiting``: their
+        positions) on them."""
         gaps = columns.gap.copy()
-        for i, seq in enumerate(columns.seq.tolist()):
-            timing = self.timings.get(seq)
-            if timing is not None and "gpu_gap_ms" in timing:
-                gaps[i] = timing["gpu_gap_ms"]
+        for seq, at in waiting.items():
+            gap = self.timings[seq].get("gpu_gap_ms")
+            if gap is not None:
+                gaps[at] = gap
         return columns._replace(gap=gaps)
 
 
