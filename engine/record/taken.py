@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
-from dataloader_tuner.record.windows import FoldColumns
+from dataloader_tuner.record.forms import FoldColumns
 
 # (seq, epoch, t_request, t_ready, t_back, meta, (h2d_ms, other_ms, gap_ms))
 TakenBatch = tuple[int, int, float, float, float, BatchMeta | UntimedMeta,

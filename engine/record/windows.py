@@ -37,14 +37,13 @@ NOTE [ Windows for fast loaders ]
 from __future__ import annotations
 
 import json
-import math
 from bisect import bisect_left, bisect_right
-from operator import itemgetter
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from dataloader_tuner.record.forms import EPOCH, ROWS, BatchForm, FoldColumns
 from dataloader_tuner.record.rows import BatchRecord
 
 WINDOW_ABOVE_PER_S = 2000.0  # batches a second beyond which rows are kept in windows
@@ -147,90 +146,7 @@ class BatchWindow(NamedTuple):
                    tuple((int(w), int(n)) for w, n in workers), int(gaps), gap_ms, gap_max_ms)
 
 
-# A row's fields by position: a fold reads them as columns (RowForm.columns), not by name
-SEQ, EPOCH, T_REQUEST, WAIT, STEP, SAMPLES = range(6)
-WORKER = BatchRecord._fields.index("worker_id")
-FETCH = BatchRecord._fields.index("fetch_s")
-GAP = BatchRecord._fields.index("gpu_gap_ms")
 SAMPLE_HASH, SAMPLE_BELOW = 2654435761, 2**32 // KEEP_EVERY
-
-
-class FoldColumns(NamedTuple):
-    """Batches as columns, one entry a batch (numpy arrays): what a fold reads of each. Times
-    are seconds since the run started; ``gap`` is NaN where the GPU's idle gap was not timed."""
-
-    seq: np.ndarray
-    epoch: np.ndarray
-    start: np.ndarray  # t_request
-    wait: np.ndarray
-    step: np.ndarray
-    samples: np.ndarray
-    worker: np.ndarray
-    timed: np.ndarray  # the batch's making was timed (its row is kept whole)
-    gap: np.ndarray
-
-    def take(self, index: np.ndarray | slice) -> "FoldColumns":
-        return FoldColumns(*(column[index] for column in self))
-
-
-def object_column(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """A column that may hold None: whether each is set, and the values as floats (NaN: None)."""
-    held = np.array(values, dtype=object)
-    present = np.not_equal(held, np.array(None, dtype=object))
-    floats = np.full(len(values), np.nan)
-    floats[present] = held[present].astype(float)
-    return present, floats
-
-
-class BatchForm(Protocol):
-    """What a Thinner's batches are: rows (RowForm) or a watched loop's batches as taken
-    (record/taken.TakenForm); read one at a time where one is enough, as columns to fold."""
-
-    def seq(self, item: Any) -> int: ...
-
-    def start(self, item: Any) -> float: ...
-
-    def end(self, item: Any) -> float: ...
-
-    def columns(self, items: Sequence[Any]) -> FoldColumns: ...
-
-    def rows(self, items: Sequence[Any]) -> list[BatchRecord]: ...
-
-
-class RowForm:
-    """Batches as rows: BatchRecords, or the plain tuples of the pipe's JSON (its fields)."""
-
-    @staticmethod
-    def seq(row: Sequence[Any]) -> int:
-        return row[SEQ]
-
-    @staticmethod
-    def start(row: Sequence[Any]) -> float:
-        return row[T_REQUEST]
-
-    @staticmethod
-    def end(row: Sequence[Any]) -> float:
-        return _end(row)
-
-    @staticmethod
-    def columns(rows: Sequence[Sequence[Any]]) -> FoldColumns:
-        n = len(rows)
-
-        def column(index: int, kind: type) -> np.ndarray:
-            return np.fromiter(map(itemgetter(index), rows), kind, n)
-
-        timed, _ = object_column(list(map(itemgetter(FETCH), rows)))
-        _, gaps = object_column(list(map(itemgetter(GAP), rows)))
-        return FoldColumns(column(SEQ, np.int64), column(EPOCH, np.int64),
-                           column(T_REQUEST, float), column(WAIT, float), column(STEP, float),
-                           column(SAMPLES, np.int64), column(WORKER, np.int64), timed, gaps)
-
-    @staticmethod
-    def rows(rows: Sequence[Sequence[Any]]) -> list[BatchRecord]:
-        return [BatchRecord.from_row(row) for row in rows]
-
-
-ROWS = RowForm()
 
 
 class Cuts(NamedTuple):
@@ -278,7 +194,7 @@ def _counted(spans: np.ndarray, values: np.ndarray, folded: np.ndarray
     low = int(values.min())
     width = int(values.max()) - low + 1
     keys, counts = np.unique(spans * width + (values - low), return_counts=True)
-    of_span, value = (keys // width).tolist(), (keys % width + low).tolist()
+    value = (keys % width + low).tolist()
     counts_list = counts.tolist()
     bounds = np.searchsorted(keys // width, np.append(folded, folded[-1] + 1)).tolist()
     return [tuple(zip(value[bounds[k]:bounds[k + 1]], counts_list[bounds[k]:bounds[k + 1]]))
@@ -510,8 +426,3 @@ def _cuts_in_epoch(starts: Sequence[float], ends: Sequence[float], lo: int, hi: 
             cuts.append(i)
             begin = starts[i]
     return cuts
-
-
-def _end(row: Sequence[Any]) -> float:
-    """When a row's step ended (its t_ready + step_s), since the run started."""
-    return row[T_REQUEST] + row[WAIT] + row[STEP]
