@@ -24,9 +24,8 @@ from array import array
 from typing import Any, Sequence
 
 from dataloader_tuner.record.rows import BatchMeta, BatchRecord, UntimedMeta
-from dataloader_tuner.record.taken import rows_of_taken
+from dataloader_tuner.record.taken import NO_STEP_TIMES, rows_of_taken
 
-NO_STEP_TIMES = (None, None, None)
 TIMED_FIELDS = 8  # a timed meta's fields kept in the columns (BatchMeta without its probe)
 SAMPLES_UNTIMED, SAMPLES_TIMED = 2, BatchMeta._fields.index("samples")
 

@@ -29,7 +29,7 @@ TakenBatch = tuple[int, int, float, float, float, BatchMeta | UntimedMeta,
                    tuple[float | None, float | None, float | None]]
 NBYTES = BatchMeta._fields.index("nbytes")
 SAMPLES = BatchMeta._fields.index("samples")
-NO_GAPS = (None, None, None)  # (a loop's step times where it timed none: columns.NO_STEP_TIMES)
+NO_STEP_TIMES = (None, None, None)  # a loop's step times where it timed none
 
 
 def rows_of_taken(t0: float, taken: Sequence[TakenBatch]) -> list[BatchRecord]:
@@ -113,7 +113,7 @@ class TakenForm:
             samples[i] = metas[i][SAMPLES]
         steps = list(map(itemgetter(6), taken))
         gaps = np.full(n, np.nan)
-        if steps.count(NO_GAPS) != n:  # (a GPU job's: its step timed around each batch)
+        if steps.count(NO_STEP_TIMES) != n:  # (a GPU job's: its step timed around each batch)
             for i, (_h2d, _other, gap) in enumerate(steps):
                 if gap is not None:
                     gaps[i] = gap
