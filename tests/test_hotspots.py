@@ -22,6 +22,7 @@ from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from dataloader_tuner import ProfileResult
 
 from .conftest import dataset_path
+from .second_look import agreeing_on_a_second_look
 from .test_cli import cli
 from .datasets import known_stages, waiting_stages
 
@@ -55,15 +56,28 @@ def _cprofile_shares() -> dict[str, float]:
 
 
 def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path) -> None:
-    """A profile from the command line, its --json and its --speedscope file."""
-    export = tmp_path / "stacks.speedscope.json"
-    done = cli("profile", dataset_path("known_stages.py"), "--num-workers", str(workers),
-               "--seconds", str(seconds), "--json", "--speedscope", str(export),
-               db=str(tmp_path / "runs.db"))
-    assert done.returncode == 0, done.stderr
-    result = ProfileResult.from_dict(json.loads(done.stdout))
+    """A profile from the command line, its --json and its --speedscope file (a second one
+    where the first's shares disagree: tests/second_look.py)."""
+    tries = iter(range(2))
+
+    def profile() -> tuple[ProfileResult, dict]:
+        folder = tmp_path / f"try{next(tries)}"
+        folder.mkdir()
+        export = folder / "stacks.speedscope.json"
+        done = cli("profile", dataset_path("known_stages.py"), "--num-workers", str(workers),
+                   "--seconds", str(seconds), "--json", "--speedscope", str(export),
+                   db=str(folder / "runs.db"))
+        assert done.returncode == 0, done.stderr
+        return ProfileResult.from_dict(json.loads(done.stdout)), json.loads(export.read_text())
+
+    agreeing_on_a_second_look(
+        profile, lambda run: _check_profile(workers, seconds, tolerance, *run))
+
+
+def _check_profile(workers: int, seconds: float, tolerance: float, result: ProfileResult,
+                   export: dict) -> None:
     assert result.status == "ok", result.error
-    _check_speedscope(json.loads(export.read_text()), result)
+    _check_speedscope(export, result)
     seen = result.stacks_sampled
     assert seen["enough"] and seen["processes"] >= max(workers, 1)  # (+ the main process)
     # what the handlers took, measured in each process and shown (bench/profile_cost.py: ~1%;

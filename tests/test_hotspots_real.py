@@ -26,12 +26,23 @@ import pytest
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 
 from .conftest import ROOT
+from .second_look import agreeing_on_a_second_look
 
 pytestmark = pytest.mark.slow  # each: ~10 s of a sampled loop, under py-spy
 
 SECONDS = 15.0  # ~600-900 looks where looks are dear (the sampler spaces them out)
 AGREE = 0.05  # points of the loader's time, per stage (issue: "within 5 points")
 FRAME = re.compile(r"^(.*) \((.*):(\d+)\)$")
+# py-spy --nonblocking reads a stack while the loop runs on, so a stack read as it changes is
+# the root of one moment over the leaves of another: detection's showed the collate wrapper
+# over a sample's __getitem__ in 120 of 2,070 stacks (collate 0.129 against 0.073 without
+# them, the tool's 0.069; a CI run failed on it). The dataset's wrapper and the collate's
+# are siblings under the fetch, never one in the other: a stack with both is torn, dropped
+SIBLINGS = ("TimedCollate.__call__", "TimedMapDataset.__getitems__")  # (its listcomp's too)
+
+
+def _torn(names: list[str]) -> bool:
+    return all(any(name.startswith(sibling) for name in names) for sibling in SIBLINGS)
 
 
 def _py_spy() -> str:
@@ -66,6 +77,8 @@ def py_spy_shares(raw: str) -> tuple[dict[str, float], int]:
                   for f in stack.split(";")]
         names = [name for name, _ in frames]
         inside = [i for i, name in enumerate(names) if name.endswith("_MapDatasetFetcher.fetch")]
+        if _torn(names):
+            continue
         if inside:
             counts[_stage(frames[inside[0] + 1:])] += int(n)
     total = sum(counts.values())
@@ -117,14 +130,24 @@ def profiled_twice(name: str, tmp_path) -> tuple[dict[str, float], dict, dict[st
     # against 0.694, RandomResizedCrop 0.151 against 0.209; an open accuracy question, noted)
     ("imagefolder_compose", ["decode", "transform: RandomResizedCrop", "transform: ToTensor"],
      0.08),
-    # (2026-12-01: collate 0.061-0.132 against py-spy's 0.136-0.193 in 5 of 14 runs here,
-    # the same commits passing in the others; the loop profiled runs only the probes and
-    # the sampler, which no change that day touched: an open accuracy question, noted)
-    ("detection", ["your __getitem__", "collate"], 0.08),
+    # (collate 0.061-0.132 against py-spy's 0.136-0.193 in 5 of 14 runs, 2026-12-01: py-spy's
+    # torn stacks, now dropped: SIBLINGS)
+    ("detection", ["your __getitem__", "collate"], AGREE),
     ("tokenized_text", ["decode"], AGREE),
 ])
 def test_the_stages_agree_with_py_spy_on_the_same_loop(name, top, agree, tmp_path):
-    tool, summary, spy, spy_samples = profiled_twice(name, tmp_path)
+    tries = iter(range(2))
+
+    def profile() -> tuple[dict[str, float], dict, dict[str, float], int]:
+        folder = tmp_path / f"try{next(tries)}"
+        folder.mkdir()
+        return profiled_twice(name, folder)
+
+    agreeing_on_a_second_look(profile, lambda run: _check_agreement(name, top, agree, *run))
+
+
+def _check_agreement(name: str, top: list[str], agree: float, tool: dict[str, float],
+                     summary: dict, spy: dict[str, float], spy_samples: int) -> None:
     assert summary["enough"] and spy_samples > 1000, (summary["looks"], spy_samples)
     side_by_side = {stage: (round(tool.get(stage, 0.0), 3), round(spy.get(stage, 0.0), 3))
                     for stage in set(tool) | set(spy)}
