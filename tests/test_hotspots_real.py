@@ -165,10 +165,10 @@ def _check_agreement(name: str, top: list[str], agree: float, tool: dict[str, fl
     assert sum(tool.values()) == pytest.approx(1.0, abs=0.01)
 
 
-def test_a_profile_with_workers_names_each_step_of_the_compose():
-    """The same pipeline through the engine with 2 workers: every step of the Compose by its
-    class, the decode first, and the batches' hand-off from the workers (pickled into shared
-    memory, rebuilt in the main process) among the stages."""
+def test_a_profile_with_workers_names_the_compose_s_steps():
+    """The same pipeline through the engine with 2 workers: the Compose's steps by their class
+    (those that take more than a few looks), the decode first, and the batches' hand-off from
+    the workers (pickled into shared memory, rebuilt in the main process) among the stages."""
     target = os.path.join(ROOT, "tests", "real", "imagefolder_compose.py")
     handle = run_to_completion(RunRequest(target=target, seconds=8.0,
                                           settings={"num_workers": 2}))
@@ -177,7 +177,8 @@ def test_a_profile_with_workers_names_each_step_of_the_compose():
     stages = {s["stage"]: s["share"] for s in result.stages}
     assert result.stacks_sampled["enough"], result.stacks_sampled
     assert max(stages, key=stages.get) == "decode", stages
-    for step in ("RandomResizedCrop", "RandomHorizontalFlip", "ToTensor"):
+    # (the flip is 0.1-0.4% of the time, 1-3 of ~800 looks: CI once saw none of it)
+    for step in ("RandomResizedCrop", "ToTensor"):
         assert f"transform: {step}" in stages, stages
     assert stages["transform: RandomResizedCrop"] > stages["transform: ToTensor"], stages
     assert "hand-off" in stages and "collate" in stages, stages

@@ -215,6 +215,11 @@ def test_a_tune_limits_the_threads_where_plain_loops_confirm_it(tmp_path):
     doc = _cli("tune", target, "--budget-s", "40", "--max-workers", "3", db=tmp_path / "r.db")
     assert doc["status"] == "ok", doc.get("error")
     recommended = doc["recommended"]
+    # (CI once picked 0 workers with no threads line, not seen here in 3 runs; a failure
+    # prints what each trial saw of the pools, for the next to tell why)
+    print(*[(t["phase"], t.get("num_workers"), t.get("worker_threads"),
+             round(t["samples_per_s"]), t.get("helper_cpu_share"), t.get("busy_threads"),
+             t.get("worker_pools")) for t in doc["trials"]], *doc["reasons"], sep="\n")
     assert recommended.get("worker_threads") == 1, doc["reasons"]
     # LimitThreads outermost; the heap check may wrap KeepFreedMemory inside it
     assert "worker_init_fn=dataloader_tuner.LimitThreads(" in doc["snippet"]
