@@ -76,7 +76,10 @@ def plain_loader(target: str):
 
     module, attr = plain_loop.load_module(os.path.join(ROOT, target))
     dataset = plain_loop.build_dataset(module, attr)
-    return dataset, plain_loop.loader_settings(module, dataset, num_workers=0)
+    settings = plain_loop.loader_settings(module, dataset, num_workers=0)
+    for name in ("persistent_workers", "prefetch_factor"):  # workers' own: an error without
+        settings.pop(name, None)  # (memmap_store asks for persistent workers)
+    return dataset, settings
 
 
 def timed_only(loader) -> Iterator[Any]:
