@@ -7,19 +7,27 @@ first run's figures are printed (pytest -rP) for the note that asks why."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, TypeVar
 
 Run = TypeVar("Run")
 
 
-def agreeing_on_a_second_look(profile: Callable[[], Run], check: Callable[[Run], None]) -> Run:
-    """``check(profile())``; where it fails, a second run is checked and its failure raised."""
-    first = profile()
+def agreeing_on_a_second_look(tmp_path: Path, profile: Callable[[Path], Run],
+                              check: Callable[[Run], None]) -> Run:
+    """``check(profile(folder))``, each run in a folder of its own under ``tmp_path``; where
+    the check fails, a second run is checked and its failure raised."""
+    def run(attempt: int) -> Run:
+        folder = tmp_path / f"try{attempt}"
+        folder.mkdir()
+        return profile(folder)
+
+    first = run(0)
     try:
         check(first)
         return first
     except AssertionError as disagreement:
         print(f"first look disagreed, looking again: {disagreement}")
-    second = profile()
+    second = run(1)
     check(second)
     return second

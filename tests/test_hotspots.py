@@ -58,11 +58,7 @@ def _cprofile_shares() -> dict[str, float]:
 def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path) -> None:
     """A profile from the command line, its --json and its --speedscope file (a second one
     where the first's shares disagree: tests/second_look.py)."""
-    tries = iter(range(2))
-
-    def profile() -> tuple[ProfileResult, dict]:
-        folder = tmp_path / f"try{next(tries)}"
-        folder.mkdir()
+    def profile(folder) -> tuple[ProfileResult, dict]:
         export = folder / "stacks.speedscope.json"
         done = cli("profile", dataset_path("known_stages.py"), "--num-workers", str(workers),
                    "--seconds", str(seconds), "--json", "--speedscope", str(export),
@@ -71,7 +67,7 @@ def _profile_and_check(workers: int, seconds: float, tolerance: float, tmp_path)
         return ProfileResult.from_dict(json.loads(done.stdout)), json.loads(export.read_text())
 
     agreeing_on_a_second_look(
-        profile, lambda run: _check_profile(workers, seconds, tolerance, *run))
+        tmp_path, profile, lambda run: _check_profile(workers, seconds, tolerance, *run))
 
 
 def _check_profile(workers: int, seconds: float, tolerance: float, result: ProfileResult,

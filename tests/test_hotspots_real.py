@@ -136,14 +136,8 @@ def profiled_twice(name: str, tmp_path) -> tuple[dict[str, float], dict, dict[st
     ("tokenized_text", ["decode"], AGREE),
 ])
 def test_the_stages_agree_with_py_spy_on_the_same_loop(name, top, agree, tmp_path):
-    tries = iter(range(2))
-
-    def profile() -> tuple[dict[str, float], dict, dict[str, float], int]:
-        folder = tmp_path / f"try{next(tries)}"
-        folder.mkdir()
-        return profiled_twice(name, folder)
-
-    agreeing_on_a_second_look(profile, lambda run: _check_agreement(name, top, agree, *run))
+    agreeing_on_a_second_look(tmp_path, lambda folder: profiled_twice(name, folder),
+                              lambda run: _check_agreement(name, top, agree, *run))
 
 
 def _check_agreement(name: str, top: list[str], agree: float, tool: dict[str, float],
