@@ -61,7 +61,11 @@ def test_the_ceiling_and_a_stage_removed_agree_with_plain_grids(tmp_path, monkey
     ceiling = doc["ceiling"]
     assert ceiling["binding"] == "cpu", ceiling  # 2 CPUs spinning
     best, without = grids_best(monkeypatch, ("", "decode_sample"))
-    assert ceiling["samples_per_s"] == pytest.approx(best, rel=AGREE), (ceiling, best)
+    # (on failure: each trial's CPU a batch, which the cpu limit reads, and the budget)
+    cpu_read = [(t["phase"], t["num_workers"], round(t["worker_cpu_ms"] or 0, 2),
+                 round(t["main_cpu_ms"] or 0, 2), round(t["samples_per_s"])) for t in doc["trials"]]
+    assert ceiling["samples_per_s"] == pytest.approx(best, rel=AGREE), (
+        ceiling["limits"], ceiling["sentence"], best, cpu_read)
 
     gone = next(w for w in doc["what_if"] if w["change"] == "decode_sample gone")
     measured_gain = without / best

@@ -233,6 +233,45 @@ def test_the_consumer_limit_reads_the_main_process_s_busiest_thread():
         profile.limits(16)["cpu"] * 32)  # (the ceiling's cpu limit counts every thread too)
 
 
+def test_the_cpu_limit_reads_the_cpu_a_batch_and_the_cores_got_where_workers_filled_them():
+    """A CI run stated a ceiling of 1,727 samples/s for known_stages where plain loops made
+    at most 1,500 (the tune's pick 1,536): the CPU a batch was the one worker's and the cores
+    were all 2, where a CPU-bound loader leaves some idle and a VM's neighbours take some.
+    The cpu limit reads the trials that filled the cores: the median CPU a batch, and the most
+    cores they used (their median), where that is most of them; variants measured beside the loader
+    and fewer workers do not count."""
+    from dataclasses import replace as with_
+
+    serial = trial(0, 800.0, worker_ms=10.0, cpu_ms=9.0)
+    one = trial(1, 700.0, worker_ms=9.2, cpu_ms=9.0, main_cpu_ms=1.0, phase="probe")
+    profile = costmodel.learn(serial, one, cpu_budget=2.0, step_on_cpu=False)
+    assert profile.batch_cost(16, 8).limits()["cpu"] == pytest.approx(2 * 1000 / 10.0 * 16)
+    busy = [trial(2, 2400.0, worker_ms=11.0, cpu_ms=10.2, main_cpu_ms=1.2),
+            trial(3, 2380.0, worker_ms=16.0, cpu_ms=10.6, main_cpu_ms=1.0, phase="confirm"),
+            trial(2, 2390.0, worker_ms=11.5, cpu_ms=10.4, main_cpu_ms=1.1, phase="final"),
+            with_(trial(2, 3500.0, cpu_ms=5.0, main_cpu_ms=0.1), worker_threads=1),
+            trial(2, 3500.0, cpu_ms=5.0, main_cpu_ms=0.1, phase="cached"),
+            trial(2, 3500.0, cpu_ms=5.0, main_cpu_ms=0.1, keep_freed_memory=True)]
+    read = costmodel.at_busy_cores(profile, [serial, one, *busy])
+    assert (read.worker_cpu_ms, read.main_cpu_ms) == (10.4, 1.1)
+    # the median trial's 2,390 samples/s: 149.4 batches/s of 11.5 ms of CPU, 1.718 cores of 2
+    assert read.cpu_budget == pytest.approx(2390 / 16 * 11.5 / 1000)
+    assert read.batch_cost(16, 8).limits()["cpu"] == pytest.approx(2390.0)
+    # the start's reading of other load gave back, up to the cores (one rank's share of them)
+    fuller = [with_(t, samples_per_s=t.samples_per_s * 1.25) for t in busy[:3]]
+    assert costmodel.at_busy_cores(profile, fuller).cpu_budget == 2.0
+    assert costmodel.at_busy_cores(profile, fuller, 0.2).cpu_budget == pytest.approx(
+        1.25 * 2390 / 16 * 11.5 / 1000)
+    assert costmodel.at_busy_cores(profile, fuller, 0.2, 2).cpu_budget == pytest.approx(2.1)
+    # a loader that waits leaves the cores to others: not a reading of what they give
+    waiting = [trial(2, 500.0, worker_ms=40.0, cpu_ms=2.0, main_cpu_ms=0.5)]
+    assert costmodel.at_busy_cores(profile, waiting).cpu_budget == 2.0
+    # a batch's CPU above its time (threads beside the fetch) is capped there, as learnt
+    over = trial(2, 2400.0, worker_ms=9.0, cpu_ms=12.0, main_cpu_ms=1.0)
+    assert costmodel.at_busy_cores(profile, [over]).worker_cpu_ms == 9.0
+    assert costmodel.at_busy_cores(profile, [serial, one]) == profile  # none filled them
+
+
 def test_pick_fastest_prefers_fewer_workers_within_what_a_trial_can_tell():
     groups = {2: [trial(2, 1000.0)], 3: [trial(3, 1035.0)], 4: [trial(4, 900.0)]}
     n, why = pick_fastest(groups)

@@ -4,20 +4,24 @@ settings, which limit binds there, and what would raise it (a stage cheaper, mor
 NOTE [ The ceiling and what would raise it ]
 
     A batch's cost, as the tune's cost model learnt it (tune/costmodel.py) or a run measured it:
-    ``worker_cpu_ms`` of CPU to make it in a worker (fetch, transforms, collate, pickling it into
-    shared memory), ``worker_ms`` of a worker's time for it (CPU and waiting), ``receive_ms`` for
-    the main process to take it from a worker, ``step_ms`` for the step, which takes the CPU
-    too where it runs there (``step_on_cpu``), and ``serial_ms`` for all of it in the main
-    process (num_workers=0). With enough workers, batches/s is bounded by
+    ``worker_cpu_ms`` of CPU to make it in a worker (fetch, transforms, collate: pickling it into
+    shared memory is the worker's feeder thread's, outside it), ``worker_ms`` of a worker's
+    time for it (CPU and waiting), ``receive_ms`` for the main process to take it from a
+    worker, ``step_ms`` for the step, which takes the CPU too where it runs there
+    (``step_on_cpu``), and ``serial_ms`` for all of it in the main process (num_workers=0).
+    With enough workers, batches/s is bounded by
 
         cpu:           cpus / (worker_cpu_ms + main process's CPU per batch)
         main process:  1 / (receive_ms + step_ms)   (it receives and steps one batch at a time:
                                                      its busiest thread's CPU, where read)
         workers:       max_workers / worker_ms        (the most workers the user allows)
 
-    and without workers by 1 / serial_ms. The ceiling is the best of the two ways. A change to
-    the samples (a stage at half its cost, or none) scales ``worker_cpu_ms`` by the stage's
-    share of the loader's CPU, and ``worker_ms`` and ``serial_ms`` by its share of the time;
+    and without workers by 1 / serial_ms; ``cpus``, in a tune, the cores its loader used where
+    its workers filled them (tune/costmodel.py's at_busy_cores), not their count. The ceiling
+    is the best of the two ways. A change to the samples (a stage at half its cost, or none)
+    scales ``worker_cpu_ms`` by the stage's share of the making's CPU (the loader's less its hand-off and pinning, which that figure
+    does not hold: read as a share of all of it, "decode_sample gone" was predicted 1.44x where
+    plain loops made 1.56-1.70x), and ``worker_ms`` and ``serial_ms`` by its share of the time;
     more cores scale ``cpus``. Each prediction is bounded by the limits the change leaves alone
     (a cheaper decode stops paying where the main process binds), not a bare Amdahl fraction.
     Shares come from the sampled profile (analyse/hotspots.py): they are the loader's time,
@@ -217,6 +221,20 @@ def share_without(share: float, stage: str | None, sampled: dict[str, Any]) -> f
 
 
 NOT_FETCH = ("collate", "hand-off", "pinning")  # what a cache of each sample's output still pays
+NOT_MAKING = ("hand-off", "pinning")  # outside a worker's fetch and collate (worker_cpu_ms)
+
+
+def share_of_making(share: float, stage: str | None, sampled: dict[str, Any],
+                    key: str = "share") -> float:
+    """A part of the making's share of it (``key``: "share" of the time, "cpu_share"), from
+    its share of the profile's loader work, which holds the hand-off and pinning beside: the
+    share by which it cuts ``worker_cpu_ms``. A part of the hand-off or pinning as given."""
+    if stage in NOT_MAKING:
+        return share
+    stages = sampled["stages"]
+    total = sum(s[key] for s in stages)
+    making = sum(s[key] for s in stages if s["stage"] not in NOT_MAKING)
+    return min(share * total / making, 1.0) if making > 0 else share
 
 
 def cached_prediction(cost: BatchCost, sampled: dict[str, Any] | None,
@@ -228,8 +246,9 @@ def cached_prediction(cost: BatchCost, sampled: dict[str, Any] | None,
     fetch = [s for s in sampled["stages"] if s["stage"] not in NOT_FETCH]
     cpu_total = sum(s["cpu_share"] for s in sampled["stages"]) or 1.0
     share = sum(s["share"] for s in fetch)
-    changed = cost.cheaper(share, sum(s["cpu_share"] for s in fetch) / cpu_total, 1.0,
-                           share_without(share, None, sampled))
+    changed = cost.cheaper(share, share_of_making(
+        sum(s["cpu_share"] for s in fetch) / cpu_total, None, sampled, "cpu_share"), 1.0,
+        share_without(share, None, sampled))
     limits = replace(changed, max_workers=max(num_workers, 1)).limits()
     if num_workers == 0:
         return limits["without_workers"]
@@ -307,7 +326,8 @@ def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
         cpu_total = sum(s["cpu_share"] for s in sampled["stages"]) or 1.0
         for stage in sampled["stages"]:
             if MIN_SHARE <= stage["share"] < ALL_OF_IT:
-                cpu = stage["cpu_share"] / cpu_total
+                cpu = share_of_making(stage["cpu_share"] / cpu_total, stage["stage"], sampled,
+                                      "cpu_share")
                 for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
                     changes.append((f"{stage['stage']} {said}", stage["stage"], None,
                                     cost.cheaper(stage["share"], cpu, by, share_without(
@@ -318,7 +338,8 @@ def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
             serial = share_without(share, function["stage"], sampled)
             for by, said in ((0.5, "at half its cost"), (1.0, "gone")):
                 changes.append((f"{function['function']} {said}", function["stage"],
-                                function["function"], cost.cheaper(share, share, by, serial)))
+                                function["function"], cost.cheaper(share, share_of_making(
+                                    share, function["stage"], sampled), by, serial)))
     for times in MORE_CORES:
         changes.append((f"{times}x the usable CPUs (~{cost.cpus * times:.0f})", None, None,
                         replace(cost, cpus=cost.cpus * times)))

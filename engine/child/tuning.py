@@ -35,6 +35,7 @@ from dataloader_tuner.child.io_threads import measure_threaded
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
+from dataloader_tuner.tune import costmodel
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.recommend import Limits, uncertainty_pct
 from dataloader_tuner.child.starting import snippet_names
@@ -210,6 +211,8 @@ def tune_cost(outcome: TuneOutcome) -> BatchCost | None:
     samples_per_batch = (made.samples_per_s / made.batches_per_s if made.batches_per_s
                          else float(made.batch_size or 1))
     cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
+    profile = costmodel.at_busy_cores(profile, outcome.trials, outcome.limits.other_load_cpus,
+                                      outcome.limits.local_world_size)
     return profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
 
 
