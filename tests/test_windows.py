@@ -17,7 +17,8 @@ from dataloader_tuner.analyse import metrics
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, TAIL_S, WINDOW_ABOVE_PER_S,
-                                             WINDOW_S, Thinner, wait_bucket, window_cuts)
+                                             WINDOW_S, Thinner, holders, sampled, wait_bucket,
+                                             window_cuts)
 from dataloader_tuner.run.live import LiveRun
 
 from .conftest import live_descendants
@@ -96,6 +97,38 @@ def test_windows_keep_every_count_and_sum_exact_and_few_rows():
     for w in windows:
         assert max(b.wait_s for b in kept if w.first_seq <= b.seq <= w.last_seq) == w.wait_max_s
     assert [b.seq for b in log.loose[:WARMUP]] == list(range(WARMUP))
+
+
+def test_a_window_s_sample_is_its_timed_batches_where_it_has_them():
+    """A fast batch's making is timed on one in 16 of each worker's, KEEP_EVERY's rate: a
+    window keeps those as its sample rather than a hashed one beside them (which kept twice the
+    rows: on long_tail their writing was ~4.5k instructions of a watched batch's 29k over a
+    plain loop's); a window with none timed keeps the hashed one. The even sample reads the
+    same back, and weighs each batch once either way."""
+    rows = fast_run()
+    kept, windows = thinned(rows)
+    where = holders(kept, windows)
+    extras = {w.last_seq for w in windows} | {b.seq for b in metrics.epoch_starts(rows)}
+    for w in windows:  # (its slowest)
+        extras.add(max((b for b in kept if w.first_seq <= b.seq <= w.last_seq),
+                       key=lambda b: b.wait_s).seq)
+    inside = [b for b, w in zip(kept, where) if w is not None]
+    assert {b.seq for b in inside if b.fetch_s is None} <= extras
+    assert len(inside) < 1.3 * len(rows) / KEEP_EVERY  # (a hashed sample too: ~2x)
+    log = BatchLog(kept, windows)
+    sample = [b for b, _ in log.weighted() if b.seq not in {x.seq for x in log.loose}]
+    assert sample and all(b.fetch_s is not None for b in sample)
+    assert sum(w for _, w in log.weighted()) == pytest.approx(len(rows))
+
+    untimed = [b._replace(fetch_start=None, fetch_s=None, collate_s=None) for b in rows]
+    kept, windows = thinned(untimed)
+    hashed = [b for b, w in zip(kept, holders(kept, windows)) if w is not None
+              and sampled(b.seq)]
+    assert len(hashed) == pytest.approx(sum(w.batches for w in windows) / KEEP_EVERY, rel=0.1)
+    log = BatchLog(kept, windows)
+    assert sum(w for _, w in log.weighted()) == pytest.approx(len(rows))
+    exact = metrics.percentile([b.step_s for b in rows[WARMUP:]], 50)
+    assert log.median(lambda b: b.step_s, WARMUP) == pytest.approx(exact, rel=0.05)
 
 
 def test_the_figures_from_windows_match_those_over_every_row():

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
-                                             BatchWindow, bucket_middle, holders, sampled,
+                                             BatchWindow, bucket_middle, even_sample, holders,
                                              wait_buckets)
 
 
@@ -109,9 +109,10 @@ class BatchLog:
         batches over its rows in the sample for one inside it."""
         if not self.windows:
             return [(row, 1.0) for row in self.rows]
-        loose = {id(b) for b in self.loose}
-        picked = [b for b in self.rows if id(b) in loose or sampled(b.seq)]
-        where = holders(picked, self.windows)
+        every = holders(self.rows, self.windows)
+        kept = even_sample(self.rows, every)
+        picked = [b for b, k in zip(self.rows, kept) if k]
+        where = [w for w, k in zip(every, kept) if k]
         inside = Counter(w for w in where if w is not None)  # window -> its rows in the sample
         return [(row, 1.0 if w is None else self.windows[w].batches / inside[w])
                 for row, w in zip(picked, where)]

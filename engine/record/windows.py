@@ -9,13 +9,15 @@ NOTE [ Windows for fast loaders ]
     batches' count, samples, summed and largest wait and step, each worker's count, and a
     histogram of the waits (log-spaced buckets, HISTOGRAM_PER_DOUBLING a doubling: each ~9%
     wide) from which the latency percentiles are read, and the GPU's idle gaps where timed
-    (count, sum, largest). One batch in KEEP_EVERY (picked by a hash of its number: every
-    16th would be one worker's where workers take turns) stays a whole row, an even sample
-    for the charts and the medians of steps and copies, as do the batches whose making was
-    timed (the workers' busy shares and per-batch costs are read from those, scaled by the
-    windows' counts), each epoch's first (its wait is the epoch's start-up), each window's
-    slowest (an overdue batch's row, a chart's spikes) and last (a stretch of a run's latest
-    rows that begins inside a window starts its clock there: ``latest_stretch``). Counts,
+    (count, sum, largest). The batches whose making was timed stay whole rows (the workers'
+    busy shares and per-batch costs are read from those, scaled by the windows' counts; a
+    fast batch's making is timed on one in probes.TIME_EVERY of each process's, KEEP_EVERY's
+    rate), and they are a window's even sample for the charts and the medians of steps and
+    copies; a window with none timed keeps one batch in KEEP_EVERY instead (picked by a hash
+    of its number: every 16th would be one worker's where workers take turns). So do each
+    epoch's first (its wait is the epoch's start-up), each window's slowest (an overdue
+    batch's row, a chart's spikes) and last (a stretch of a run's latest rows that begins
+    inside a window starts its clock there: ``latest_stretch``). Counts,
     samples and summed times stay exact; a percentile is within one bucket of the exact one.
 
     Rows wait in a tail of TAIL_S before they are folded (and no longer: a loop away from its
@@ -207,12 +209,28 @@ def sampled(seq: int) -> bool:
     return (seq * SAMPLE_HASH) % 2**32 < SAMPLE_BELOW
 
 
-def kept_whole(seqs: np.ndarray, timed: np.ndarray) -> np.ndarray:
+def kept_whole(seqs: np.ndarray, timed: np.ndarray, lo: np.ndarray, span_of: np.ndarray
+               ) -> np.ndarray:
     """Which folded batches stay rows for what they are, by their numbers and whether their
-    making was timed: one in KEEP_EVERY (``sampled``, over the column) and each timed one.
-    (Thinner._thin keeps a window's first of an epoch, last and slowest.)"""
+    making was timed (``lo``: where each window's batches begin, ``span_of``: each batch's
+    window): each timed one, which is the window's sample where it has any (a fast batch's
+    making is timed on one in probes.TIME_EVERY of each process, KEEP_EVERY's rate: a hashed
+    sample beside them kept twice the rows, and on long_tail's 0 workers their writing cost
+    ~4.5k instructions of a watched batch's 29k over a plain loop's), else one in KEEP_EVERY
+    (``sampled``, over the column). ``even_sample`` picks the same from the rows. (Thinner
+    keeps a window's first of an epoch, last and slowest beside.)"""
     hashed = (seqs.astype(np.uint64) * np.uint64(SAMPLE_HASH)) % np.uint64(2**32)
-    return (hashed < SAMPLE_BELOW) | timed
+    untimed_window = np.add.reduceat(timed.astype(np.int64), lo) == 0
+    return timed | ((hashed < SAMPLE_BELOW) & untimed_window[span_of])
+
+
+def even_sample(rows: Sequence[BatchRecord], where: Sequence[int | None]) -> list[bool]:
+    """Which of a folded run's rows (``where``: the window each is in, None outside one) are
+    its even sample, as ``kept_whole`` kept them: inside a window with a row whose making
+    was timed, those rows; inside another, those ``sampled``; outside windows, all."""
+    timed_in = {w for row, w in zip(rows, where) if w is not None and row.fetch_s is not None}
+    return [w is None or (row.fetch_s is not None if w in timed_in else sampled(row.seq))
+            for row, w in zip(rows, where)]
 
 
 def latest_stretch(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]
@@ -373,7 +391,7 @@ class Thinner:
         before = np.append([-1 if self.last_epoch is None else self.last_epoch], epochs[:-1])
         opens_epoch = epochs != before
         self.last_epoch = int(epochs[-1])
-        keep = ~cuts.folded[span_of] | kept_whole(columns.seq, columns.timed)
+        keep = ~cuts.folded[span_of] | kept_whole(columns.seq, columns.timed, lo, span_of)
         keep[hi[cuts.folded] - 1] = True
         keep[lo[cuts.folded & opens_epoch]] = True
         slowest = np.where(columns.wait == np.maximum.reduceat(columns.wait, lo)[span_of],
