@@ -19,9 +19,10 @@ NOTE [ The ceiling and what would raise it ]
     and without workers by 1 / serial_ms; ``cpus``, in a tune, the cores its loader used where
     its workers filled them (tune/costmodel.py's at_busy_cores), not their count. The ceiling
     is the best of the two ways. A change to the samples (a stage at half its cost, or none)
-    scales ``worker_cpu_ms`` by the stage's share of the making's CPU (the loader's less its hand-off and pinning, which that figure
-    does not hold: read as a share of all of it, "decode_sample gone" was predicted 1.44x where
-    plain loops made 1.56-1.70x), and ``worker_ms`` and ``serial_ms`` by its share of the time;
+    scales ``worker_cpu_ms`` by the stage's share of the making's CPU (the loader's less its
+    hand-off and pinning, which that figure does not hold: read as a share of all of it,
+    "decode_sample gone" was predicted 1.44x where plain loops made 1.56-1.70x), and
+    ``worker_ms`` and ``serial_ms`` by its share of the time;
     more cores scale ``cpus``. Each prediction is bounded by the limits the change leaves alone
     (a cheaper decode stops paying where the main process binds), not a bare Amdahl fraction.
     Shares come from the sampled profile (analyse/hotspots.py): they are the loader's time,
