@@ -22,12 +22,16 @@ class BatchLog:
     windows: Sequence[BatchWindow] = ()
     # rows no window covers (every row where there are no windows)
     loose: list[BatchRecord] = field(init=False)
+    # the window holding each row's batch, or None (windows.holders)
+    holding: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
         # a snapshot: a live run's reader thread goes on appending to the lists given
         object.__setattr__(self, "rows", tuple(self.rows))
         object.__setattr__(self, "windows", tuple(self.windows))
-        object.__setattr__(self, "loose", uncovered(self.rows, self.windows))
+        object.__setattr__(self, "holding", holders(self.rows, self.windows))
+        object.__setattr__(self, "loose", [row for row, held in zip(self.rows, self.holding)
+                                           if held is None])
 
     @property
     def batches(self) -> int:
@@ -109,10 +113,9 @@ class BatchLog:
         batches over its rows in the sample for one inside it."""
         if not self.windows:
             return [(row, 1.0) for row in self.rows]
-        every = holders(self.rows, self.windows)
-        kept = even_sample(self.rows, every)
+        kept = even_sample(self.rows, self.holding)
         picked = [b for b, k in zip(self.rows, kept) if k]
-        where = [w for w, k in zip(every, kept) if k]
+        where = [w for w, k in zip(self.holding, kept) if k]
         inside = Counter(w for w in where if w is not None)  # window -> its rows in the sample
         return [(row, 1.0 if w is None else self.windows[w].batches / inside[w])
                 for row, w in zip(picked, where)]
@@ -170,13 +173,6 @@ class BatchLog:
             for worker, n in window.workers:
                 counts[worker] = counts.get(worker, 0) + n
         return counts
-
-
-def uncovered(rows: Sequence[BatchRecord], windows: Sequence[BatchWindow]) -> list[BatchRecord]:
-    """The rows outside every window (both in order of their batches)."""
-    if not windows:
-        return list(rows)
-    return [row for row, held in zip(rows, holders(rows, windows)) if held is None]
 
 
 def hist_percentile(hist: Mapping[int, int], q: float) -> float:
