@@ -182,8 +182,10 @@ PITFALLS = [pytest.param(*case, marks=SLOW) for case in [
     (broken("shared_rng.py"), ["--num-workers", "2"], "duplicated_random_streams",
      "worker_init_fn"),
     (broken("skewed_labels.py"), [], "skewed_labels", "WeightedRandomSampler"),
-    # growth is judged over at least 8 s after a worker's first 2 s (pitfalls.py)
-    (broken("leaky_cache.py"), ["--num-workers", "2", "--seconds", "13"], "worker_memory_growth",
+    # growth is judged on 5 samples or more over at least 8 s after a worker's first 2 s
+    # (memory_growth.py), each worker's read every ~2 s: 13 s gave one worker exactly 5 here,
+    # and fewer in CI
+    (broken("leaky_cache.py"), ["--num-workers", "2", "--seconds", "16"], "worker_memory_growth",
      "lru_cache"),
     # its own ThreadPoolExecutor of 8: named as the dataset's threads, sized by the fix
     (broken("thread_pools.py"), ["--num-workers", "2"], "thread_oversubscription",
@@ -209,6 +211,8 @@ def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_ph
     found = {w["code"]: w for w in doc["warnings"]}
     assert code in found, [w["code"] for w in doc["warnings"]]
     diagnostic = found[code]
+    # its workers' busy threads are torch's own hand-off (CI once called them a pool)
+    assert code != "worker_memory_growth" or "thread_oversubscription" not in found
     assert diagnostic["severity"] == "warning"
     assert diagnostic["evidence"] and fix_phrase in diagnostic["fix"]
 

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner import LimitThreads, load_settings
 from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.analyse.hotspots import SampledProfile, TorchThreads, stage_of
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.dashboard.jobs import controls_from_settings, settings_from_controls
 from dataloader_tuner.errors import ConfigError
@@ -101,6 +102,36 @@ def test_the_diagnostic_reads_probes_and_resource_rows():
     assert "raised it again" in pitfalls.thread_oversubscription(torch_raised, rows, 2, 4,
                                                                 20.0)[0].message
     assert pitfalls.thread_oversubscription(probes, rows, 0, 4, 20.0) == []
+
+
+def test_torchs_own_hand_off_threads_are_not_a_pool():
+    # leaky_cache.py's workers as read (2 workers, 2 CPUs): 0.24-0.26 of their CPU done by
+    # other threads, 3 busy; the sampler saw the queue's feeder and the resource sharer do
+    # 0.26 of it. Counted as openblas's pool, this was flagged in CI.
+    probes = [{"pid": 10 + i, "worker_id": i, "probe": {"pools": {"torch": 1, "openblas": 2}}}
+              for i in range(2)]
+    rows = [{"pid": 10 + i, "role": "worker", "helper_cpu_share": 0.26, "busy_threads": 3}
+            for i in range(2)]
+    assert pitfalls.thread_oversubscription(probes, rows, 2, 2, 2.5)  # unknown: flagged
+    handing_off = TorchThreads(cpu_share=0.26, busy=2)
+    assert pitfalls.thread_oversubscription(probes, rows, 2, 2, 2.5,
+                                            lambda pid: handing_off) == []
+    # a pool at work beside them still is
+    pooled = [{**row, "helper_cpu_share": 0.55, "busy_threads": 5} for row in rows]
+    found = pitfalls.thread_oversubscription(probes, pooled, 2, 2, 2.5, lambda pid: handing_off)
+    assert found and found[0].evidence["helper_cpu_share"] == 0.29
+
+
+def test_the_sampled_profile_tells_torchs_hand_off_threads_per_process():
+    profile = SampledProfile()
+    profile.add(7, [("main", [], 0.6, 1.0, 60), ("QueueFeederThread", [], 0.3, 0.3, 10),
+                    ("Thread-2 (_serve)", [], 0.1, 0.1, 10)])
+    profile.add(8, [("main", [], 1.0, 1.0, 60)])
+    seen = profile.torch_threads(7)
+    assert seen is not None and seen.cpu_share == pytest.approx(0.4) and seen.busy == 2
+    assert profile.torch_threads(8) == TorchThreads(cpu_share=0.0, busy=0)
+    assert profile.torch_threads(9) is None
+    assert stage_of("Thread-2 (_serve)", []) == "hand-off"
 
 
 def init(worker_id):

@@ -28,10 +28,12 @@ NOTE [ Stages of a sample's making ]
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from dataloader_tuner.instrument.frames import COLLATE_WRAPPER, FETCH_WRAPPERS
 from dataloader_tuner.instrument.sampler import SAMPLER_ROLE
+from dataloader_tuner.instrument.threads import BUSY_SHARE
 
 # frames: (file, first line, qualified name, line), leaf first (frames.Frame)
 GENERIC_CALLS = ("Module._call_impl", "Module._wrapped_call_impl", "Transform.forward",
@@ -53,6 +55,20 @@ MIN_LOOKS = 100  # fewer looks at the loader's work: too few to show shares as a
 TOP_FUNCTIONS = 20
 
 
+@dataclass(frozen=True)
+class TorchThreads:
+    """What a worker's own hand-off threads did: its queue's feeder (pickling each batch) and
+    multiprocessing's resource sharer (``Thread-N (_serve)``, passing tensors' file
+    descriptors). Every DataLoader worker has them; they are not a pool fighting for cores."""
+
+    cpu_share: float  # of the process's sampled CPU
+    busy: int  # how many did at least threads.BUSY_SHARE of it
+
+
+def is_torch_handoff(role: str) -> bool:
+    return role == "QueueFeederThread" or role.endswith("(_serve)")
+
+
 def _is(frame: Sequence[Any], qualname: str) -> bool:
     name = str(frame[2])
     return name == qualname or name.endswith("." + qualname)
@@ -62,7 +78,7 @@ def stage_of(role: str, frames: Sequence[Sequence[Any]]) -> str:
     """The stage a sampled stack belongs to (NOTE [ Stages of a sample's making ])."""
     root_first = list(reversed(frames))
     names = [f[2] for f in root_first]
-    if role == "QueueFeederThread" or any(n.endswith("Queue._feed") for n in names):
+    if is_torch_handoff(role) or any(n.endswith("Queue._feed") for n in names):
         return "hand-off"
     if "_pin_memory_loop" in role or any(n.endswith("_pin_memory_loop") for n in names):
         return "pinning"  # (other threads are sampled by name: "Thread-3 (_pin_memory_loop)")
@@ -107,9 +123,12 @@ class SampledProfile:
         # (role, frames) -> [cpu_s, wall_s, looks]
         self.stacks: dict[tuple[str, Stack], list[float]] = {}
         self.processes: set[int] = set()
+        self.thread_cpu: dict[int, dict[str, float]] = {}  # pid -> thread role -> CPU seconds
 
     def add(self, pid: int, sampled: Iterable[Sequence[Any]]) -> None:
+        threads = self.thread_cpu.setdefault(pid, {})
         for role, frames, cpu, wall, looks in sampled:
+            threads[role] = threads.get(role, 0.0) + cpu
             key = (role, tuple(tuple(f) for f in frames))
             entry = self.stacks.get(key)
             if entry is None:
@@ -119,6 +138,16 @@ class SampledProfile:
                 entry[1] += wall
                 entry[2] += looks
             self.processes.add(pid)
+
+    def torch_threads(self, pid: int) -> TorchThreads | None:
+        """A process's CPU done by torch's own hand-off threads, or None where it was not
+        sampled."""
+        threads = self.thread_cpu.get(pid)
+        total = sum(threads.values()) if threads else 0.0
+        if not threads or total <= 0:
+            return None
+        own = [cpu for role, cpu in threads.items() if is_torch_handoff(role)]
+        return TorchThreads(sum(own) / total, sum(1 for cpu in own if cpu >= BUSY_SHARE * total))
 
     def summary(self) -> dict[str, Any] | None:
         """``{looks, seconds, processes, enough, sampling_share, stages, hotspots, flame,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dataloader_tuner.analyse.diagnostic import Diagnostic, seconds_text
+from dataloader_tuner.analyse.hotspots import TorchThreads
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.rows import TimedBatch
 from dataloader_tuner.system import SystemSnapshot
@@ -331,16 +332,29 @@ def oversubscribed(pools: Sequence[dict[str, int]], uses: Sequence[tuple[float, 
     return Oversubscribed(busy, round(share, 2), name, size)
 
 
+def _less_torchs(use: tuple[float, int], own: TorchThreads | None) -> tuple[float, int]:
+    """A worker's (helper share, busy threads) without torch's own hand-off threads."""
+    if own is None:
+        return use
+    return max(0.0, use[0] - own.cpu_share), max(1, use[1] - own.busy)
+
+
 def thread_oversubscription(probes: Sequence[dict[str, Any]], resources: Sequence[dict[str, Any]],
-                            num_workers: int, cpus_usable: float,
-                            cpu_ms: float | None) -> list[Diagnostic]:
+                            num_workers: int, cpus_usable: float, cpu_ms: float | None,
+                            torch_threads: Callable[[int], TorchThreads | None] = lambda pid: None
+                            ) -> list[Diagnostic]:
+    """``torch_threads``: a worker's own hand-off threads as its sampler saw them
+    (hotspots.SampledProfile), taken out of its threads' use: on small batches its queue's
+    feeder and resource sharer did ~20% of a worker's CPU, and more under load."""
     in_workers = [p["probe"] for p in probes if p["worker_id"] >= 0]
     pools = [probe.get("pools") or {} for probe in in_workers]
     latest: dict[int, tuple[float, int]] = {}  # worker pid -> its use since it started, last read
     for row in resources:
         if row["role"] == "worker" and row.get("helper_cpu_share") is not None:
             latest[row["pid"]] = (row["helper_cpu_share"], row.get("busy_threads") or 1)
-    found = oversubscribed(pools, list(latest.values()), num_workers, cpus_usable, cpu_ms)
+    found = oversubscribed(pools, [_less_torchs(use, torch_threads(pid))
+                                   for pid, use in latest.items()],
+                           num_workers, cpus_usable, cpu_ms)
     if found is None:
         return []
     fix = ("Limit each worker to one thread per pool; tune measures whether it pays."

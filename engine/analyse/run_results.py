@@ -318,7 +318,8 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
     if workers and system is not None:
         found += pitfalls.thread_oversubscription(
-            live.probes, live.resources, workers, system.cores, per_batch["fetch_cpu_ms"])
+            live.probes, live.resources, workers, system.cores, per_batch["fetch_cpu_ms"],
+            live.stacks.torch_threads)
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)
     found += overdue_batches(live.overdue, live.batches)
     return found
