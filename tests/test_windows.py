@@ -352,9 +352,9 @@ def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_pa
     db = str(tmp_path / "runs.db")
     data = TensorDataset(torch.randn(32 * 4000, 4), torch.arange(32 * 4000))
     watched = watch(DataLoader(data, batch_size=32), name="fast", db=db)
-    count, samples, first_end = 0, 0, None
+    count, samples, first_end, read_at = 0, 0, None, None
     step_ends: list[float] = []  # the loop's own clock: batch i's step ends at step_ends[i]
-    for epoch in range(4):
+    for epoch in range(60):
         for x, _ in watched:
             count += 1
             if first_end is None:
@@ -362,8 +362,13 @@ def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_pa
             else:
                 samples += len(x)
             step_ends.append(time.perf_counter())
-        if epoch == 2:  # the page, while the job runs: its latest batches' rate (the last
-            # second's still held to be folded, TAIL_S: at ~7,000 batches/s, up to ~5,000)
+        if read_at is not None:  # one epoch after the page's read, the job ends
+            break
+        # The page, while the job runs: its latest batches' rate. The last second's batches
+        # are held to be folded (TAIL_S), so it reads once more than that has run: at a
+        # fixed epoch (3), a host running ~10,000 batches/s had folded only 1,317 then.
+        if time.perf_counter() - first_end > TAIL_S + 0.6:
+            read_at = epoch
             watched.recorder.flush()
             read = []  # the stretch the page's rate is read from (the recorder writes on)
             recent = job_board._recent
