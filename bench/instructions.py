@@ -12,7 +12,9 @@ the tool is then in the one process, the worst case for fast batches):
             columns) plus the child's encoding of those batches for its pipe; the parent's
             share (decode, fold into windows: another process, another core) is ``parent``
   watched   ``watch(loader)`` over the same loader, its recorder thread writing a temporary
-            history (every row, window and flush it makes for these batches)
+            history (every row, window and flush it makes for these batches); of it,
+            ``recorder`` is that thread's flush (counted in a phase of its own, after the
+            loop's, which holds the recorder's flushes off)
   probes    the loader's probed copy (the dataset and collate wrappers the engine and a watched
             loader run, watcher/rebuild.py), iterated by a plain loop: what they cost alone
   bare      the plain loader through the least a timing loop does (two clock readings and two
@@ -27,14 +29,20 @@ instructions.
 
 Under valgrind a batch takes ~50x longer, and the tool decides by the clock (a batch under
 1 ms is timed every 16th only; beyond 2,000 batches a second rows fold into windows; the
-recorder flushes every 0.25 s). So the run's ``time.monotonic`` is slowed by the factor
+recorder flushes every 0.25 s, stretched by the same factor). So the run's ``time.monotonic``
+is slowed by the factor
 measured (a plain loop's time per batch under valgrind over the same outside it), before the
 tool is imported: it decides as it would at full speed. That clock is a Python function, a few
 hundred instructions a call more than the real one: its calls are counted, and what they cost
 beyond the real clock's (timed in a phase of their own) is taken off each way's figure.
 
     python bench/instructions.py [--only NAME] [--batches 1500] [--repeats 2] [--no-child]
-        [--keep DIR]
+        [--keep DIR] [--seeded]
+
+With ``--seeded`` every phase starts from the same seeds (``random``, torch's, numpy's): each
+way draws the same shuffle and augmentations, for modules whose samples differ in cost (a JPEG
+folder's photos of different sizes). Off by default: on long_tail it moved the watched way's
+job-thread phase from 1.032 to 1.056 of plain (plain and engine unmoved), not yet explained.
 
 Needs valgrind and gcc (Debian: valgrind, gcc); ~4 minutes a module (importing torch under
 valgrind alone takes ~2), and ~8 more for ``child``.
@@ -63,7 +71,7 @@ SHIM = """#include <valgrind/callgrind.h>
 void phase_start(void) { CALLGRIND_ZERO_STATS; }
 void phase_end(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
-WAYS = ("plain", "engine", "parent", "watched", "probes", "bare")
+WAYS = ("plain", "engine", "parent", "watched", "recorder", "probes", "bare")
 CLOCK_CALLS = 20_000  # calls of each clock timed, for what the slowed one costs more a call
 
 
@@ -96,6 +104,20 @@ def timed_only(loader) -> Iterator[Any]:
             keep(t_ready)
             yield batch
             t_request = clock()
+
+
+def seeded() -> None:
+    """The random generators a loader draws from (its shuffle, the dataset's augmentations)
+    set alike: on a JPEG folder of photos of different sizes, 20 batches of different images
+    and crops part ways by more than the tool costs."""
+    import random
+
+    import torch
+
+    random.seed(0)
+    torch.manual_seed(0)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(0)
 
 
 def iterate(loader, batches: int) -> None:
@@ -141,6 +163,11 @@ def inner(args: argparse.Namespace) -> None:
     time.monotonic = clock  # before the tool is imported: its modules read this one
 
     from dataloader_tuner import watch
+    from dataloader_tuner.run import recorder
+    # The recorder thread waits on the real clock between its flushes (an Event's wait):
+    # stretched too, so that a watched phase flushes (and samples resources) as often a batch
+    # as at full speed, not ~factor times as often
+    recorder.FLUSH_S *= factor
     from dataloader_tuner.child.measure import Measurement
     from dataloader_tuner.child.target import resolve
     from dataloader_tuner.child.starting import starting_config
@@ -184,11 +211,22 @@ def inner(args: argparse.Namespace) -> None:
     watched = watch(DataLoader(dataset, **settings), name="instructions",
                     db=os.path.join(history, "runs.sqlite"))
 
+    # A watched way is counted in two phases: the job's thread (the recorder's flushes held
+    # off, so none falls inside it by chance) and then the recorder's flush of those batches
+    flush = watched.recorder.flush
+
     def watched_loop(batches: int) -> Callable[[], None]:
         def run() -> None:
+            watched.recorder.flush = lambda *args, **kwargs: None
             iterate(watched, batches)
+
+        return run
+
+    def recorded(batches: int) -> Callable[[], None]:
+        def run() -> None:
+            watched.recorder.flush = flush
             clock.skipped += TAIL_S + 1  # every batch's row is past its wait: all written now
-            watched.recorder.flush()
+            flush()
 
         return run
 
@@ -207,13 +245,15 @@ def inner(args: argparse.Namespace) -> None:
         return lambda: iterate(timed_only(loader), batches)
 
     ways = {"plain": plain, "engine": engine, "parent": parent, "watched": watched_loop,
-            "probes": probes, "bare": bare}
+            "recorder": recorded, "probes": probes, "bare": bare}
     calls: dict[str, list[int]] = {name: [] for name in WAYS}
     for repeat in range(args.repeats + 1):  # the first is a warm-up, its counts dropped
         for name in WAYS:
             run = ways[name](args.batches)
             gc.collect()  # each phase from the same collector state (a full collection in
             before = clock.calls  # one phase and not another moved ways by ~0.7%)
+            if args.seeded:  # each way the same samples and augmentations (a JPEG's size)
+                seeded()
             shim.phase_start()
             run()
             shim.phase_end(f"{repeat}:{name}".encode())
@@ -332,7 +372,8 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
          sys.executable, os.path.abspath(__file__), "--inner", target, "--shim", shim,
          "--native-s", repr(native_s), "--batches", str(args.batches),
-         "--repeats", str(args.repeats), "--calibrate", "200"],
+         "--repeats", str(args.repeats), "--calibrate", "200"]
+        + (["--seeded"] if args.seeded else []),
         cwd=ROOT, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"{target}: the run under valgrind failed:\n{run.stderr[-2000:]}")
@@ -343,6 +384,7 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
     per_batch = {way: statistics.median(
         total - extra_per_call * calls for total, calls in zip(found[way], said["clock_calls"][way])
     ) / args.batches for way in WAYS}
+    per_batch["watched"] += per_batch["recorder"]  # the job's thread's and its recorder's
     # (the engine's and plain's: the watched way's moves with where its recorder's flushes fall)
     spread = {way: (max(found[way]) - min(found[way])) / statistics.median(found[way])
               for way in ("plain", "engine")}
@@ -364,6 +406,8 @@ def main() -> None:
                         help="skip the real engine child's runs (~6 minutes a module)")
     parser.add_argument("--keep", metavar="DIR",
                         help="copy callgrind's dumps here (for callgrind_annotate)")
+    parser.add_argument("--seeded", action="store_true",
+                        help="every phase from the same seeds (for modules that augment)")
     parser.add_argument("--inner", help=argparse.SUPPRESS)
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--native-s", type=float, help=argparse.SUPPRESS)
@@ -389,7 +433,8 @@ def main() -> None:
         print(f"instructions per batch at num_workers=0, {args.batches} batches a phase, "
               f"median of {args.repeats}")
         print(f"{'module':22s} {'us/batch':>8s} {'plain':>9s} {'engine':>9s} {'x plain':>8s} "
-              f"{'watched':>9s} {'x plain':>8s} {'parent':>8s} {'probes x':>8s} {'bare x':>7s} "
+              f"{'watched':>9s} {'x plain':>8s} {'recorder':>8s} {'parent':>8s} {'probes x':>8s} "
+              f"{'bare x':>7s} "
               f"{'child x':>8s} {'spread':>7s} {'slowed':>6s}")
         for target in targets:
             row = measure(target, args, folder, shim)
@@ -400,7 +445,7 @@ def main() -> None:
             plain = row["plain"]
             print(f"{row['module']:22s} {row['native_us']:8.1f} {plain:9,.0f} "
                   f"{row['engine']:9,.0f} {row['engine'] / plain:8.4f} {row['watched']:9,.0f} "
-                  f"{row['watched'] / plain:8.4f} {row['parent']:8,.0f} "
+                  f"{row['watched'] / plain:8.4f} {row['recorder']:8,.0f} {row['parent']:8,.0f} "
                   f"{row['probes'] / plain:8.4f} {row['bare'] / plain:7.4f} "
                   f"{row['child'] / plain if 'child' in row else math.nan:8.4f} "
                   f"{row['spread']:7.2%} {row['factor']:5.0f}x", flush=True)
