@@ -92,8 +92,10 @@ def test_the_cache_s_rate_agrees_with_a_plain_loop_over_the_same_held_samples(mo
     """ImageFolder + Compose (tests/real/imagefolder_compose.py): its first samples held, the
     cached trials (child/cached.py) and plain loops over the same samples, in turns in this
     process: within the trials' stated interval, or 15% where they state less, in the median
-    of 3 rounds (a CI run under load read one round's trials at 4,008 and 1,620 against a plain
-    loop's 8,646, the next round's 8,573 and 9,060 against 8,717)."""
+    of 5 rounds (a CI run under load read one round's trials at 4,008 and 1,620 against a plain
+    loop's 8,646, the next round's 8,573 and 9,060 against 8,717). A round's ratio moves
+    0.84-1.29 even here, unloaded (the host's speed between seconds): CI's median of 3 read
+    1.215 (1.29, 1.22, 0.84)."""
     from dataloader_tuner.child import cached
 
     # (every image held however slow the host: loaded, the 5 s of making them held 1,008)
@@ -102,7 +104,7 @@ def test_the_cache_s_rate_agrees_with_a_plain_loop_over_the_same_held_samples(mo
     config = LoaderConfig(batch_size=32, num_workers=2, persistent_workers=True)
     runner = TrialRunner(resolved, Consumer(), lambda t: None, TimeLimit(None))
     ratios, stated_each = [], []
-    for _ in range(3):
+    for _ in range(5):
         found = measure_cached(runner, config)
         assert found is not None
         trials, held = found
