@@ -29,7 +29,8 @@ from .conftest import ROOT
 from .conftest import dataset_path
 from .test_cli import cli
 
-pytestmark = pytest.mark.slow  # a tune (~12 s) and two plain grids (~30 s each)
+pytestmark = [pytest.mark.slow,  # a tune (~12 s) and two plain grids (~30 s each)
+              pytest.mark.host_speed]  # the tool and plain loops timed apart
 
 AGREE = 0.15
 GRID = (0, 1, 2, 3, 4)

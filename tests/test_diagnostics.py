@@ -203,6 +203,7 @@ PITFALLS = [pytest.param(*case, marks=SLOW) for case in [
                          ids=["duplicated_random_streams", "skewed_labels", "worker_memory_growth",
                               "thread_oversubscription", "workers_restarted_each_epoch",
                               "restarts-4", "pin"])
+@pytest.mark.host_speed
 def test_pitfall_is_diagnosed_with_evidence_and_a_fix(target, args, code, fix_phrase, db_path):
     if code == "pin_memory_without_gpu" and _has_gpu():
         pytest.skip("this machine has a GPU: pinning is not a mistake here")
@@ -233,6 +234,7 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.slow  # 6 s
+@pytest.mark.host_speed
 def test_a_slow_sample_is_named_while_the_run_goes_on(db_path):
     """Sample 40 takes 1.6 s, the rest 1 ms: the batch holding it is reported overdue with its
     worker, indices and line, and the run ends "ok" with every batch measured."""

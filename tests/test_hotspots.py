@@ -122,6 +122,7 @@ def _check_speedscope(doc: dict, result: ProfileResult) -> None:
 
 
 @pytest.mark.slow  # 5.5 s: its 12 s siblings below check the same shares closer
+@pytest.mark.host_speed
 def test_a_profile_finds_the_known_shares_inside_its_workers(tmp_path):
     """A short run: within 10 points (a few hundred looks; the kernel's tick sets the rate)."""
     _profile_and_check(2, 3.0, 0.1, tmp_path)
@@ -129,12 +130,14 @@ def test_a_profile_finds_the_known_shares_inside_its_workers(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.host_speed
 def test_a_longer_profile_agrees_within_five_points(workers, tmp_path):
     """~1,000-2,000 looks: within 5 points of the known make-up and of cProfile's."""
     _profile_and_check(workers, 12.0, 0.05, tmp_path)
 
 
 @pytest.mark.slow  # a 6 s profile; its unit sibling below is quick
+@pytest.mark.host_speed
 def test_a_mostly_waiting_worker_is_seen_where_it_waits(tmp_path):
     """60% of each sample a sleep: a CPU-time timer alone never looked there (the wait's time
     went to the spins: read_bytes 0.05 of the three, decode 0.47); a second timer on the time

@@ -135,6 +135,7 @@ def profiled_twice(name: str, tmp_path) -> tuple[dict[str, float], dict, dict[st
     ("detection", ["your __getitem__", "collate"], AGREE),
     ("tokenized_text", ["decode"], AGREE),
 ])
+@pytest.mark.host_speed
 def test_the_stages_agree_with_py_spy_on_the_same_loop(name, top, agree, tmp_path):
     agreeing_on_a_second_look(tmp_path, lambda folder: profiled_twice(name, folder),
                               lambda run: _check_agreement(name, top, agree, *run))

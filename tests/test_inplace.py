@@ -197,6 +197,7 @@ class Labelled(torch.utils.data.Dataset):
     ("examples/latency_bound.py:RemoteStorageDataset(length=1600, latency_s=0.004)", 8.0, 0, 12),
     ("examples/tiny_in_memory.py", 0.0, 2, 4),
 ])
+@pytest.mark.host_speed
 def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, target,
                                                  step_ms, start, max_workers):
     monkeypatch.chdir(tmp_path)

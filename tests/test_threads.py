@@ -226,6 +226,7 @@ def _cli(*args: str, db) -> dict:
 @pytest.mark.slow  # ~20 s: two profiles
 @pytest.mark.parametrize("fixture,pool", [("blas_threads.py", "openblas"),
                                           ("torch_threads.py", "torch")])
+@pytest.mark.host_speed
 def test_a_profile_names_the_pool_that_oversubscribes(fixture, pool, tmp_path):
     args = ["--num-workers", "2"] if fixture == "blas_threads.py" else []
     doc = _cli("profile", dataset_path(fixture), "--seconds", "4", *args, db=tmp_path / "r.db")
@@ -237,6 +238,7 @@ def test_a_profile_names_the_pool_that_oversubscribes(fixture, pool, tmp_path):
 
 @needs_cores
 @pytest.mark.slow  # ~60-80 s: a real tune, then plain loops
+@pytest.mark.host_speed
 def test_a_tune_limits_the_threads_where_plain_loops_confirm_it(tmp_path):
     """numpy's OpenBLAS runs one thread per core in each worker: the tune measures one thread
     per pool faster, and plain DataLoader loops with and without LimitThreads agree."""

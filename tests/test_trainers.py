@@ -42,6 +42,7 @@ def runs_by_label(db_path: str) -> dict:
 
 
 @pytest.mark.slow  # two training scripts with 2 workers each
+@pytest.mark.host_speed
 def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     """``watch(accelerator.prepare(loader))`` gives the job its DataLoaderShard back, the same
     batches in the same order, and the run the workers' figures; its input wait (each
@@ -165,6 +166,7 @@ def test_lightning_loaders_are_watched_by_one_callback(db_path, monkeypatch):
 
 @pytest.mark.slow  # a Lightning fit of 3 epochs with 2 workers, twice
 @pytest.mark.parametrize("persistent", [False, True], ids=["restarted", "persistent"])
+@pytest.mark.host_speed
 def test_the_wait_agrees_with_lightning_s_own_profiler(persistent, db_path):
     """Lightning's SimpleProfiler times each fetch of its training loop; the tool's wait of
     each batch agrees with it. (Once the watched loop held each batch until the next came, and
@@ -192,6 +194,7 @@ def test_the_wait_agrees_with_lightning_s_own_profiler(persistent, db_path):
 
 @pytest.mark.slow  # a Hugging Face Trainer run of 2 epochs with 2 workers, twice
 @pytest.mark.parametrize("persistent", [False, True], ids=["restarted", "persistent"])
+@pytest.mark.host_speed
 def test_the_wait_agrees_with_the_hugging_face_trainer_s_fetches(persistent, db_path, tmp_path):
     """The Trainer's fetches (``next()`` on its epoch iterator, in ``get_batch_samples``),
     timed in the job, against the tool's input wait of the train loader: within 5%. (Its

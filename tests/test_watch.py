@@ -176,6 +176,7 @@ def imagenet_style_loop(loader, epochs: int = 3, step_s: float = 0.01) -> float:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.host_speed
 def test_input_wait_agrees_with_a_loop_that_times_its_own_data_wait(db_path, workers):
     """Short epochs, so each epoch's start-up is a real share of the loop's time: the headline
     wait includes it, within 2 points of the loop's own clock."""

@@ -336,6 +336,7 @@ def test_a_fast_loader_s_run_is_kept_in_windows_with_its_figures_exact(tmp_path)
     assert live_descendants() == []
 
 
+@pytest.mark.host_speed
 def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_path,
                                                                            monkeypatch):
     """watch() on an in-memory loader at 0 workers (tens of microseconds a batch): the

@@ -64,6 +64,7 @@ def test_counts_and_diagnostics_are_right(name):
 
 
 @pytest.mark.parametrize("name", ["detection", "webdataset_style", "duck_typed"])
+@pytest.mark.host_speed
 def test_samples_per_s_agrees_with_a_plain_loop(name):
     tool = profile(name)["samples_per_s"]
     # the median of three plain loops: one read 26.9k samples/s of duck_typed in CI where
