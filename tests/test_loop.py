@@ -4,6 +4,7 @@ import gc
 import time
 import weakref
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -72,3 +73,77 @@ def test_a_one_ahead_epoch_s_end_lands_on_its_last_batch_s_wait():
         assert len(rows) == seen  # each held until the next batch came
     assert [batch[0] for batch in rows] == [0, 1, 2]
     assert rows[-1][4] >= rows[-1][3]
+
+
+def test_a_steady_epoch_s_waits_and_steps_tile_the_loop_s_time():
+    """After an epoch's first batch, each wait starts at the clock reading that ended the
+    batch before's step, as the loop's own clock has it: nothing between the two goes
+    untimed; while the loader is asked, the window says since when (the job's sampler)."""
+    from dataloader_tuner.record.ledger import NEXT_WINDOW
+
+    seen_window: list = []
+
+    def produce():
+        for i in range(5):
+            seen_window.append(NEXT_WINDOW.since)
+            time.sleep(0.002)
+            yield i, (0, 0, 1)
+
+    rows: list = []
+    loop = TimedLoop(BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None), rows.append)
+    started = time.monotonic()
+    for _ in loop.epoch(loop.ledger.new_epoch(), BatchSource(produce())):
+        time.sleep(0.001)
+    took = time.monotonic() - started
+    assert [batch[0] for batch in rows] == [0, 1, 2, 3, 4]
+    for before, batch in zip(rows, rows[1:]):
+        assert batch[2] == before[4]  # t_request: the batch before's t_back
+    waited = sum(b[3] - b[2] for b in rows)
+    stepped = sum(b[4] - b[3] for b in rows)
+    assert waited + stepped == pytest.approx(rows[-1][4] - rows[0][2])
+    assert waited >= 0.010 and stepped >= 0.005 and waited + stepped <= took
+    assert all(since is not None for since in seen_window)
+    assert NEXT_WINDOW.since is None and loop.ledger.asking_since is None
+
+
+def test_a_steady_epoch_ends_and_fails_as_its_loader_does():
+    """The steady path lets the loader's own error through, the window closed, and the batch
+    before it keeps its row."""
+    def produce():
+        yield 0, (0, 0, 1)
+        yield 1, (0, 0, 1)
+        raise ValueError("a bad sample")
+
+    rows: list = []
+    loop = TimedLoop(BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None), rows.append)
+    batches = loop.epoch(loop.ledger.new_epoch(), BatchSource(produce()))
+    assert [next(batches), next(batches)] == [0, 1]
+    with pytest.raises(ValueError, match="a bad sample"):
+        next(batches)
+    from dataloader_tuner.record.ledger import NEXT_WINDOW
+    assert [b[0] for b in rows] == [0, 1]
+    assert NEXT_WINDOW.since is None and loop.ledger.asking_since is None
+
+
+def test_a_steady_epoch_brackets_each_wait_with_the_gpu_s_events():
+    """A CUDA job's loop (GPU events around each wait): every batch, the epoch's first and
+    the steady ones after it, is asked for and handed over in turn, its gaps resolved to the
+    ledger."""
+    calls: list = []
+
+    class Gaps:
+        def asking(self) -> None:
+            calls.append("asking")
+
+        def handed(self, seq: int) -> None:
+            calls.append(seq)
+
+        def resolved(self) -> list:
+            return [(calls[-1], 0.5)]
+
+    ledger = BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None, Gaps())
+    loop = TimedLoop(ledger, [].append)
+    assert list(loop.epoch(ledger.new_epoch(), BatchSource(iter([(i, (0, 0, 1))
+                                                                 for i in range(3)])))) == [0, 1, 2]
+    assert calls[:6] == ["asking", 0, "asking", 1, "asking", 2]
+    assert ledger.resolved_gaps == [(0, 0.5), (1, 0.5), (2, 0.5)]

@@ -8,7 +8,9 @@ same order, its batches written as columns (NOTE [ Rows built off the loop ], co
 NOTE [ One batch, in order ]
 
     1. ``ledger.next_batch``: the wait, from the loop's ``next()`` (or the epoch's ``iter()``,
-       or a switch of loaders: ``source.since``) to the batch;
+       or a switch of loaders: ``source.since``) to the batch; in a steady epoch (one
+       iterator: no loaders switched) after its first batch, written out in the loop and from the
+       clock reading that ended the step before, so waits and steps tile the loop's time;
     2. the batch held from the one before is complete (``Handover.arrived``);
     3. ``ledger.handed``: an epoch's or a worker's first batch is announced, outside the
        timed windows (``ledger.seq - 1`` is the batch the loop holds);
@@ -33,10 +35,11 @@ NOTE [ One batch, in order ]
 from __future__ import annotations
 
 import time
+from threading import get_ident
 from typing import Any, Callable, Generator, Iterator
 
 from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns, column_meta
-from dataloader_tuner.record.ledger import BatchLedger, EpochMark
+from dataloader_tuner.record.ledger import NEXT_WINDOW, BatchLedger, EpochMark
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
 from dataloader_tuner.record.taken import TakenBatch, ended
 
@@ -134,19 +137,50 @@ class TimedLoop:
         # instructions of a watched loop's ~27k: bench/instructions.py)
         unpack = None if _inherited(source.unpack, BatchSource.unpack) else source.unpack
         taken = None if _inherited(source.taken, BatchSource.taken) else source.taken
+        # A source that keeps its one iterator (no loaders switched: no ``taken`` nor
+        # ``recover`` of its own): each batch after its epoch's first is asked for here,
+        # next_batch's steady state written out (its call, its tuple and what only a switch
+        # reads), its wait from the clock reading that ended the batch before's step, as the
+        # loop's own clock has it (what runs between is the loop's wait too): ~2k
+        # instructions a batch less (bench/instructions.py)
+        steady = taken is None and _inherited(source.recover, BatchSource.recover)
+        iterator, window = source.iterator, NEXT_WINDOW
+        gaps, resolved_gaps = ledger.gaps, ledger.resolved_gaps  # (GPU events: a CUDA job's)
+        t_back: float | None = None  # (set: the epoch's first batch has been taken)
         ran_out = False
         try:
             while True:
-                try:
-                    item, t_request, t_ready, seq = next_batch(source.iterator, mark,
-                                                               source.since)
-                except StopIteration:
-                    ran_out = True
-                    return
-                except Exception as exc:
-                    if exc is ledger.next_error and source.recover(exc):
-                        continue
-                    raise
+                if steady and t_back is not None:
+                    if gaps is not None:
+                        gaps.asking()
+                    window.thread = ident = get_ident()
+                    ledger.asking_since = window.since = t_request = t_back
+                    try:
+                        item = next(iterator)
+                    except StopIteration:
+                        ran_out = True
+                        return
+                    finally:
+                        ledger.asking_since = None
+                        if window.thread == ident:  # (else another thread's next() since)
+                            window.since = None
+                    t_ready = clock()
+                    seq = ledger.seq
+                    ledger.seq = seq + 1
+                    if gaps is not None:
+                        gaps.handed(seq)
+                        resolved_gaps.extend(gaps.resolved())
+                else:
+                    try:
+                        item, t_request, t_ready, seq = next_batch(source.iterator, mark,
+                                                                   source.since)
+                    except StopIteration:
+                        ran_out = True
+                        return
+                    except Exception as exc:
+                        if exc is ledger.next_error and source.recover(exc):
+                            continue
+                        raise
                 batch, meta = unpack(item) if unpack is not None else item
                 # Held by nothing here while the loop has it: the loop's reference is the
                 # batch's last (NOTE [ One batch, in order ])
