@@ -14,7 +14,9 @@ the tool is then in the one process, the worst case for fast batches):
   watched   ``watch(loader)`` over the same loader, its recorder thread writing a temporary
             history (every row, window and flush it makes for these batches); of it,
             ``recorder`` is that thread's flush (counted in a phase of its own, after the
-            loop's, which holds the recorder's flushes off)
+            loop's, which holds the recorder's flushes off), each flush's own cost (a flush
+            of nothing new, counted apart) charged as often a batch as at full speed (a
+            flush every 0.25 s: ~5,800 of long_tail's batches, not a phase's 1,500)
   probes    the loader's probed copy (the dataset and collate wrappers the engine and a watched
             loader run, watcher/rebuild.py), iterated by a plain loop: what they cost alone
   bare      the plain loader through the least a timing loop does (two clock readings and two
@@ -45,7 +47,9 @@ folder's photos of different sizes). Off by default: on long_tail it moved the w
 job-thread phase from 1.032 to 1.056 of plain (plain and engine unmoved), not yet explained.
 
 Needs valgrind and gcc (Debian: valgrind, gcc); ~4 minutes a module (importing torch under
-valgrind alone takes ~2), and ~8 more for ``child``.
+valgrind alone takes ~2), and ~8 more for ``child``. A slow pipeline (imagefolder_compose,
+memmap_store: 66-82 ms a batch natively) is counted on a few batches a phase, its warm-up and
+calibration as short (``--batches 5 --seeded``).
 """
 
 from __future__ import annotations
@@ -71,8 +75,21 @@ SHIM = """#include <valgrind/callgrind.h>
 void phase_start(void) { CALLGRIND_ZERO_STATS; }
 void phase_end(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
-WAYS = ("plain", "engine", "parent", "watched", "recorder", "probes", "bare")
+WAYS = ("plain", "engine", "parent", "watched", "recorder", "idle", "probes", "bare")
 CLOCK_CALLS = 20_000  # calls of each clock timed, for what the slowed one costs more a call
+
+
+def warm_up(batches: int) -> int:
+    """Batches iterated before any phase (the first epoch's one-time costs): 50, or a phase's
+    where phases are shorter (a slow pipeline's: 66 ms a batch natively is ~5 s under
+    valgrind, and 50 of them alone took ~4 minutes)."""
+    return min(50, batches)
+
+
+def calibration(batches: int) -> int:
+    """Batches timed under valgrind for the slowing factor: 200, or a phase's where phases are
+    shorter (a slow batch's time is known from a few)."""
+    return min(200, max(batches, 5))
 
 
 # -- inside valgrind ---------------------------------------------------------------------------
@@ -155,7 +172,7 @@ def inner(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader
 
     dataset, settings = plain_loader(args.inner)
-    iterate(DataLoader(dataset, **settings), 50)  # first epoch's one-time costs
+    iterate(DataLoader(dataset, **settings), warm_up(args.batches))  # one-time costs
     started = time.monotonic()
     iterate(DataLoader(dataset, **settings), args.calibrate)
     factor = max(1.0, (time.monotonic() - started) / args.calibrate / args.native_s)
@@ -230,6 +247,9 @@ def inner(args: argparse.Namespace) -> None:
 
         return run
 
+    def idle(batches: int) -> Callable[[], None]:
+        return flush  # (right after the recorder's: nothing new to write)
+
     def plain(batches: int) -> Callable[[], None]:
         loader = DataLoader(dataset, **settings)
         return lambda: iterate(loader, batches)
@@ -245,7 +265,7 @@ def inner(args: argparse.Namespace) -> None:
         return lambda: iterate(timed_only(loader), batches)
 
     ways = {"plain": plain, "engine": engine, "parent": parent, "watched": watched_loop,
-            "recorder": recorded, "probes": probes, "bare": bare}
+            "recorder": recorded, "idle": idle, "probes": probes, "bare": bare}
     calls: dict[str, list[int]] = {name: [] for name in WAYS}
     for repeat in range(args.repeats + 1):  # the first is a warm-up, its counts dropped
         for name in WAYS:
@@ -372,7 +392,7 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p",
          sys.executable, os.path.abspath(__file__), "--inner", target, "--shim", shim,
          "--native-s", repr(native_s), "--batches", str(args.batches),
-         "--repeats", str(args.repeats), "--calibrate", "200"]
+         "--repeats", str(args.repeats), "--calibrate", str(calibration(args.batches))]
         + (["--seeded"] if args.seeded else []),
         cwd=ROOT, env=env, capture_output=True, text=True)
     if run.returncode != 0:
@@ -381,9 +401,18 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
     found = counts(out)
     extra_per_call = statistics.median(
         (slow - real) / CLOCK_CALLS for slow, real in zip(found["slow-clock"], found["real-clock"]))
-    per_batch = {way: statistics.median(
+    # The recorder's flushes: the least of the repeats, not the median. A flush that writes a
+    # statement's row count for the first time prepares it (sqlite3_prepare_v2: 4.2M
+    # instructions in one repeat of long_tail's, ~2.8k a batch; none in the next), and a
+    # running job's statements are cached after its first few flushes.
+    per_batch = {way: (min if way == "recorder" else statistics.median)(
         total - extra_per_call * calls for total, calls in zip(found[way], said["clock_calls"][way])
     ) / args.batches for way in WAYS}
+    # A flush's own cost (``idle``: of nothing new) once a flush's batches at full speed
+    from dataloader_tuner.run.recorder import FLUSH_S
+    flush_batches = max(FLUSH_S / native_s, 1.0)
+    per_flush = per_batch.pop("idle") * args.batches
+    per_batch["recorder"] += per_flush / flush_batches - per_flush / args.batches
     per_batch["watched"] += per_batch["recorder"]  # the job's thread's and its recorder's
     # (the engine's and plain's: the watched way's moves with where its recorder's flushes fall)
     spread = {way: (max(found[way]) - min(found[way])) / statistics.median(found[way])
@@ -392,6 +421,7 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
         per_batch["child"] = (child_per_batch(target, said["factor"], out) - extra_per_call
                               * statistics.median(said["clock_calls"]["engine"]) / args.batches)
     return {"module": os.path.basename(target), "native_us": native_s * 1e6,
+            "per_flush": per_flush,
             "factor": said["factor"], **per_batch, "spread": max(spread.values()),
             "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,
             "extra_per_call": extra_per_call}
@@ -433,7 +463,8 @@ def main() -> None:
         print(f"instructions per batch at num_workers=0, {args.batches} batches a phase, "
               f"median of {args.repeats}")
         print(f"{'module':22s} {'us/batch':>8s} {'plain':>9s} {'engine':>9s} {'x plain':>8s} "
-              f"{'watched':>9s} {'x plain':>8s} {'recorder':>8s} {'parent':>8s} {'probes x':>8s} "
+              f"{'watched':>9s} {'x plain':>8s} {'recorder':>8s} {'a flush':>9s} {'parent':>8s} "
+              f"{'probes x':>8s} "
               f"{'bare x':>7s} "
               f"{'child x':>8s} {'spread':>7s} {'slowed':>6s}")
         for target in targets:
@@ -445,7 +476,8 @@ def main() -> None:
             plain = row["plain"]
             print(f"{row['module']:22s} {row['native_us']:8.1f} {plain:9,.0f} "
                   f"{row['engine']:9,.0f} {row['engine'] / plain:8.4f} {row['watched']:9,.0f} "
-                  f"{row['watched'] / plain:8.4f} {row['recorder']:8,.0f} {row['parent']:8,.0f} "
+                  f"{row['watched'] / plain:8.4f} {row['recorder']:8,.0f} {row['per_flush']:9,.0f} "
+                  f"{row['parent']:8,.0f} "
                   f"{row['probes'] / plain:8.4f} {row['bare'] / plain:7.4f} "
                   f"{row['child'] / plain if 'child' in row else math.nan:8.4f} "
                   f"{row['spread']:7.2%} {row['factor']:5.0f}x", flush=True)
