@@ -77,6 +77,7 @@ def test_the_choice_travels_with_the_settings_and_the_page():
 
 
 @pytest.mark.slow  # ~90 s: a real tune, then plain loops
+@pytest.mark.host_speed  # the tune and the plain loops run at different moments
 def test_a_tune_recommends_it_where_plain_loops_confirm_it(tmp_path):
     """One sample in 200 takes 0.4 s: in order, the batches after it wait; the tune finds
     in_order=False faster, and plain DataLoader loops with its settings agree."""
