@@ -101,7 +101,8 @@ from typing import Any
 
 from dataloader_tuner.instrument.cpu_timer import CpuTimer
 from dataloader_tuner.instrument.frames import Frame, in_work, named, read_stack
-from dataloader_tuner.record.ledger import NEXT_WINDOW, BatchLedger, NextWindow
+from dataloader_tuner.record.ledger import NEXT_WINDOW, NextWindow
+from dataloader_tuner.record.loop import TimedLoop
 
 # A look per ~5 ms of the process's CPU; the kernel's tick rounds it (~125 a CPU-second here)
 INTERVAL_S = 0.005
@@ -112,9 +113,10 @@ IDLE_EVERY = 4  # a wall look outside the loader's work sets the next this many 
 # spaced out, up to MAX_STRETCH times (detectron2_style at 0 workers: 148 looks a second took
 # 1.0% in the handler and ~3% of the rate, the caches it leaves cold counted)
 LOOK_SHARE, MAX_STRETCH = 0.004, 4.0
-# Where a job's own process is sampled, the frame its stacks end at (the loader's next() is
-# the only place it is looked at: NEXT_WINDOW is set there)
-NEXT_CODE = BatchLedger.next_batch.__code__
+# Where a job's own process is sampled, the frame its stacks end at: the watcher's epoch,
+# whose next() on the loader is the only place it is looked at (NEXT_WINDOW is set there, in
+# BatchLedger.next_batch or, in a steady epoch, inline); above it are the trainer's callers
+NEXT_CODE = TimedLoop.epoch.__code__
 SAMPLER_ROLE = "(the sampler itself)"  # its own time, shipped with the stacks
 # A delta: [(thread role, frames leaf-first, cpu_s, wall_s, looks)]
 Sampled = list[tuple[str, tuple[Frame, ...], float, float, int]]
