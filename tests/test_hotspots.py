@@ -100,7 +100,13 @@ def _check_profile(workers: int, seconds: float, tolerance: float, result: Profi
             name, shares, independent)
     stages = {s["stage"]: s["share"] for s in result.stages}
     assert sum(stages.values()) == pytest.approx(1.0, abs=0.01)
-    assert stages["your __getitem__"] > 0.8  # the spins are the dataset's own code
+    # The spins are the dataset's own code: none of the fetch is read as reading, decoding or
+    # a transform, and it is the top stage. The rest is the hand-off: the main process
+    # rebuilding batches and, in each worker, torch's queue feeder and multiprocessing's
+    # resource sharer (hand-off since a931115; 0.13-0.21 of the work with 2 workers here, so
+    # "your __getitem__" read 0.74-0.84 on the same code, loaded CI included)
+    assert set(stages) <= {"your __getitem__", "collate", "hand-off"}, stages
+    assert stages["your __getitem__"] == max(stages.values()) > 0.6, stages
     top = result.hotspots[0]
     assert top["function"] == "KnownStages.__getitem__" and top["file"].endswith(
         "known_stages.py")
