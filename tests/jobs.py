@@ -91,13 +91,19 @@ def stack_of(process: psutil.Process, deadline: float) -> str:
     # (next to this Python where its scripts folder is not on PATH: a pyenv's, a venv's)
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
     left = deadline - time.monotonic()
-    if spy is not None and left > 1:
+    # A DataLoader worker's C frames too: a worker that hung once in CI showed only the
+    # Python line it stopped at (linecache.lazycache), not the lock it waited for
+    native = ["--native"] if title.split()[2:3] == ["pt_data_worker"] else []
+    while spy is not None and left > 1:
         try:
-            dumped = subprocess.run([spy, "dump", "--pid", str(process.pid)],
+            dumped = subprocess.run([spy, "dump", *native, "--pid", str(process.pid)],
                                     capture_output=True, text=True, timeout=min(left, 20))
-            return f"{title}\n{_compact(dumped.stdout) or dumped.stderr}"
         except subprocess.TimeoutExpired:
-            pass
+            break
+        if dumped.returncode and native:  # (no native unwinding for this build: without)
+            native, left = [], deadline - time.monotonic()
+            continue
+        return f"{title}\n{_compact(dumped.stdout) or dumped.stderr}"
     try:
         with open(f"/proc/{process.pid}/wchan") as wchan:
             return f"{title} waiting in {wchan.read()}"

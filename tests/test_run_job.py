@@ -8,7 +8,8 @@ import pytest
 from .jobs import run_job
 
 CHILD = """
-import time
+import ctypes, time
+ctypes.CDLL(None).prctl(15, b"pt_data_worker", 0, 0, 0)  # PR_SET_NAME, as torch's workers
 def waits_forever():
     time.sleep(600)
 waits_forever()
@@ -29,6 +30,9 @@ def test_a_hung_job_fails_with_every_process_stack():
     message = str(failed.value)
     assert "still running after 3 s" in message
     assert "parent_waits" in message and "waits_forever" in message, message
+    # the worker's C frames too (where it waits), the parent's Python ones only
+    assert "clock_nanosleep" in message and "time_sleep" in message, message
+    assert message.count("(libpython") == 1, message
 
 
 def test_a_job_that_ends_gives_its_output():
