@@ -25,9 +25,13 @@ the tool is then in the one process, the worst case for fast batches):
   child     a real engine child's profile run (``python -m dataloader_tuner.child``, as a run
             starts it, its stack sampler on), under valgrind from start to end: two runs of
             different lengths, their difference over their batches' (--no-child: skipped)
-Figures are instructions per batch; ``x plain`` is the cost over plain's. Not counted: the
-stack sampler in the phases (in ``child`` only) and what a system call costs beyond its
-instructions.
+Figures are instructions per batch; ``x plain`` is the cost over plain's. ``cpu/time`` is a
+plain loop's CPU over its time at full speed, and ``+t`` a way's instructions beyond plain's
+as a share of a batch's time there (run at plain's pace: ``time_share``): where a batch waits
+on the disk, its instructions are a small part of its time and ``x plain`` overstates what
+the tool costs it. Not counted: the stack sampler in the phases (in ``child`` only) and what a
+system call costs beyond its instructions. With a few batches a phase (``--batches 5``), each
+phase's epoch start (a new iterator, the first batches all timed) weighs on its figure.
 
 Under valgrind a batch takes ~50x longer, and the tool decides by the clock (a batch under
 1 ms is timed every 16th only; beyond 2,000 batches a second rows fold into windows; the
@@ -350,18 +354,28 @@ def child_per_batch(target: str, factor: float, folder: str) -> float:
 
 # -- outside ------------------------------------------------------------------------------------
 
-def native_seconds_per_batch(target: str, batches: int = 300) -> float:
-    """A plain loop's time per batch at full speed (median of three)."""
+def native_seconds_per_batch(target: str, batches: int = 300) -> tuple[float, float]:
+    """A plain loop's time and CPU time per batch at full speed (medians of three): a batch
+    that waits on the disk (memmap_store: 2x slower under valgrind, not ~50x) spends most of
+    its time outside its instructions."""
     from torch.utils.data import DataLoader
 
     dataset, settings = plain_loader(target)
     iterate(DataLoader(dataset, **settings), 50)
-    times = []
+    times, cpu = [], []
     for _ in range(3):
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         iterate(DataLoader(dataset, **settings), batches)
         times.append((time.monotonic() - started) / batches)
-    return statistics.median(times)
+        cpu.append((time.process_time() - cpu_started) / batches)
+    return statistics.median(times), statistics.median(cpu)
+
+
+def time_share(extra: float, plain: float, native_us: float, cpu_us: float) -> float:
+    """Instructions a batch beyond plain's, as a share of a batch's time at full speed: run at
+    plain's pace (its instructions over its CPU time), over the batch's time. For a batch all
+    CPU this is ``x plain - 1``; for one waiting on the disk, much less."""
+    return extra / plain * min(cpu_us, native_us) / native_us
 
 
 def counts(folder: str) -> dict[str, list[int]]:
@@ -383,7 +397,7 @@ def counts(folder: str) -> dict[str, list[int]]:
 
 
 def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> dict:
-    native_s = native_seconds_per_batch(target)
+    native_s, native_cpu_s = native_seconds_per_batch(target)
     out = os.path.join(folder, os.path.basename(target))
     os.makedirs(out)
     env = dict(os.environ, DATALOADER_TUNER_SAMPLE="0",
@@ -421,6 +435,7 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
         per_batch["child"] = (child_per_batch(target, said["factor"], out) - extra_per_call
                               * statistics.median(said["clock_calls"]["engine"]) / args.batches)
     return {"module": os.path.basename(target), "native_us": native_s * 1e6,
+            "cpu_us": native_cpu_s * 1e6,
             "per_flush": per_flush,
             "factor": said["factor"], **per_batch, "spread": max(spread.values()),
             "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,
@@ -466,7 +481,8 @@ def main() -> None:
               f"{'watched':>9s} {'x plain':>8s} {'recorder':>8s} {'a flush':>9s} {'parent':>8s} "
               f"{'probes x':>8s} "
               f"{'bare x':>7s} "
-              f"{'child x':>8s} {'spread':>7s} {'slowed':>6s}")
+              f"{'child x':>8s} {'spread':>7s} {'slowed':>6s} {'cpu/time':>8s} "
+              f"{'engine +t':>9s} {'watched +t':>10s}")
         for target in targets:
             row = measure(target, args, folder, shim)
             if args.keep:
@@ -480,7 +496,12 @@ def main() -> None:
                   f"{row['parent']:8,.0f} "
                   f"{row['probes'] / plain:8.4f} {row['bare'] / plain:7.4f} "
                   f"{row['child'] / plain if 'child' in row else math.nan:8.4f} "
-                  f"{row['spread']:7.2%} {row['factor']:5.0f}x", flush=True)
+                  f"{row['spread']:7.2%} {row['factor']:5.0f}x "
+                  f"{min(row['cpu_us'] / row['native_us'], 1.0):8.2f} "
+                  + " ".join(f"{share:{width}.2%}" for share, width in (
+                      (time_share(row[way] - plain, plain, row["native_us"], row["cpu_us"]),
+                       width) for way, width in (("engine", 9), ("watched", 10)))),
+                  flush=True)
 
 
 if __name__ == "__main__":
