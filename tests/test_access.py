@@ -110,6 +110,7 @@ def test_a_server_started_without_a_token_makes_one_and_prints_its_address(locke
     assert "opens only with its token" not in texts(open_app(made))
 
 
+@pytest.mark.slow  # 1.8 s: a real server; the quick loop has two with the token
 def test_no_token_opens_it_as_before(locked_env, monkeypatch):
     db, calls = locked_env
     monkeypatch.setenv("DLTUNER_NO_TOKEN", "1")

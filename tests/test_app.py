@@ -435,6 +435,7 @@ def test_settings_whose_batches_would_not_fit_in_shm_are_warned_before_start(app
     assert not get_jobs().busy()  # nothing started: the warning comes before Start
 
 
+@pytest.mark.slow  # 3.2 s: the quick loop has a fast watched job's windows on its page
 def test_history_shows_a_fast_run_from_its_windows(app_env):
     """A run whose batches were kept in windows (record/windows.py): its throughput over time
     reads the windows, not the 1 row in 16 kept (a sixteenth of the rate)."""

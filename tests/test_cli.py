@@ -39,6 +39,7 @@ def test_profile_json_is_one_document_with_the_contract(db_path):
         assert doc["transfer"] is None and doc["not_measured"]
 
 
+@pytest.mark.slow  # 3.5 s: the quick loop has the text mode's failure and --json's contract
 def test_profile_text_and_the_runs_listing(db_path):
     result = cli("profile", dataset_path("with_step.py"), "--seconds", "1", db=db_path)
     assert result.returncode == 0, result.stderr

@@ -35,11 +35,12 @@ FAILURES = [
     # target problems
     pytest.param(dataset_path("no_such_file.py"), [], "target_not_found", ["no_such_file.py"],
                  marks=pytest.mark.slow),
-    # (~2.7 s each, one path: the quick loop keeps two; test_target covers each in-process)
+    # (~2-3 s each, one path: the quick loop keeps test_cli's two, missing_import and
+    # factory_raises; test_target covers each in-process)
     pytest.param(dataset_path("syntax_error.py"), [], "target_syntax_error", ["line 3"],
                  marks=pytest.mark.slow),
-    (dataset_path("missing_import.py"), [], "target_import_error",
-     ["definitely_not_installed_pkg"]),
+    pytest.param(dataset_path("missing_import.py"), [], "target_import_error",
+                 ["definitely_not_installed_pkg"], marks=pytest.mark.slow),
     pytest.param(dataset_path("nothing_here.py"), [], "target_no_dataset", ["make_dataset"],
                  marks=pytest.mark.slow),
     pytest.param(dataset_path("two_classes.py"), [], "target_ambiguous", [],
@@ -60,15 +61,18 @@ FAILURES = [
                  marks=pytest.mark.slow),  # (the quick loop has it without workers)
     (broken("collate_raises.py"), [], "dataset_error", ["ValueError", "in collate_fn"]),
     # samples the default collate cannot stack: which field, which shapes
-    (broken("ragged_shapes.py"), [], "collate_shapes",
-     ["field 1", "(1, 4)", "(2, 4)", "custom collate_fn"]),
+    pytest.param(broken("ragged_shapes.py"), [], "collate_shapes",
+                 ["field 1", "(1, 4)", "(2, 4)", "custom collate_fn"],
+                 marks=pytest.mark.slow),  # (the quick loop has collate_raises' own error)
     pytest.param(broken("ragged_shapes.py"), ["--num-workers", "2"], "collate_shapes",
                  ["field 1"], marks=pytest.mark.slow),
     # workers killed by a signal, named, with the likely cause
     (broken("worker_segfault.py"), ["--num-workers", "2"], "worker_killed",
      ["Segmentation fault", "native code"]),
-    (broken("worker_bus_error.py"), ["--num-workers", "2"], "worker_killed",
-     ["Bus error", "shared memory", "--shm-size"]),
+    pytest.param(broken("worker_bus_error.py"), ["--num-workers", "2"], "worker_killed",
+                 ["Bus error", "shared memory", "--shm-size"],
+                 marks=pytest.mark.slow),  # (the quick loop has the segfault's; test_pitfalls
+    # reads a bus error's message)
     # a hang: which worker, which indices
     pytest.param(broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
                  ["within 2 s", "the main process", "[6, 7]",
@@ -79,8 +83,9 @@ FAILURES = [
                  ["worker 1", "[6, 7]", "stuck at stuck_in_main.py:18 in __getitem__"],
                  marks=pytest.mark.slow),
     # a dataset spawn workers cannot unpickle
-    (broken("not_picklable.py"), ["--num-workers", "2", "--multiprocessing-context", "spawn"],
-     "not_picklable", ["lambda", "module-level"]),
+    pytest.param(broken("not_picklable.py"),
+                 ["--num-workers", "2", "--multiprocessing-context", "spawn"],
+                 "not_picklable", ["lambda", "module-level"], marks=pytest.mark.slow),
 ]
 
 
@@ -152,6 +157,7 @@ print(json.dumps({"code": code, "events": events}))
 """
 
 
+@pytest.mark.slow  # 1.6 s: a race CI saw once; the quick loop has a worker's death above
 def test_a_worker_s_death_pending_as_the_run_fails_is_its_report():
     """torch's loader found a dead worker itself ("exited unexpectedly") while the worker's
     SIGCHLD was still pending: its handler ran as the child began to calm its signals, and
@@ -167,6 +173,7 @@ def test_a_worker_s_death_pending_as_the_run_fails_is_its_report():
     assert "Bus error" in errors[0]["message"] and "--shm-size" in errors[0]["message"]
 
 
+@pytest.mark.slow  # 2 s: the quick loop has a rejected setting's message (test_cli)
 def test_invalid_settings_are_rejected_before_starting(db_path):
     code, doc, elapsed = profile(dataset_path("small_map.py"), "--prefetch-factor", "4",
                                  db=db_path)

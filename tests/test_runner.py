@@ -100,6 +100,7 @@ def test_bad_target_fails_before_any_worker_starts():
     assert handle.live.batches == []
 
 
+@pytest.mark.slow  # 2.5 s: the quick loop has it through the CLI (test_diagnostics)
 def test_exception_in_worker_names_worker_and_cause():
     handle = run_to_completion(_request("getitem_raises.py", num_workers=2, batch_size=2))
     error = handle.live.error
@@ -147,6 +148,7 @@ def test_iterable_and_train_step_runs():
     assert 0.0 <= doc["consumer_idle_frac"] <= 1.0 and doc["input_bound"]
 
 
+@pytest.mark.slow  # 2.5 s: the child's watchdog; the quick loop has the parent's (a child killed)
 def test_parent_death_stops_the_child(tmp_path):
     """A killed dashboard must not leave the loader running: the child notices and exits."""
     script = tmp_path / "parent.py"

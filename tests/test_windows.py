@@ -336,6 +336,7 @@ def test_a_fast_loader_s_run_is_kept_in_windows_with_its_figures_exact(tmp_path)
     assert live_descendants() == []
 
 
+@pytest.mark.slow  # 2.4 s: the quick loop has a watched fast loop's rows and windows (below)
 @pytest.mark.host_speed
 def test_a_watched_fast_loader_is_written_in_windows_and_its_figures_hold(tmp_path,
                                                                            monkeypatch):
@@ -467,6 +468,7 @@ def test_the_charts_of_a_windowed_run_count_every_batch():
     assert x == x_all and y == pytest.approx(y_all, rel=0.02)  # windows spread over their span
 
 
+@pytest.mark.slow  # 2.4 s: the quick loop has a failing history's retry (test_watch)
 def test_a_windowed_watched_run_whose_writes_fail_keeps_every_batch_once(tmp_path, monkeypatch):
     """The history refuses two flushes of a fast watched loader (its rows and windows held
     for the retry), then takes them: every batch counted once."""
