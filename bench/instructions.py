@@ -371,11 +371,11 @@ def native_seconds_per_batch(target: str, batches: int = 300) -> tuple[float, fl
     return statistics.median(times), statistics.median(cpu)
 
 
-def time_share(extra: float, plain: float, native_us: float, cpu_us: float) -> float:
-    """Instructions a batch beyond plain's, as a share of a batch's time at full speed: run at
-    plain's pace (its instructions over its CPU time), over the batch's time. For a batch all
-    CPU this is ``x plain - 1``; for one waiting on the disk, much less."""
-    return extra / plain * min(cpu_us, native_us) / native_us
+def time_share(way: float, plain: float, cpu_share: float) -> float:
+    """A way's instructions a batch beyond plain's, as a share of a batch's time at full speed:
+    run at plain's pace, over the batch's time (``cpu_share``: plain's CPU over its time). For
+    a batch all CPU this is ``x plain - 1``; for one waiting on the disk, much less."""
+    return (way - plain) / plain * cpu_share
 
 
 def counts(folder: str) -> dict[str, list[int]]:
@@ -435,7 +435,7 @@ def measure(target: str, args: argparse.Namespace, folder: str, shim: str) -> di
         per_batch["child"] = (child_per_batch(target, said["factor"], out) - extra_per_call
                               * statistics.median(said["clock_calls"]["engine"]) / args.batches)
     return {"module": os.path.basename(target), "native_us": native_s * 1e6,
-            "cpu_us": native_cpu_s * 1e6,
+            "cpu_share": min(native_cpu_s / native_s, 1.0),
             "per_flush": per_flush,
             "factor": said["factor"], **per_batch, "spread": max(spread.values()),
             "clock_calls": statistics.median(said["clock_calls"]["engine"]) / args.batches,
@@ -497,11 +497,9 @@ def main() -> None:
                   f"{row['probes'] / plain:8.4f} {row['bare'] / plain:7.4f} "
                   f"{row['child'] / plain if 'child' in row else math.nan:8.4f} "
                   f"{row['spread']:7.2%} {row['factor']:5.0f}x "
-                  f"{min(row['cpu_us'] / row['native_us'], 1.0):8.2f} "
-                  + " ".join(f"{share:{width}.2%}" for share, width in (
-                      (time_share(row[way] - plain, plain, row["native_us"], row["cpu_us"]),
-                       width) for way, width in (("engine", 9), ("watched", 10)))),
-                  flush=True)
+                  f"{row['cpu_share']:8.2f} "
+                  f"{time_share(row['engine'], plain, row['cpu_share']):9.2%} "
+                  f"{time_share(row['watched'], plain, row['cpu_share']):10.2%}", flush=True)
 
 
 if __name__ == "__main__":

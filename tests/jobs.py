@@ -15,6 +15,8 @@ import time
 import psutil
 import pytest
 
+from dataloader_tuner.instrument.fork_stuck import WORKER_NAME
+
 JOB_TIMEOUT_S = 200  # below pytest's 300 s (pyproject.toml), with the dumps and the kill
 DUMPS_S = 40.0  # all the tree's stacks together
 
@@ -85,25 +87,27 @@ def stack_of(process: psutil.Process, deadline: float) -> str:
     """The process's Python stacks (every thread), or where the kernel has it waiting (also
     once ``deadline`` has passed: the dumps of a big tree stay within DUMPS_S)."""
     try:
-        title = f"--- {process.pid} {process.name()} ({process.status()})"
+        name = process.name()
+        title = f"--- {process.pid} {name} ({process.status()})"
     except psutil.Error:
         return f"--- {process.pid}: gone"
     # (next to this Python where its scripts folder is not on PATH: a pyenv's, a venv's)
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=sysconfig.get_path("scripts"))
-    left = deadline - time.monotonic()
     # A DataLoader worker's C frames too: a worker that hung once in CI showed only the
-    # Python line it stopped at (linecache.lazycache), not the lock it waited for
-    native = ["--native"] if title.split()[2:3] == ["pt_data_worker"] else []
-    while spy is not None and left > 1:
+    # Python line it stopped at (linecache.lazycache), not the lock it waited for. Plain
+    # where native unwinding fails for this build.
+    tries = [["--native"], []] if name == WORKER_NAME else [[]]
+    for options in tries if spy is not None else []:
+        left = deadline - time.monotonic()
+        if left <= 1:
+            break
         try:
-            dumped = subprocess.run([spy, "dump", *native, "--pid", str(process.pid)],
+            dumped = subprocess.run([spy, "dump", *options, "--pid", str(process.pid)],
                                     capture_output=True, text=True, timeout=min(left, 20))
         except subprocess.TimeoutExpired:
             break
-        if dumped.returncode and native:  # (no native unwinding for this build: without)
-            native, left = [], deadline - time.monotonic()
-            continue
-        return f"{title}\n{_compact(dumped.stdout) or dumped.stderr}"
+        if dumped.returncode == 0 or options is tries[-1]:
+            return f"{title}\n{_compact(dumped.stdout) or dumped.stderr}"
     try:
         with open(f"/proc/{process.pid}/wchan") as wchan:
             return f"{title} waiting in {wchan.read()}"

@@ -69,10 +69,9 @@ FAILURES = [
     # workers killed by a signal, named, with the likely cause
     (broken("worker_segfault.py"), ["--num-workers", "2"], "worker_killed",
      ["Segmentation fault", "native code"]),
+    # (the quick loop has the segfault's; test_pitfalls reads a bus error's message)
     pytest.param(broken("worker_bus_error.py"), ["--num-workers", "2"], "worker_killed",
-                 ["Bus error", "shared memory", "--shm-size"],
-                 marks=pytest.mark.slow),  # (the quick loop has the segfault's; test_pitfalls
-    # reads a bus error's message)
+                 ["Bus error", "shared memory", "--shm-size"], marks=pytest.mark.slow),
     # a hang: which worker, which indices
     pytest.param(broken("stuck_in_main.py"), ["--timeout-s", "2"], "hang",
                  ["within 2 s", "the main process", "[6, 7]",
