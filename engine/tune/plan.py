@@ -136,15 +136,17 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     ``spent_s``; ``spawned`` of the counts start their workers in a fresh interpreter (SPAWN_S).
     ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected with trials
     that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with every trial at
-    its cap and MAX_CLAIM_PAIRS."""
+    its cap and MAX_CLAIM_PAIRS, the claim counted even where ``predicted`` is the user's own
+    count: the search may still pick another (noisy_worker's first plan, predicting the user's
+    2 workers, said at most ~46 s; the search picked 0, the claim ran, and a slow host took 49 s)."""
     counts = list(to_measure)
-    claims = predicted != base.num_workers  # the user's own count picked: no claim at the end
+    claims = predicted != base.num_workers  # the user's own count expected: no claim at the end
 
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
         search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S
         confirm = CONFIRM_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
-                            trial, steady) if claims else 0.0
+                            trial, steady) if pairs else 0.0
         # the pick over samples held in RAM (child/cached.py): making them, then a trial
         cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * trial(
             batch_s(predicted), predicted, 0, 0.0)
@@ -156,9 +158,9 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
         seconds_per_batch=serial_batch_s,
         trials=(measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
                 + CACHE_TRIALS),
-        estimated_s=total(trial_seconds, MIN_STEADY_BATCHES, CLAIM_PAIRS),
+        estimated_s=total(trial_seconds, MIN_STEADY_BATCHES, CLAIM_PAIRS if claims else 0),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
-        at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS if claims else 0))
+        at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS))
 
 
 def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:
