@@ -94,3 +94,30 @@ def test_the_overdue_batch_s_worker_is_reported_inside_fork(forked_sleeper, monk
 def test_a_place_is_said_with_at_unless_it_is_inside_fork():
     assert placed("slow.py:18 in __getitem__") == "at slow.py:18 in __getitem__"
     assert placed("inside fork(): it never started") == "inside fork(): it never started"
+
+
+def _sleep_at_start(worker_id):
+    time.sleep(1.5)  # as a worker asleep in its start-up (a watched Lightning fit's, seeding)
+
+
+def test_a_worker_asleep_in_its_start_up_is_named_with_how_to_read_its_stack():
+    """Past fork() but not yet at the dataset, and no stacks folder (a watched job's): its stack
+    cannot be read here, so the line and the hang's error give its pid to read it with."""
+    loader = DataLoader(torch.arange(8.0), batch_size=2, num_workers=1,
+                        worker_init_fn=_sleep_at_start)
+    iterator = iter(loader)
+    try:
+        time.sleep(0.3)
+        found = where_stuck(iterator, None)
+        pid = iterator._workers[0].pid
+    finally:
+        iterator._shutdown_workers()  # (once its start-up's sleep ends: killed, torch's
+        # SIGCHLD handler would raise in whatever this process runs next)
+    assert found[0]["worker_id"] == 0 and found[0]["pid"] == pid
+    assert found[0]["stack"] is None and not found[0].get("stuck_in_fork")
+    command = f"`py-spy dump --native --pid {pid}` shows where it is"
+    line = overdue_now(Overdue(0, 0.1, 25.0, None, True, found))
+    assert "waiting on worker 0" in line and f"its stack could not be read; {command}" in line
+    [diagnostic] = overdue_batches([Overdue(0, 0.1, 25.0, None, True, found)], [])
+    assert command in diagnostic.message
+    assert command in hang_error(60, found).details

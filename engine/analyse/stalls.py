@@ -38,6 +38,7 @@ class LateBatch:
     at: str | None  # the user's innermost frame in the stack
     stack: str | None  # the signalled thread's block
     stuck_in_fork: bool = False  # its worker never started (instrument/fork_stuck.py)
+    pid: int | None = None  # its worker's process (None: the main process, or not known)
 
     @property
     def late_s(self) -> float:
@@ -59,7 +60,8 @@ def late_batches(reports: Sequence[Overdue], batches: Sequence[BatchRecord]) -> 
             report.seq, row.wait_s if row is not None else None, came or row is not None,
             report.waited_s, report.usual_s, report.opening, holder.get("worker_id"),
             holder.get("indices"), where_held(holder),
-            stack.split("\n\n")[0] if stack else None, bool(holder.get("stuck_in_fork"))))
+            stack.split("\n\n")[0] if stack else None, bool(holder.get("stuck_in_fork")),
+            holder.get("pid")))
     return found
 
 
@@ -107,7 +109,7 @@ def _sentence(late: LateBatch) -> str:
     if late.worker_id is not None:
         text += ": it " + _waited_on(late.worker_id, late.indices, late.at, "waited")
         if not late.at and late.stack is None:
-            text += " (its stack could not be read)"
+            text += f" ({no_stack(late.pid)})"
     return text
 
 
@@ -134,18 +136,30 @@ def overdue_now(report: Overdue) -> str:
         holder = report.outstanding[0]
         stack = holder.get("stack")
         text += ": " + _waited_on(holder.get("worker_id", -1), holder.get("indices"),
-                                  where_held(holder) or outside_users_code(stack), "waiting")
+                                  where_held(holder) or outside_users_code(stack,
+                                                                           holder.get("pid")),
+                                  "waiting")
     return text
 
 
-def outside_users_code(stack: str | None) -> str:
+def outside_users_code(stack: str | None, pid: int | None = None) -> str:
     """Where a stack without the user's code is ("queues.py:113 in get, not your code": a
     worker idle for indices that never came tells a different story than one inside torch),
     or that no stack came (a worker that never offered one, or did not answer)."""
     frame = FRAME.search((stack or "").split("\n\n")[0])
     if frame is None:
-        return "its stack could not be read"
+        return no_stack(pid)
     return f"{os.path.basename(frame['file'])}:{frame['line']} in {frame['name']}, not your code"
+
+
+def no_stack(pid: int | None) -> str:
+    """That a worker's stack could not be read, and how its user can read it: a watched job's
+    workers offer none (instrument/stacks.offer_stack), and a worker asleep before its first
+    fetch (a watched Lightning fit's, in torch's start-up seeding) has not offered one yet."""
+    text = "its stack could not be read"
+    if pid is not None:
+        text += f"; `py-spy dump --native --pid {pid}` shows where it is"
+    return text
 
 
 def stuck_at(stack: str | None) -> str | None:

@@ -13,7 +13,7 @@ import signal
 import traceback
 from typing import Any
 
-from dataloader_tuner.analyse.stalls import placed, where_held
+from dataloader_tuner.analyse.stalls import no_stack, placed, where_held
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument.probes import NOTE_PREFIX
 
@@ -140,7 +140,7 @@ def hang_error(timeout_s: float, outstanding: list[dict]) -> RunError:
     for o in outstanding:
         who = "main process" if o["worker_id"] < 0 else f"worker {o['worker_id']}"
         stack = ("(its stack is above)" if o["worker_id"] in shown
-                 else o.get("stack") or "(its stack could not be read)")
+                 else o.get("stack") or f"({no_stack(o.get('pid'))})")
         shown.add(o["worker_id"])
         parts.append(f"{who}, sample indices {o.get('indices')}:\n{stack}")
     return RunError(headline, details="\n\n".join(parts), type="hang")

@@ -41,8 +41,8 @@ USUAL_SAMPLE = 256  # rows the usual time is read from, spread over the flush
 
 def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
     """The batches ``iterator`` was asked for and has not delivered, oldest first, each as
-    ``{worker_id, indices, stack}`` (indices where its batch sampler remembers them, a stack
-    where the worker answers; ``stuck_in_fork``, said, where its worker never started); at most
+    ``{worker_id, indices, stack, pid}`` (indices where its batch sampler remembers them, a
+    stack where the worker answers, the pid of a worker process; ``stuck_in_fork``, said, where its worker never started); at most
     MAX_STACKS workers asked."""
     outstanding = probes.outstanding(iterator)
     stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
@@ -53,6 +53,8 @@ def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
         if worker not in stacks and len(stacks) < MAX_STACKS:
             stacks[worker] = stack_of(iterator, worker, stacks_dir)
         entry["stack"] = stacks.get(worker)
+        if 0 <= worker < len(workers):  # (a stack not read is still there for py-spy to read)
+            entry["pid"] = workers[worker].pid
         if worker not in in_fork:  # (one that answered for its stack is not inside fork())
             in_fork[worker] = (entry["stack"] is None and 0 <= worker < len(workers)
                                and stuck_in_fork(workers[worker]))
