@@ -77,12 +77,13 @@ def collect_before_forking_workers():
 def no_process_left_behind():
     """Every test must leave no child, grandchild or unreaped zombie behind.
 
-    Processes get 3 s to disappear on their own; we never reap for the code under test (that
-    would hide a missing wait), only afterwards so one leak does not fail later tests.
+    Processes get 10 s to disappear on their own (a slow host's teardown); we never reap for
+    the code under test (that would hide a missing wait), only afterwards so one leak does not
+    fail later tests.
     """
     before = {p.pid for p in live_descendants()}
     yield
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 10.0
     leaked = [p for p in live_descendants() if p.pid not in before]
     while leaked and time.monotonic() < deadline:
         time.sleep(0.05)

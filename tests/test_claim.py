@@ -100,6 +100,7 @@ def test_early_trials_compared_are_the_searchs_of_the_same_setting():
     assert claim.comparable(early, config) == [early[0]]
 
 
+@pytest.mark.host_speed  # the tune's claim against plain loops run after it
 @pytest.mark.slow  # a real tune (~20 s) and plain loops to check it
 def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
     """The user's settings are measured first, while the store is cold; the search's later

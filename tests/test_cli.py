@@ -92,7 +92,9 @@ def test_tune_json_recommends_and_writes_a_loadable_settings_file(db_path, tmp_p
     assert {"num_workers", "pin_memory", "batch_size"} <= doc["recommended"].keys()
     assert doc["recommended"]["pin_memory"] is False  # no GPU here
     assert doc["expected_samples_per_s"] > 0 and doc["baseline"]["samples_per_s"] > 0
-    assert doc["baseline"]["speedup"] == doc["expected_samples_per_s"] / doc["baseline"]["samples_per_s"]
+    speedup = doc["baseline"]["speedup"]  # (None: the end's claim too wide to state)
+    assert speedup is None or speedup == (doc["expected_samples_per_s"]
+                                          / doc["baseline"]["samples_per_s"])
     assert len(doc["trials"]) >= 2 and all(t["samples_per_s"] > 0 for t in doc["trials"])
     assert doc["reasons"] and any("no GPU" in r for r in doc["reasons"])
     assert "num_workers=" in result.stderr  # progress lines went to stderr
@@ -121,6 +123,7 @@ def test_tune_bad_target_exits_1(db_path):
     assert json.loads(result.stdout)["error"]["type"] == "target_ambiguous"
 
 
+@pytest.mark.host_speed  # its oversubscription warning needs the workers' CPU over their time
 @pytest.mark.slow  # a real tune, then a profile of its file
 def test_profile_of_a_settings_file_keeps_its_settings_and_trusts_its_worker_count(db_path,
                                                                                     tmp_path):
@@ -207,6 +210,7 @@ def test_the_tuner_never_picks_more_workers_than_shm_holds(db_path):
     assert any("Memory allows at most" in r for r in doc["reasons"])
 
 
+@pytest.mark.host_speed  # its last trial's teardown within 1.5 s of the limit
 @pytest.mark.slow  # a real tune of ~4 s: the limit's logic is in the quick loop (test_tuner)
 def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_path):
     """The plan is said before the first trial; the limit is hard, the end's claim included;
@@ -226,6 +230,7 @@ def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_
     assert doc["baseline"]["speedup"] is None or doc["baseline"]["speedup"] == 1.0
 
 
+@pytest.mark.host_speed  # an early estimate against the whole tune's time
 @pytest.mark.slow  # a real tune of ~13 s
 def test_a_tune_of_fast_batches_ends_within_what_it_announced(db_path):
     # ~0.045 ms batches, the module's 2 workers against 0: its 1-worker trials run to the trial
@@ -239,6 +244,7 @@ def test_a_tune_of_fast_batches_ends_within_what_it_announced(db_path):
     assert doc["tuning_seconds"] <= made["announced_at_most_s"], (doc["tuning_seconds"], made)
 
 
+@pytest.mark.host_speed  # the first batch's estimate against the tune's time
 @pytest.mark.slow  # a real tune of ~25 s
 def test_a_tune_without_a_limit_measures_the_count_its_model_predicts(db_path):
     result = cli("tune", dataset_path("slow_batches.py"), "--max-workers", "6", "--json",

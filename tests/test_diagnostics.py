@@ -178,7 +178,7 @@ def test_invalid_settings_are_rejected_before_starting(db_path):
                                  db=db_path)
     assert code == 1 and doc["error"]["type"] == "invalid_settings"
     assert "num_workers" in doc["error"]["message"]
-    assert elapsed < 10
+    assert elapsed < FAIL_WITHIN_S
 
 
 # Each rule is unit-tested on recorded figures in test_pitfalls.py; here the engine finds them in

@@ -160,6 +160,7 @@ def _check_agreement(name: str, top: list[str], agree: float, tool: dict[str, fl
     assert sum(tool.values()) == pytest.approx(1.0, abs=0.01)
 
 
+@pytest.mark.host_speed  # sampled shares, which a busy neighbour moves (the note above)
 def test_a_profile_with_workers_names_the_compose_s_steps():
     """The same pipeline through the engine with 2 workers: the Compose's steps by their class
     (those that take more than a few looks), the decode first, and the batches' hand-off from

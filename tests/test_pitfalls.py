@@ -369,7 +369,9 @@ def test_workers_private_memory_reads_share_one_cpu_budget_in_turns(monkeypatch)
             sampler.sample(0.5 * rounds)
             assert len(walks) <= rounds + 1  # one a sample at most
             pause = sampler.uss_gate - time.monotonic()
-            assert pause <= 0.25  # 2 ms / 1%: 0.2 s (less the time since)
+            # 2 ms / 1%: 0.2 s (less the time since); a loaded VM's CPU clock also counts
+            # what was stolen from it (CI read 0.26 once)
+            assert pause <= 0.4
             time.sleep(max(pause, 0.0) + 0.01)
             rounds += 1
         assert set(walks) == set(workers) and len(walks) == len(set(walks)) == 8, walks

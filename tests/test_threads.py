@@ -288,6 +288,7 @@ while time.monotonic() - started < 5:
 """
 
 
+@pytest.mark.host_speed  # sampled CPU shares, as its profile sibling
 @needs_cores
 @pytest.mark.slow  # ~10 s: a watched training loop
 def test_a_watched_job_is_told_and_its_resource_rows_keep_the_thread_use(tmp_path):

@@ -65,6 +65,7 @@ def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     assert abs(waited - loop_waited) <= 0.07 * loop_waited + 0.002, (doc["input_wait"], watched)
 
 
+@pytest.mark.host_speed  # its wait share against the loop's own clock
 @pytest.mark.slow  # two accelerate loops of 80 epochs (~30 s)
 def test_accelerate_prepared_loader_is_tuned_in_place(db_path, tmp_path):
     """``watch(accelerator.prepare(loader), tune=True)``: worker counts tried inside the
@@ -83,6 +84,7 @@ def test_accelerate_prepared_loader_is_tuned_in_place(db_path, tmp_path):
         doc["input_wait"], tuned["wait_share"])
 
 
+@pytest.mark.host_speed  # the Trainer's own work between steps scales with the host
 @pytest.mark.slow  # a real Trainer run: 2 epochs, 2 evaluations
 def test_hugging_face_trainer_loaders_are_watched_in_one_line(db_path, tmp_path, monkeypatch):
     loop = script("hf_trainer.py", db_path, str(tmp_path / "out"))
@@ -127,6 +129,7 @@ def test_a_lightning_fit_without_workers_ends_normally(db_path):
         assert len(loop["received"]) == 48 and loop["ended"][-2:] == ["ok", "ok"]
 
 
+@pytest.mark.host_speed  # the loop's clock against the tool's, a slow fork of workers between
 @pytest.mark.slow  # two Lightning trainings: 2 epochs, a validation after each
 def test_lightning_loaders_are_watched_by_one_callback(db_path, monkeypatch):
     """``Trainer(callbacks=[WatchLoaders()])``: the train and val loaders, as Lightning
