@@ -42,8 +42,8 @@ USUAL_SAMPLE = 256  # rows the usual time is read from, spread over the flush
 def where_stuck(iterator: Any, stacks_dir: str | None) -> list[dict]:
     """The batches ``iterator`` was asked for and has not delivered, oldest first, each as
     ``{worker_id, indices, stack, pid}`` (indices where its batch sampler remembers them, a
-    stack where the worker answers, the pid of a worker process; ``stuck_in_fork``, said, where its worker never started); at most
-    MAX_STACKS workers asked."""
+    stack where the worker answers, the pid of a worker process; ``stuck_in_fork``, said,
+    where its worker never started); at most MAX_STACKS workers asked."""
     outstanding = probes.outstanding(iterator)
     stacks: dict[int, str | None] = {}  # one per worker: several batches may wait on it
     in_fork: dict[int, bool] = {}  # likewise: NOTE [ A worker stuck inside fork() ]

@@ -137,8 +137,9 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected with trials
     that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with every trial at
     its cap and MAX_CLAIM_PAIRS, the claim counted even where ``predicted`` is the user's own
-    count: the search may still pick another (noisy_worker's first plan, predicting the user's
-    2 workers, said at most ~46 s; the search picked 0, the claim ran, and a slow host took 49 s)."""
+    count: the search may still pick another (noisy_worker's first plan, predicting the
+    user's 2 workers, said at most ~46 s; the search picked 0, the claim ran, and a slow host
+    took 49 s)."""
     counts = list(to_measure)
     claims = predicted != base.num_workers  # the user's own count expected: no claim at the end
 
