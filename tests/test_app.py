@@ -12,6 +12,7 @@ the browser's timer would until the job board is idle.
 import json
 import os
 import time
+from typing import Callable
 
 import pytest
 import streamlit as st
@@ -342,19 +343,34 @@ def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatc
     watched = watch_leaping(DataLoader(Indices(64), batch_size=8, num_workers=1), name="train",
                             db=app_env, settings_out=str(tmp_path / "chosen.json"))
     list(watched)
-    time.sleep(0.6)
-    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    # (each wait below ends as soon as it is met: the recorder's flushes come every 0.25 s
+    # unloaded, later on a busy host)
+    at = page_once(lambda at: any(b.label == "Tune this job" for b in at.button))
     button(at, "Tune this job").click()
     at = at.run()
     assert not at.exception and any(b.label == "Tuning requested" for b in at.button)
-    time.sleep(0.6)  # the job's next flush sees the request
+    deadline = time.monotonic() + 15.0
+    while not watched.history.tune_requested and time.monotonic() < deadline:
+        time.sleep(0.05)  # the job's next flush sees the request
+    assert watched.history.tune_requested
     for _ in range(6):
         list(watched)  # epochs: the search runs from the next one
     assert watched.search is not None and watched.search.measured
-    time.sleep(0.6)
-    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
-    assert any("Tuning in place" in m.value for m in at.markdown)
+    page_once(lambda at: any("Tuning in place" in m.value for m in at.markdown))
     watched.close()
+
+
+def page_once(shown: Callable[[AppTest], bool], within_s: float = 15.0) -> AppTest:
+    """The watched-jobs page, run again until ``shown`` holds for it (a failure after
+    ``within_s``)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+        assert not at.exception
+        if shown(at):
+            return at
+        assert time.monotonic() < deadline, texts(at)
+        time.sleep(0.1)
 
 
 def test_a_torchrun_job_s_ranks_are_shown_side_by_side_with_the_straggler(app_env,
