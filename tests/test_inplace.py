@@ -73,6 +73,51 @@ def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
     assert tried[:5] == [0, 1, 2, 3, 4] and max(tried) <= 14
 
 
+def test_one_worker_no_faster_than_none_still_measures_the_count_the_wait_predicts():
+    """pytorch/examples' ImageNet loop at the job's 0 workers (issue 62): batches that take
+    long to make, a short step, 2 cores. 1 worker makes batches as slowly as the loop did (and
+    hands them over), so it measures no faster than 0; the old climb stopped there, at 0,
+    where 2 workers make the loop ~2x faster. The loop waited ~98% of its time at 1 worker:
+    the count feeding the step is capped at the 2 cores, and it and its neighbour 3 are
+    measured (NOTE [ The count the wait predicts ])."""
+    make_s, step_s, cores = 0.130, 0.002, 2
+
+    def loop(n: int) -> tuple[float, float]:  # (cycle, wait) of a batch
+        if n == 0:
+            return make_s + step_s, make_s
+        cycle = max(step_s, 1.03 * make_s / min(n, cores) * (1 + 0.02 * max(n - cores, 0)))
+        return cycle, cycle - step_s
+
+    search = InPlaceSearch(TunedSettings(0), 4, clock=SimulatedClock(), cpus=cores)
+    rng = random.Random(2)
+    while not search.finished:
+        cycle, wait = loop(search.current.num_workers)
+        jitter = 1 + rng.uniform(-0.01, 0.01)
+        search.clock.advance(cycle * jitter)
+        search.after_batch(32, cycle * jitter, wait * jitter)
+    tried = [t.setting.num_workers for t in search.measured]
+    assert tried[:4] == [0, 1, 2, 3], search.to_dict()
+    assert search.best.setting == TunedSettings(2)
+    one = next(d.verdict for d in search.decisions if d.num_workers == 1)
+    assert one.startswith("rolled back to num_workers=0")
+    assert "2 workers predicted to feed its step" in one
+
+
+def test_a_fed_loop_predicts_its_own_count_and_steps_down_from_it():
+    """A job of 6 workers whose loop hardly waits: 6 feed its step already, so the search
+    measures 7 and 5 beside it and goes down while fewer lose nothing."""
+    search = InPlaceSearch(TunedSettings(6), 8, clock=SimulatedClock(), cpus=8)
+    rate = {n: 1000.0 if n >= 3 else 350.0 * max(n, 1) for n in range(9)}
+    while not search.finished:
+        cycle = 32 / rate[search.current.num_workers]
+        search.clock.advance(cycle)
+        search.after_batch(32, cycle, 0.01 * cycle if search.current.num_workers >= 3 else
+                           0.5 * cycle)
+    tried = [t.setting.num_workers for t in search.measured]
+    assert tried[:3] == [6, 7, 5] and search.predicted == 6
+    assert search.best.setting == TunedSettings(3)
+
+
 def test_fewer_workers_within_tolerance_are_preferred():
     search = searching(TunedSettings(6), max_workers=8)
     assert drive(search, lambda n: 1000 if n >= 2 else 400).num_workers == 2

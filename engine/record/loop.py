@@ -66,7 +66,7 @@ class BatchSource:
         return False
 
     def taken(self, seq: int, meta: BatchMeta | UntimedMeta, t_request: float,
-              t_back: float) -> None:
+              t_ready: float, t_back: float) -> None:
         """The loop is back for the next batch after batch ``seq``'s row was written."""
 
     look_every = 0  # ColumnLoop: look() at every n-th batch (0: never)
@@ -197,7 +197,7 @@ class TimedLoop:
                 t_back = clock()
                 put((seq, epoch, t_request, t_ready, t_back, meta, self.step_times))
                 if taken is not None:
-                    taken(seq, meta, t_request, t_back)
+                    taken(seq, meta, t_request, t_ready, t_back)
         finally:
             source.close()
             handover.end(clock() if ran_out else None)

@@ -3,10 +3,12 @@
 The objective is the loop's own rate: samples per second of "wait for a batch + the real step",
 so a count that makes batches faster than the model can use them gains nothing and is not
 taken; where the job's workers restart each epoch, each setting's start-up is charged once per
-epoch too (Trial.startup_charge_s). The search is a hill climb on ``num_workers`` from the
-job's own setting, with the offline tuner's rules (tune/tuner.py): step up (grow) while that
-gains at least MORE_WORKERS_GAIN, else step down (shrink) while the fewer workers lose less than
-FEWER_WORKERS_TOLERANCE (fewer workers: less CPU and memory for the same rate). Each setting is
+epoch too (Trial.startup_charge_s). The search measures the job's own setting (and 1 worker where the job has none),
+then the count the loop's own wait predicts and its neighbours (NOTE [ The count the wait
+predicts ]), then climbs from the best with the offline tuner's rules (tune/tuner.py): a count
+above the best is kept where it gains at least MORE_WORKERS_GAIN, a count below where it loses
+less than FEWER_WORKERS_TOLERANCE of the fastest (fewer workers: less CPU and memory for the
+same rate); up while counts above pay, else down while fewer lose nothing. Each setting is
 measured until its rate is known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or
 MAX_TRIAL_S; a worse setting is left at once (rolled back to the best so far), and a setting
 that fails is dropped for good with the job's own settings back in place.
@@ -14,10 +16,26 @@ that fails is dropped for good with the job's own settings back in place.
 ``InPlaceSearch`` is pure: it is fed one (samples, seconds) per batch and answers which setting
 to run next, so tests drive it without loaders. The swapping of loaders between batches, which
 keeps every epoch's samples and order as the sampler drew them, is in loader.py.
+
+NOTE [ The count the wait predicts ]
+
+    A climb that steps one count at a time stops at the first step that does not pay, and
+    from 0 workers that step is 1 worker, which on a loader whose batches take long to make is
+    no faster than none: the one worker makes batches as slowly as the loop did, and only the
+    step overlaps. pytorch/examples' ImageNet loop (32 JPEGs a batch, a job of 0 workers) read
+    0 workers 222.7 samples/s and 1 worker 215.1, and the search stopped at 0, where plain
+    epochs took 2.76-4.01 s at 0 workers and 2.27-2.30 s at 2. So the first trial with workers
+    (n of them, the loop's cycle c a batch, of which it waited w) is read as a model: the
+    workers hand a batch every c, so each makes one every n * c, and the step (c - w) is fed
+    by n * c / (c - w) workers, at most one per core where the loader's work is the CPU's (a
+    loop that waits on storage climbs past that from there). Where the loop hardly waits
+    (w < FED_WAIT_SHARE of c) n already feeds it. That count and its neighbours are measured
+    whatever 1 worker measured against 0.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -39,6 +57,8 @@ MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
 # measured, or the starting setting would look worse than it is.
 PREWARM_S = 2.0
+# NOTE [ The count the wait predicts ]: a loop waiting less than this share of its time is fed
+FED_WAIT_SHARE = 0.05
 
 Clock = Callable[[], float]  # seconds, monotonic: time.monotonic, or a test's simulated time
 
@@ -54,6 +74,7 @@ class Trial:
     taken: int = 0  # all its batches, warm-ups included
     cycles: list[float] = field(default_factory=list)  # wait + step, per steady batch
     samples: list[int] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)  # the wait of each, where told
     # Start-up, charged as the job pays it: an epoch of this many batches restarts the workers
     # (None: the job's loader keeps them, persistent_workers=True, or its length is unknown).
     epoch_batches: int | None = None
@@ -81,6 +102,19 @@ class Trial:
         if not self.epoch_batches or startup is None:
             return 0.0
         return startup * len(self.cycles) / self.epoch_batches
+
+    def fed_by(self, cpus: float | None) -> int | None:
+        """The workers that would feed the loop's step (NOTE [ The count the wait predicts ]),
+        at most one a core (``cpus``, None: no cap); None without workers or waits told."""
+        n = self.setting.num_workers
+        if n < 1 or len(self.waits) < len(self.cycles) or not self.cycles:
+            return None
+        cycle, wait = statistics.median(self.cycles), statistics.median(self.waits)
+        if wait < FED_WAIT_SHARE * cycle:
+            return n
+        step = max(cycle - wait, 1e-9)
+        need = math.ceil(n * cycle / step)
+        return need if cpus is None else max(n, min(need, math.ceil(cpus)))
 
     def interval(self) -> float | None:
         """95% half-width of the rate, as a fraction (batch means, as metrics.rate_interval)."""
@@ -130,24 +164,28 @@ class Search(Protocol):
 
     def epoch_started(self, epoch: int) -> None: ...
     def loader_started(self) -> None: ...
-    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None: ...
+    def after_batch(self, samples: int, cycle_s: float, wait_s: float | None = None
+                    ) -> TunedSettings | None: ...
     def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings: ...
     def close(self) -> None: ...
 
 
 class InPlaceSearch:
     def __init__(self, start: TunedSettings, max_workers: int, epoch_batches: int | None = None,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, cpus: float | None = None) -> None:
         """``epoch_batches``: the job's epoch restarts its loader's workers every so many
         batches (persistent_workers=False): each setting is charged its start-up that often.
-        ``clock``: what PREWARM_S and the trials' durations are read on."""
+        ``clock``: what PREWARM_S and the trials' durations are read on. ``cpus``: the cores
+        this loader may use (the predicted count's cap: NOTE [ The count the wait predicts ])."""
         self.baseline = start
         self.max_workers = max(max_workers, start.num_workers)
         self.epoch_batches = epoch_batches
         self.clock = clock
+        self.cpus = cpus
         self.best: Trial | None = None
         self.trial = self._trial(start)
-        self.direction = "up"
+        self.predicted: int | None = None  # the count the first trial with workers predicts
+        self.queue: list[TunedSettings] = []  # it and its neighbours, to measure next
         self.decisions: list[InPlaceDecision] = []  # the search's log, as the run keeps it
         self.measured: list[Trial] = []
         self.failed: set[TunedSettings] = set()
@@ -170,9 +208,11 @@ class InPlaceSearch:
         self.trial.seen = 0
         self.trial.fresh = True
 
-    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
-        """Feed one batch the loop took under ``current``; returns a setting to switch to
-        now, or None to go on."""
+    def after_batch(self, samples: int, cycle_s: float, wait_s: float | None = None
+                    ) -> TunedSettings | None:
+        """Feed one batch the loop took ``cycle_s`` for under ``current`` (``wait_s`` of it
+        waiting for the batch, where told); returns a setting to switch to now, or None to
+        go on."""
         if self.finished:
             return None
         now = self.clock()
@@ -193,6 +233,8 @@ class InPlaceSearch:
             trial.started, trial.taken = now, 0
         trial.cycles.append(cycle_s)
         trial.samples.append(samples)
+        if wait_s is not None:
+            trial.waits.append(min(wait_s, cycle_s))
         if not trial.done():
             return None
         return self._decide()
@@ -229,41 +271,18 @@ class InPlaceSearch:
     def _decide(self) -> TunedSettings | None:
         trial, best = self.trial, self.best
         self.measured.append(trial)
-        rate = trial.samples_per_s or 0.0
         name = _name(trial.setting)
-        best_rate = best.samples_per_s if best is not None else None
         if best is None:
             self.best = trial
             verdict = f"measured as the starting point ({name}, the job's own setting)"
-        elif best_rate is None:  # the best failed and the job's own was never measured
+        elif best.samples_per_s is None:  # the best failed and the job's own was never measured
             self.best = trial
             verdict = (f"measured as the new starting point ({name}): "
                        f"{_name(best.setting)} has no rate to compare with")
         else:
-            if self.direction == "up" and rate >= (1 + MORE_WORKERS_GAIN) * best_rate:
-                verdict = (f"kept: {rate / best_rate - 1:.0%} faster than "
-                           f"{_name(best.setting)}")
-                self.best = trial
-            elif (self.direction in ("down", "zero")
-                  and rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate()):
-                share = rate / best_rate
-                verdict = (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
-                           if share >= 1 else
-                           f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer "
-                           f"workers (within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known "
-                           "to)")
-                self.best = trial
-                if self.direction == "zero":
-                    self.direction = "done"
-            else:
-                verdict = (f"rolled back to {_name(best.setting)}: {rate / best_rate:.0%} "
-                           "of its rate")
-                if self.direction == "up" and len(self.measured) == 2:
-                    self.direction = "down"  # the first step up did not pay: try fewer instead
-                else:
-                    self.direction = "done"
+            verdict = self._judge(trial, best, best.samples_per_s)
         self.decisions.append(log_line(trial.setting, trial.samples_per_s, trial.interval(),
-                                       verdict))
+                                       verdict + self._predict(trial)))
         following = self._next_setting()
         if following is None:
             self.finished = True
@@ -274,32 +293,71 @@ class InPlaceSearch:
         self.trial = self._trial(following)
         return following
 
+    def _judge(self, trial: Trial, best: Trial, best_rate: float) -> str:
+        """Keep ``trial`` as the best where it pays: more workers where they gain at least
+        MORE_WORKERS_GAIN, fewer where they lose less than FEWER_WORKERS_TOLERANCE of the
+        fastest measured."""
+        rate = trial.samples_per_s or 0.0
+        if trial.setting.num_workers > best.setting.num_workers:
+            if rate >= (1 + MORE_WORKERS_GAIN) * best_rate:
+                self.best = trial
+                return f"kept: {rate / best_rate - 1:.0%} faster than {_name(best.setting)}"
+        elif rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate():
+            self.best = trial
+            share = rate / best_rate
+            return (f"kept: {share:.2f}x {_name(best.setting)}'s rate with fewer workers"
+                    if share >= 1 else
+                    f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer workers "
+                    f"(within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known to)")
+        return f"rolled back to {_name(best.setting)}: {rate / best_rate:.0%} of its rate"
+
+    def _predict(self, trial: Trial) -> str:
+        """Once, from the first trial with workers: the count that feeds the step and its
+        neighbours queued (NOTE [ The count the wait predicts ]); what the log says of it."""
+        fed = trial.fed_by(self.cpus) if self.predicted is None else None
+        if fed is None:
+            return ""
+        self.predicted = fed = min(fed, self.max_workers)
+        tried = tried_or_failed(self)
+        self.queue = [self._setting(n) for n in (fed, fed + 1, fed - 1)
+                      if 0 <= n <= self.max_workers and self._setting(n) not in tried]
+        waited = statistics.median(trial.waits) / statistics.median(trial.cycles)
+        why = f"; the loop waited {waited:.0%} of its time here"
+        if fed == trial.setting.num_workers:
+            return why + f", so {fed} worker(s) feed its step"
+        return why + f": {fed} workers predicted to feed its step, measured next"
+
+    def _setting(self, n: int) -> TunedSettings:
+        """``n`` workers with the job's own prefetch (the search changes the count only)."""
+        return TunedSettings(n, self.baseline.prefetch_factor if n else None)
+
     def _fastest_rate(self) -> float:
         """Fewer workers are judged against the fastest setting measured, so steps down cannot
         drift: each within the tolerance of the last, yet far below the fastest."""
         return max((t.samples_per_s or 0.0) for t in self.measured)
 
     def _next_setting(self) -> TunedSettings | None:
-        best = self._best().setting
-        n = best.num_workers
-        while self.direction in ("up", "down"):
-            candidate = grow(n) if self.direction == "up" else shrink(n)
-            setting = TunedSettings(candidate, best.prefetch_factor)
-            tried = tried_or_failed(self)
-            if 0 <= candidate <= self.max_workers and candidate != n and setting not in tried:
-                return setting
-            if self.direction == "up" and len(self.measured) == 1:
-                self.direction = "down"  # cannot go up from the start: try fewer
-                continue
-            self.direction = "done"
+        """The predicted count and its neighbours first; then up from the best while it is
+        the highest count measured (counts above it paid), else down while fewer are kept;
+        0 workers last, always measured (NOTE [ The count the wait predicts ] for the first,
+        below for the last)."""
+        tried = tried_or_failed(self)
+        self.queue = [s for s in self.queue if s not in tried]
+        if self.queue:
+            return self.queue.pop(0)
+        n = self._best().setting.num_workers
+        if all(t.setting.num_workers <= n for t in self.measured):
+            up = self._setting(grow(n))
+            if up.num_workers <= self.max_workers and up not in tried:
+                return up
+        down = self._setting(shrink(n))
+        if down.num_workers >= 0 and down not in tried:
+            return down
         # Loading in the loop itself has no transfer cost at all: the climb can miss it from
         # above (1 worker slower than 2, yet 0 the fastest: small in-memory samples), so it is
         # always measured, as the offline tuner's probe does.
-        zero = TunedSettings(0)
-        if self.direction == "done" and n > 0 and zero not in tried_or_failed(self):
-            self.direction = "zero"
-            return zero
-        return None
+        zero = self._setting(0)
+        return zero if zero not in tried else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.workers_and_prefetch(), "finished": self.finished,

@@ -202,7 +202,8 @@ class LeaderSearch(_StoreThread):
             return 1.0
         return max(1.0, max(theirs) / own)
 
-    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
+    def after_batch(self, samples: int, cycle_s: float, wait_s: float | None = None
+                    ) -> TunedSettings | None:
         self.index += 1
         self._cycles.append(cycle_s)
         del self._cycles[:-32]
@@ -228,7 +229,9 @@ class LeaderSearch(_StoreThread):
         if self.search.finished:
             return None
         # Each batch counted at the pace of the node's slowest rank under this setting.
-        switch = self.search.after_batch(samples, cycle_s * self.slowest_factor())
+        slowest = self.slowest_factor()
+        switch = self.search.after_batch(samples, cycle_s * slowest,
+                                         None if wait_s is None else wait_s * slowest)
         if self.search.finished and switch is None:
             self._publish(self._running)  # the choice is what runs now: the node keeps it
         elif switch is not None:
@@ -325,7 +328,8 @@ class FollowerSearch(_StoreThread):
     def loader_started(self) -> None:
         self.pace.seen = 0
 
-    def after_batch(self, samples: int, cycle_s: float) -> TunedSettings | None:
+    def after_batch(self, samples: int, cycle_s: float, wait_s: float | None = None
+                    ) -> TunedSettings | None:
         self.index += 1
         self.pace.add(cycle_s, self._running.warmup_batches)
         plan = self.latest

@@ -69,13 +69,14 @@ class InPlaceTuning:
         # The node's CPUs are shared by its ranks' loaders (each rank searches on its own).
         sharing = rank.local_world_size if rank else 1
         start = TunedSettings(workers, prefetch)
+        cpus = system.usable_cpus() / max(sharing, 1)
         alone = InPlaceSearch(start, self.max_workers
                               or max(2, 2 * system.usable_cpus() // max(sharing, 1)),
                               # each epoch restarts the workers unless the job keeps them
                               # (the batch sampler has a length: in_place_blocker took it)
                               None if loader.persistent_workers
                               else len(loader.batch_sampler),  # type: ignore[arg-type]
-                              clock=self.clock)
+                              clock=self.clock, cpus=cpus)
         self.search = alone
         if rank is not None and rank.local_world_size > 1:
             # The node's ranks switch together, local rank 0 leading (tune/node.py).
@@ -183,10 +184,12 @@ class TunedEpoch(BatchSource):
         self._switch(fallback, self.since or time.monotonic())
         return True
 
-    def taken(self, seq: int, meta: Any, t_request: float, t_back: float) -> None:
+    def taken(self, seq: int, meta: Any, t_request: float, t_ready: float,
+              t_back: float) -> None:
         self.taken_count += 1
         # (not the old loader's shutdown: the job with one setting never pays that)
-        switch = self.search.after_batch(samples_of(meta), t_back - (self.opened or t_request))
+        asked = self.opened or t_request
+        switch = self.search.after_batch(samples_of(meta), t_back - asked, t_ready - asked)
         self.opened = None
         # (A node's leader finishes when the node switches to its choice, after the decision
         # was logged: tune/node.py.)
