@@ -306,9 +306,10 @@ def _recommendation_block(jobs: Jobs) -> None:
         right.download_button("Download settings file",
                               json.dumps(settings_file(tuned), indent=2),
                               file_name="dataloader_settings.json", mime="application/json")
-    announced = tuned.announced()
+    announced, floor = tuned.announced(), tuned.against_floor()
     st.caption(f"Tuned in {tuned.tuning_seconds:.1f} s with {len(tuned.trials)} measured trials"
                + (f" (announced as it started: {announced})" if announced else "")
+               + (f", {floor}" if floor else "")
                + ". Load the file with `dataloader_tuner.load_settings(path, worker_init_fn=<yours, if any>)`.")
 
 

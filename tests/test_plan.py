@@ -8,11 +8,19 @@ import pytest
 
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.config import LoaderConfig
-from dataloader_tuner.record.trials import TunePlan
+from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.trials import CAP_BATCHES, HARD_CAP_S, MAX_TRIAL_S
+
+
+# A trial's other fields, where a test reads only its count, rate, batches and spread
+TRIAL_FIELDS = dict(prefetch_factor=None, persistent_workers=False, pin_memory=False,
+                    batch_size=16, seconds=1.0, startup_s=0.0, consumer_idle_frac=None,
+                    latency_p50_ms=None, latency_p95_ms=None, worker_ms=None,
+                    worker_cpu_ms=None, worker_ms_cv=None, step_ms=None, main_cpu_ms=None,
+                    batch_bytes=None, worker_private_mb=None, phase="probe")
 
 
 def test_a_trial_is_its_warm_up_and_twenty_steady_batches_at_most_its_caps_thirty():
@@ -122,6 +130,45 @@ def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
     assert not limit.fits(25.0) and limit.reached
     unlimited = plan.TimeLimit(None, clock=lambda: now[0])
     assert unlimited.left() is None and unlimited.fits(1e9)
+
+
+def test_the_at_most_announced_is_kept_as_a_limit_and_never_raised():
+    """NOTE [ An at most that holds ]: the search ends a batch and STOP_S before the at most it
+    announced, a later plan only lowers it, and a user's limit caps it."""
+    now = [0.0]
+    limit = plan.TimeLimit(None, clock=lambda: now[0])
+    assert limit.promise(60.0, last_batch_s=2.0) == 60.0
+    now[0] = 40.0
+    assert limit.left() == pytest.approx(60.0 - 2.0 - plan.STOP_S - 40.0)
+    assert limit.fits(10.0) and not limit.fits(20.0) and limit.reached and limit.by_promise
+    assert limit.promise(90.0, last_batch_s=2.0) == 60.0  # the second plan cannot raise it
+    assert limit.promise(50.0, last_batch_s=2.0) == 50.0
+    now[0] = 0.0
+    theirs = plan.TimeLimit(30.0, clock=lambda: now[0])
+    assert theirs.promise(60.0, last_batch_s=2.0) == 30.0  # at most the user's limit
+    now[0] = 26.0
+    assert not theirs.fits(5.0) and not theirs.by_promise  # the user's own limit ended it
+
+
+def test_the_floor_sees_each_count_once_at_the_batches_its_spread_needs():
+    """NOTE [ The floor ]: 0, 1, the predicted count and the user's own, once each; below the
+    plan's estimate, and longer where the probes' rates were spread."""
+    batch_s = plan.guessed_batch_s(0.1, 2.0)
+    base = plan.Baseline(4, True, None)
+    made = plan.plan_tune(batch_s, 0.1, 2.0, [2, 3], 2, base, spent_s=0.0, measured=0,
+                          budget_s=None, known=True, max_workers=8)
+    expected = sum(plan.trial_seconds(batch_s(n), n) for n in (0, 1, 2, 4))
+    assert made.floor_s == pytest.approx(expected)
+    assert made.floor_s < made.estimated_s < made.at_most_s
+    assert "the least any tune of it can take here" in made.text()
+    even = TrialResult(num_workers=0, samples_per_s=100.0, batches=20, rate_ci=0.03,
+                       **TRIAL_FIELDS)
+    spread = TrialResult(num_workers=1, samples_per_s=100.0, batches=20, rate_ci=0.08,
+                         **TRIAL_FIELDS)
+    assert plan.steady_to_tell([even]) == plan.MIN_STEADY_BATCHES
+    assert plan.steady_to_tell([even, spread]) == pytest.approx(80.0)  # 20 x (8 / 4)^2
+    wider = plan.floor_seconds(batch_s, 2, base, 8, steady=80.0)
+    assert wider > made.floor_s
 
 
 def test_a_spent_limit_starts_no_more_workers():

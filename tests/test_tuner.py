@@ -137,6 +137,26 @@ def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
                             "workers"), first
 
 
+def test_the_announced_at_most_stops_the_search_and_says_so_in_the_first_line():
+    """NOTE [ An at most that holds ]: without a user's limit, batches slower than announced
+    end the search at the at most the tune promised, and its first line says why."""
+    now = [0.0]
+    sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
+
+    def seven_seconds_each(spec):
+        now[0] += 7.0
+        return sim(spec)
+    limit = TimeLimit(None, clock=lambda: now[0])
+    limit.promise(16.0, last_batch_s=1.0)  # the search ends at 14 s, after the probes
+    tuner = Tuner(seven_seconds_each, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=limit, batch_size=16)
+    outcome = tuner.run()
+    assert outcome.stopped_by_budget and sim.calls == [0, 1]
+    first = outcome.recommendation.reasons[0]
+    assert first.startswith("Cut short to keep the ~16 s this tune announced as its most"), first
+    assert "short of 32 workers, the count the cost model predicts" in first
+
+
 def test_without_a_limit_the_search_reaches_the_predicted_count_on_slow_batches():
     # CPU-bound on 2 cores, 1 worker no faster than 0 (at ~1 s a batch the probes alone took
     # 50 s of the old 45 s budget): the search measures the count the model names (2) and its

@@ -196,6 +196,14 @@ class TuneResult(_Result):
             text += f"; ~{later} after the first trials"
         return text
 
+    def against_floor(self) -> str | None:
+        """How close the tune came to the least any tune of this dataset takes here (NOTE [
+        The floor ], tune/plan.py): "1.6x the ~25 s floor"."""
+        floor = (self.plan or {}).get("floor_s")
+        if not floor or not self.tuning_seconds:
+            return None
+        return f"{self.tuning_seconds / floor:.1f}x the ~{duration(floor)} floor"
+
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":
         result = super().from_dict(doc)

@@ -25,7 +25,7 @@ from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions
-from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.plan import FORK_S, SPAWN_S, TimeLimit
 from dataloader_tuner.tune.trials import (HARD_CAP_S, MAX_TRIAL_S, MIN_STEADY_BATCHES,
                                          MIN_WINDOW_S, TARGET_CI, epoch_block, trial_cap_s,
                                          trial_from_batches)
@@ -201,6 +201,15 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     return trial
 
 
+def start_s(config: LoaderConfig) -> float:
+    """Seconds before a trial of ``config`` can make its first batch: a fresh interpreter's
+    import for spawned workers (the freed-memory check's: a --budget-s 10 tune began one with
+    0.3 s left and ran 1.7 s over), a fork's otherwise."""
+    if not config.num_workers:
+        return 0.0
+    return SPAWN_S if config.multiprocessing_context == "spawn" else FORK_S
+
+
 class TrialRunner:
     """Measures the tune's trials one after another: each reported as it ends (``on_trial``),
     run beside the node's ``companions``, cut at what ``time_limit`` leaves it, and every batch
@@ -217,7 +226,10 @@ class TrialRunner:
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
                 search: bool = False) -> TrialResult | None:
-        if self.time_limit.left() == 0:  # the limit is spent: no worker is started
+        left = self.time_limit.left()
+        if left is not None and left <= start_s(config):
+            # the limit is spent, or would be before the workers' first batch (a trial is cut
+            # only once a batch comes): none is started
             self.time_limit.reached = True
             return None
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,

@@ -14,7 +14,6 @@ NOTE [ Persistent workers while searching ]
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import replace
 from typing import Any, Callable
@@ -36,7 +35,6 @@ from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune import costmodel
-from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.recommend import Limits, uncertainty_pct
 from dataloader_tuner.child.starting import snippet_names
 from dataloader_tuner.settings import recommended_config
@@ -46,66 +44,8 @@ from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
-from dataloader_tuner.tune.tuner import (NoSteadyState, Tuner, TrialSpec, floor_count,
-                                         TuneOutcome)
-
-
-class Planner:
-    """The tune's plan, said before it is spent (NOTE [ A budget in batches ], plan.py): a
-    first one from the prewarm's batch, a second once the probes have taught the model."""
-
-    def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
-                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
-                 fresh_check: bool = False) -> None:
-        """``fresh_check``: the first trial with workers is measured again in fresh workers
-        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker."""
-        self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
-        self.time_limit, self.on_plan = time_limit, on_plan
-        self.base = plan.Baseline(config.num_workers, config.persistent_workers,
-                                  epoch_batches(config, limits.dataset_length))
-        self.plans: list[TunePlan] = []
-
-    def first(self, serial_batch_s: float) -> None:
-        cores = self.limits.cpu_budget
-        predicted, counts = plan.first_counts(cores, self.limits.max_workers)
-        floor = floor_count(counts[-1], self.limits.max_workers)
-        if self.has_consumer and floor > counts[-1]:
-            counts.append(floor)
-        spawned = int(self.fresh_check and self.limits.max_workers >= 1)
-        counts += [1] * spawned
-        self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
-                       predicted, 0, known=False, spawned=spawned)
-
-    def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
-                     measured: int) -> None:
-        self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
-                       predicted, measured, known=True)
-
-    def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
-                  counts: list[int], predicted: int, measured: int, known: bool,
-                  spawned: int = 0) -> None:
-        made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
-                              self.base, self.time_limit.spent(), measured,
-                              self.time_limit.budget_s, known, spawned)
-        self.plans.append(made)
-        self.on_plan(made)
-
-    def to_dict(self) -> dict[str, Any] | None:
-        """The plans as the document keeps them: the first announced, the last made."""
-        if not self.plans:
-            return None
-        return {**self.plans[-1].to_dict(), "announced_s": self.plans[0].estimated_s,
-                "announced_at_most_s": self.plans[0].at_most_s, "text": self.plans[-1].text()}
-
-
-def epoch_batches(config: LoaderConfig, items: int | None) -> int | None:
-    """Batches in an epoch of ``items`` (whole batches with batch_size=None)."""
-    if not items or config.batch_sampler is not None:
-        return None
-    if config.batch_size is None:
-        return items
-    return (items // config.batch_size if config.drop_last
-            else math.ceil(items / config.batch_size)) or None
+from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
+from dataloader_tuner.tune.planner import Planner, epoch_batches
 
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
@@ -165,7 +105,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                       step_on_cpu=consumer.kind == "train_step", time_limit=time_limit,
                       batch_size=config.batch_size, on_trial=on_trial,
                       on_plan=lambda profile, predicted, counts: planner.after_probes(
-                          profile, predicted, counts, len(tuner.trials)))
+                          profile, predicted, counts, tuner.trials))
         try:
             outcome = tuner.run()
         except NoSteadyState as exc:
@@ -199,7 +139,8 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         plan.IO_THREAD_TRIALS * _estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
             **tune_ceiling(outcome, cost, stacks, final.num_workers, cached,
-                           (threads, threaded) if threads and threaded else None)}
+                           (threads, threaded) if threads and threaded else None),
+            "tuning_seconds": time_limit.spent()}  # (the checks after the claim included)
 
 
 def tune_cost(outcome: TuneOutcome) -> BatchCost | None:

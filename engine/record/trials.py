@@ -123,6 +123,7 @@ class TunePlan:
     predicted_workers: int | None = None  # the count the cost model points to, once known
     budget_s: float | None = None  # the user's hard limit; None: the plan runs to its end
     at_most_s: float | None = None  # every trial at its cap's batches, the end's widest claim
+    floor_s: float | None = None  # the least a tune of this dataset takes (NOTE [ The floor ])
 
     @property
     def cut_short(self) -> bool:
@@ -132,7 +133,8 @@ class TunePlan:
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
         ~3 min (12 trials)"."""
-        expected, most = spoken_range(self.estimated_s, self.at_most_s)
+        expected, most = spoken_range(self.estimated_s,
+                                      None if self.cut_short else self.at_most_s)
         line = (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
                 f"process; this tune needs ~{expected}"
                 + (f", ~{most} if every trial runs to its cap" if most else "")
@@ -140,7 +142,9 @@ class TunePlan:
                 + (f", reaching {self.predicted_workers} workers, the count the cost model "
                    "predicts" if self.predicted_workers else
                    ": the cost model predicts loading in the main process"
-                   if self.predicted_workers == 0 else "") + ")")
+                   if self.predicted_workers == 0 else "") + ")"
+                + (f"; the least any tune of it can take here is ~{duration(self.floor_s)}"
+                   if self.floor_s else ""))
         if self.cut_short:
             line += (f"; your limit of {duration(self.budget_s or 0.0)} will cut it short "
                      "(the pick then says what it did not reach)")

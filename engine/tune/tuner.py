@@ -211,6 +211,8 @@ class Tuner:
         """The first line of a pick the user's time limit cut short: whether it reached the
         count the model predicts, and what was measured."""
         limit = self.time_limit.budget_s or 0.0
+        if self.time_limit.by_promise:
+            return self._promise_reason(recommendation)
         measured = ", ".join(str(n) for n in self._measured())
         pick = recommendation.kwargs["num_workers"]
         if self.predicted is None:
@@ -226,6 +228,23 @@ class Tuner:
         return (f"Your {limit:g} s time limit ended the search early: {pick} workers is the best "
                 f"of the counts measured ({measured}), the predicted count among them; "
                 "neighbours or repeats were left out, so it is less sure.")
+
+    def _promise_reason(self, recommendation: Recommendation) -> str:
+        """The first line of a pick the tune's own announced at most cut short (NOTE [ An at
+        most that holds ], plan.py)."""
+        at_most = self.time_limit.promised_s or 0.0
+        measured = ", ".join(str(n) for n in self._measured())
+        pick = recommendation.kwargs["num_workers"]
+        reached = (self.predicted is not None and self.predicted in self._measured())
+        return (f"Cut short to keep the ~{at_most:.0f} s this tune announced as its most: "
+                f"{pick} workers is the best of the counts measured ({measured})"
+                + (", the predicted count among them; neighbours or repeats were left out, "
+                   "so it is less sure." if reached else
+                   f", short of {self.predicted} workers, the count the cost model predicts."
+                   if self.predicted is not None else
+                   ", before the cost model could be learnt.")
+                + " Its batches ran slower than their first ones said: tune again with "
+                  "--budget-s for a longer search.")
 
     def _probe(self) -> CostProfile | None:
         serial = self._measure(0, "probe")

@@ -63,9 +63,10 @@ def render_tune_text(result: TuneResult) -> str:
                      + speedup_text(base))
     if base.get("claimed_from"):
         lines.append(f"claimed from: {base['claimed_from']}")
-    announced = result.announced()
+    announced, floor = result.announced(), result.against_floor()
     lines.append(f"tuned in {result.tuning_seconds:.1f} s over {len(result.trials)} trials"
-                 + (f" (announced: {announced})" if announced else ""))
+                 + (f" (announced: {announced})" if announced else "")
+                 + (f", {floor}" if floor else ""))
     lines.append("")
     lines += [f"- {reason}" for reason in result.reasons]
     stacks = result.stacks or {}

@@ -1,0 +1,83 @@
+"""The tune's plan as the child announces it: a first from the prewarm's batch, a second once
+the probes taught the cost model, each keeping the at most the first promised (tune/plan.py
+estimates; NOTE [ A budget in batches ], NOTE [ An at most that holds ])."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable
+
+from dataloader_tuner.config import LoaderConfig
+from dataloader_tuner.record.trials import TrialResult, TunePlan
+from dataloader_tuner.tune import plan
+from dataloader_tuner.tune.costmodel import CostProfile
+from dataloader_tuner.tune.recommend import Limits
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.tuner import floor_count
+
+
+class Planner:
+    """The tune's plan, said before it is spent (NOTE [ A budget in batches ], plan.py): a
+    first one from the prewarm's batch, a second once the probes have taught the model."""
+
+    def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
+                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
+                 fresh_check: bool = False) -> None:
+        """``fresh_check``: the first trial with workers is measured again in fresh workers
+        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker."""
+        self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
+        self.time_limit, self.on_plan = time_limit, on_plan
+        self.base = plan.Baseline(config.num_workers, config.persistent_workers,
+                                  epoch_batches(config, limits.dataset_length))
+        self.plans: list[TunePlan] = []
+
+    def first(self, serial_batch_s: float) -> None:
+        cores = self.limits.cpu_budget
+        predicted, counts = plan.first_counts(cores, self.limits.max_workers)
+        floor = floor_count(counts[-1], self.limits.max_workers)
+        if self.has_consumer and floor > counts[-1]:
+            counts.append(floor)
+        spawned = int(self.fresh_check and self.limits.max_workers >= 1)
+        counts += [1] * spawned
+        self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
+                       predicted, 0, known=False, spawned=spawned)
+
+    def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
+                     trials: list[TrialResult]) -> None:
+        self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
+                       predicted, len(trials), known=True,
+                       steady=plan.steady_to_tell(t for t in trials if t.phase == "probe"))
+
+    def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
+                  counts: list[int], predicted: int, measured: int, known: bool,
+                  spawned: int = 0, steady: float = MIN_STEADY_BATCHES) -> None:
+        """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
+        said."""
+        made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
+                              self.base, self.time_limit.spent(), measured,
+                              self.time_limit.budget_s, known, spawned,
+                              self.limits.max_workers, steady)
+        at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
+        estimated = (made.estimated_s if self.time_limit.budget_s is not None
+                     else min(made.estimated_s, at_most))  # (a user's limit: "cut short" said)
+        made = replace(made, at_most_s=at_most, estimated_s=estimated)
+        self.plans.append(made)
+        self.on_plan(made)
+
+    def to_dict(self) -> dict[str, Any] | None:
+        """The plans as the document keeps them: the first announced, the last made."""
+        if not self.plans:
+            return None
+        return {**self.plans[-1].to_dict(), "announced_s": self.plans[0].estimated_s,
+                "announced_at_most_s": self.plans[0].at_most_s, "text": self.plans[-1].text()}
+
+
+def epoch_batches(config: LoaderConfig, items: int | None) -> int | None:
+    """Batches in an epoch of ``items`` (whole batches with batch_size=None)."""
+    if not items or config.batch_sampler is not None:
+        return None
+    if config.batch_size is None:
+        return items
+    return (items // config.batch_size if config.drop_last
+            else math.ceil(items / config.batch_size)) or None
