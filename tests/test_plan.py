@@ -84,11 +84,19 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
     gather = plan.CACHE_BATCHES * 4.5e-5
     assert made.estimated_s == pytest.approx(
         0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S + gather)
-    # at most: also the pick with threads fetching, which runs where a batch mostly waits, and
-    # the widest claim, the pick and the user's 2 workers in turn
+    # at most: also every check that may run (threads fetching, the threads decision, in and
+    # out of order, the pick with all its settings: NOTE [ An at most that holds ]) and the
+    # widest claim, the pick and the user's 2 workers in turn
     claim = 2 * plan.MAX_CLAIM_PAIRS
+    checks = (plan.IO_THREAD_TRIALS + plan.THREADS_DECISION_TRIALS + plan.ORDER_TRIALS
+              + plan.FINAL_TRIALS)
     assert made.at_most_s == pytest.approx(
-        0.5 + plan.SPAWN_S + (trials + plan.IO_THREAD_TRIALS + claim) * MAX_TRIAL_S + gather)
+        0.5 + plan.SPAWN_S + (trials + checks + claim) * MAX_TRIAL_S + gather)
+    decided = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts + [1],
+                             predicted, base, spent_s=0.5, measured=0, budget_s=None,
+                             known=False, spawned=1, threads_pending=False)
+    assert made.at_most_s - decided.at_most_s == pytest.approx(
+        plan.THREADS_DECISION_TRIALS * MAX_TRIAL_S)
     assert "if every trial runs to its cap" in made.text()
 
 
@@ -169,6 +177,10 @@ def test_the_floor_sees_each_count_once_at_the_batches_its_spread_needs():
     assert plan.steady_to_tell([even, spread]) == pytest.approx(80.0)  # 20 x (8 / 4)^2
     wider = plan.floor_seconds(batch_s, 2, base, 8, steady=80.0)
     assert wider > made.floor_s
+    # the estimate too: trials that need 80 batches to settle, up to their cap
+    spread_plan = plan.plan_tune(batch_s, 0.1, 2.0, [2, 3], 2, base, spent_s=0.0, measured=0,
+                                 budget_s=None, known=True, max_workers=8, steady=80.0)
+    assert made.estimated_s < spread_plan.estimated_s < spread_plan.at_most_s
 
 
 def test_a_spent_limit_starts_no_more_workers():

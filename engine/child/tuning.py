@@ -63,11 +63,11 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batches)
     has_consumer = consumer.kind != "none"
     heap_decision = HeapDecision()
-    planner = Planner(config, limits, has_consumer, time_limit, on_plan,
-                      fresh_check=heap_decision.available)
-
     # threads against the cores this rank has (a quota counted), not less the load now
     threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
+    planner = Planner(config, limits, has_consumer, time_limit, on_plan,
+                      fresh_check=heap_decision.available,
+                      threads_pending=lambda: not threads_decision.decided)
     threads_of: dict[int, int | None] = {}  # a worker count stays on its first trial's setting
 
     def measure(spec: TrialSpec) -> TrialResult | None:

@@ -170,39 +170,59 @@ def steady_to_tell(trials: Iterable[TrialResult]) -> float:
 def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: float,
               to_measure: Iterable[int], predicted: int, base: Baseline, spent_s: float,
               measured: int, budget_s: float | None, known: bool, spawned: int = 0,
-              max_workers: int = 1, steady: float = MIN_STEADY_BATCHES) -> TunePlan:
+              max_workers: int = 1, steady: float = MIN_STEADY_BATCHES,
+              threads_pending: bool = True) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
     ``spent_s``; ``spawned`` of the counts start their workers in a fresh interpreter (SPAWN_S).
     ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected with trials
-    that settle at MIN_STEADY_BATCHES and a claim of CLAIM_PAIRS; at most with every trial at
-    its cap and MAX_CLAIM_PAIRS, the claim counted even where ``predicted`` is the user's own
-    count: the search may still pick another (noisy_worker's first plan, predicting the
-    user's 2 workers, said at most ~46 s; the search picked 0, the claim ran, and a slow host
-    took 49 s)."""
+    that settle after ``steady`` batches (the spread the probes measured: steady_to_tell) or at
+    their cap, and a claim of CLAIM_PAIRS; at most with every trial at its cap, MAX_CLAIM_PAIRS,
+    and every check that may run (NOTE [ An at most that holds ]), the claim counted even where
+    ``predicted`` is the user's own count: the search may still pick another (noisy_worker's
+    first plan, predicting the user's 2 workers, said at most ~46 s; the search picked 0, the
+    claim ran, and a slow host took 49 s). ``threads_pending``: the threads decision may still
+    measure its trials (thread_pools.py)."""
     counts = list(to_measure)
     claims = predicted != base.num_workers  # the user's own count expected: no claim at the end
 
+    def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
+                 ) -> float:
+        return min(trial_seconds(batch_s, workers, restarts, restart_s, steady),
+                   capped_trial_seconds(batch_s, workers, restarts, restart_s))
+
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
         search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S
-        confirm = CONFIRM_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0)
+        at_pick = trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
                             trial, steady) if pairs else 0.0
         # the pick over samples held in RAM (child/cached.py): making them, then a trial
-        cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * trial(
-            batch_s(predicted), predicted, 0, 0.0)
-        threads = IO_THREAD_TRIALS * trial(batch_s(predicted), predicted, 0, 0.0) * (
-            trial is capped_trial_seconds)
-        return spent_s + search + confirm + end + cache + threads
+        cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * at_pick
+        checks = at_pick * checks_at_most(threads_pending) * (trial is capped_trial_seconds)
+        return spent_s + search + CONFIRM_TRIALS * at_pick + end + cache + checks
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
         trials=(measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
                 + CACHE_TRIALS),
-        estimated_s=total(trial_seconds, MIN_STEADY_BATCHES, CLAIM_PAIRS if claims else 0),
+        estimated_s=total(settling, MIN_STEADY_BATCHES, CLAIM_PAIRS if claims else 0),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
         at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS),
         floor_s=floor_seconds(batch_s, predicted, base, max_workers, steady))
+
+
+# Trials only some tunes run, counted in the at most (NOTE [ An at most that holds ]): threads
+# fetching (child/io_threads.py), the threads decision's three (thread_pools.py), the pick in
+# and out of order in turn (order.py), the pick measured with all its settings (tuning.py)
+THREADS_DECISION_TRIALS = 3
+ORDER_TRIALS = 2 * CLAIM_PAIRS
+FINAL_TRIALS = 1
+
+
+def checks_at_most(threads_pending: bool) -> int:
+    """The trials at the pick the checks may add, at most."""
+    return (IO_THREAD_TRIALS + THREADS_DECISION_TRIALS * threads_pending + ORDER_TRIALS
+            + FINAL_TRIALS)
 
 
 def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:

@@ -23,10 +23,13 @@ class Planner:
 
     def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
                  time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
-                 fresh_check: bool = False) -> None:
+                 fresh_check: bool = False,
+                 threads_pending: Callable[[], bool] = lambda: True) -> None:
         """``fresh_check``: the first trial with workers is measured again in fresh workers
-        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker."""
+        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker;
+        ``threads_pending()``: the threads decision may still run its trials (thread_pools.py)."""
         self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
+        self.threads_pending = threads_pending
         self.time_limit, self.on_plan = time_limit, on_plan
         self.base = plan.Baseline(config.num_workers, config.persistent_workers,
                                   epoch_batches(config, limits.dataset_length))
@@ -57,7 +60,7 @@ class Planner:
         made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
-                              self.limits.max_workers, steady)
+                              self.limits.max_workers, steady, self.threads_pending())
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         estimated = (made.estimated_s if self.time_limit.budget_s is not None
                      else min(made.estimated_s, at_most))  # (a user's limit: "cut short" said)
