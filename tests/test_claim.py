@@ -173,9 +173,10 @@ def test_a_claim_wider_than_ten_percent_is_not_made_but_its_figures_are_kept():
 class FakeRunner:
     """TrialRunner's face for the end's pairs: rates from a list per phase, a time limit."""
 
-    def __init__(self, rates, budget_s=None):
+    def __init__(self, rates, budget_s=None, rate_ci=0.02):
         from dataloader_tuner.tune.plan import TimeLimit
 
+        self.rate_ci = rate_ci
         self.rates = {phase: list(values) for phase, values in rates.items()}
         self.time_limit = TimeLimit(budget_s, clock=lambda: 0.0)
         self.phases = []
@@ -183,7 +184,7 @@ class FakeRunner:
     def measuring(self, config, phase):
         def measure(repeat):
             self.phases.append(phase)
-            return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=0.02)
+            return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=self.rate_ci)
         return measure
 
 
@@ -200,12 +201,20 @@ def _pairs(runner):
                          outcome, None)
 
 
-def test_the_end_measures_more_pairs_while_the_claim_is_too_wide_to_make():
-    # the baseline's first two trials disagree by 30%: two more pairs narrow it to a claim
+def test_the_end_measures_more_pairs_only_where_they_could_narrow_the_claim():
+    """NOTE [ Pairs that cannot narrow a claim ]: trials known to +-12% each, their pairs'
+    ratios agreeing: more pairs narrow the claim to under 10% and are measured. Where the
+    pairs' ratios already disagree by 30% (half their range: 12%), more pairs can only widen
+    that: none is measured (before, four pairs ran to the same no claim)."""
+    loose = FakeRunner({"baseline": [100.0, 101.0, 100.0, 101.0],
+                        "final": [200.0, 201.0, 200.0, 201.0]}, rate_ci=0.12)
+    base, pick, result = _pairs(loose)
+    # (three pairs: +-12% / sqrt(3) a side, +-9.8% together)
+    assert len(base) == len(pick) == 3 and result.speedup is not None
     runner = FakeRunner({"baseline": [100.0, 130.0, 112.0, 118.0, 115.0],
                          "final": [200.0, 205.0, 203.0, 202.0, 204.0]})
     base, pick, result = _pairs(runner)
-    assert len(base) == len(pick) == 4 and result.too_wide  # still wider: no claim
+    assert len(base) == len(pick) == claim.CLAIM_PAIRS and result.too_wide
     assert result.speedup is None
     steady = FakeRunner({"baseline": [100.0, 102.0, 101.0], "final": [200.0, 203.0, 201.0]})
     base, pick, result = _pairs(steady)

@@ -275,6 +275,10 @@ def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
     while len(pick_trials) < claim.MAX_CLAIM_PAIRS:
         if len(pick_trials) >= claim.CLAIM_PAIRS and not result.too_wide:
             break
+        if len(pick_trials) >= claim.CLAIM_PAIRS and not claim.can_narrow(  # too wide: NOTE
+                [t for t in base_trials if t is not None],  # [ Pairs that cannot narrow a
+                [t for t in pick_trials if t is not None], epoch_items):  # claim ]
+            break
         if not runner.time_limit.fits(pair_s):
             break
         more_base, more_pick = claim.alternate(runner.measuring(config, "baseline"),
