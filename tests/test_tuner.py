@@ -74,7 +74,8 @@ def test_latency_bound_jumps_to_many_workers():
     curve = lambda n: 49.0 if n == 0 else n * 50.0
     sim = Simulated(curve, worker_ms=160.0, cpu_ms=0.5)
     outcome = run(sim)
-    assert outcome.recommendation.kwargs["num_workers"] == 32
+    # 31, the top's neighbour, measured too: within 4% of 32, the fewer workers are picked
+    assert outcome.recommendation.kwargs["num_workers"] in (31, 32)
     assert sim.calls[:3] == [0, 1, 32]  # the model sends it straight to the top
     assert any("mostly waiting" in r for r in outcome.recommendation.reasons)
 
@@ -135,6 +136,19 @@ def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
     first = outcome.recommendation.reasons[0]
     assert first.startswith("Not the predicted best: your 14 s time limit ran out before 32 "
                             "workers"), first
+
+
+def test_the_predicted_count_s_neighbours_are_measured_where_the_climb_passed_them_by():
+    """ImageNet-style JPEGs at batch 256 on 2 cores, as a real tune measured them (trials of
+    +-20%): the model predicts 3, the climb goes up on noise to 4, 6 and 9 and back down to 4
+    only. 2, the predicted count's neighbour (the grid's best), is measured too."""
+    rates = {0: 221, 1: 218, 2: 352, 3: 248, 4: 301, 6: 358, 9: 335}
+    sim = Simulated(lambda n: rates.get(n, 330), worker_ms=75.0, cpu_ms=70.0, main_cpu_ms=1.0)
+    tuner = Tuner(sim, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=TimeLimit(None), batch_size=16)
+    outcome = tuner.run()
+    assert tuner.predicted == 3 and {2, 3, 4} <= set(sim.calls), sim.calls
+    assert outcome.recommendation.kwargs["num_workers"] == 2  # within 4% of 6's 358
 
 
 def test_the_announced_at_most_stops_the_search_and_says_so_in_the_first_line():
