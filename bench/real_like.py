@@ -317,7 +317,7 @@ def tune_and_verify(target: str, own: dict, args, with_step: bool = False) -> di
     result = {"pick": overrides, "pick_key": point_key(overrides), "tune_s": tune_s,
               "tuning_seconds": doc.get("tuning_seconds"), "announced_s": plan.get("announced_s"),
               "announced_at_most_s": plan.get("announced_at_most_s"),
-              "claimed": baseline.get("speedup"),
+              "floor_s": plan.get("floor_s"), "claimed": baseline.get("speedup"),
               "claimed_pct": baseline.get("speedup_pct"), "note": baseline.get("speedup_note"),
               "expected_samples_per_s": doc.get("expected_samples_per_s"),
               "baseline_samples_per_s": baseline.get("samples_per_s")}
@@ -361,7 +361,8 @@ def print_tune(number: int, tune: dict, with_step: bool = False) -> None:
     print(f"  tune {number} ({tune['tune_s']:.0f} s; tuning_seconds "
           f"{seconds_text(tune['tuning_seconds'])}, announced "
           f"{seconds_text(tune['announced_s'])}, at most "
-          f"{seconds_text(tune.get('announced_at_most_s'))}): pick {describe(tune['pick'])}\n"
+          f"{seconds_text(tune.get('announced_at_most_s'))}, floor "
+          f"{seconds_text(tune.get('floor_s'))}): pick {describe(tune['pick'])}\n"
           f"    tool: baseline {tune['baseline_samples_per_s'] or 0:.0f}/s, pick expected "
           f"{tune['expected_samples_per_s'] or 0:.0f}/s, {claim}\n"
           f"    plain{' training loops' if with_step else ''}: {verified}{ratio}", flush=True)

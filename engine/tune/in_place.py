@@ -3,12 +3,13 @@
 The objective is the loop's own rate: samples per second of "wait for a batch + the real step",
 so a count that makes batches faster than the model can use them gains nothing and is not
 taken; where the job's workers restart each epoch, each setting's start-up is charged once per
-epoch too (Trial.startup_charge_s). The search measures the job's own setting (and 1 worker where the job has none),
-then the count the loop's own wait predicts and its neighbours (NOTE [ The count the wait
-predicts ]), then climbs from the best with the offline tuner's rules (tune/tuner.py): a count
-above the best is kept where it gains at least MORE_WORKERS_GAIN, a count below where it loses
-less than FEWER_WORKERS_TOLERANCE of the fastest (fewer workers: less CPU and memory for the
-same rate); up while counts above pay, else down while fewer lose nothing. Each setting is
+epoch too (Trial.startup_charge_s). The search measures the job's own setting (and 1 worker
+where the job has none), then the count the loop's own wait predicts and its neighbours (NOTE [
+The count the wait predicts ]), then climbs from the best with the offline tuner's rules
+(tune/tuner.py): a count above the best is kept where it gains at least MORE_WORKERS_GAIN, a
+count below where it loses less than FEWER_WORKERS_TOLERANCE of the fastest (fewer workers:
+less CPU and memory for the same rate); up while counts above pay, else down while fewer lose
+nothing. Each setting is
 measured until its rate is known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or
 MAX_TRIAL_S; a worse setting is left at once (rolled back to the best so far), and a setting
 that fails is dropped for good with the job's own settings back in place.
