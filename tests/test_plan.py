@@ -47,6 +47,10 @@ def test_the_imagenet_style_tune_is_announced_in_minutes():
     assert not made.cut_short
     limited = TunePlan(**{**made.to_dict(), "budget_s": 45.0})
     assert limited.cut_short and "your limit of 45 s will cut it short" in limited.text()
+    # a second plan past the at most first announced (kept: NOTE [ An at most that holds ])
+    promised = TunePlan(**{**made.to_dict(), "at_most_s": made.estimated_s / 2})
+    assert promised.cut_short and "first announced as its most will cut it short" in \
+        promised.text()
 
 
 def test_after_the_probes_each_count_is_estimated_at_its_predicted_rate():
@@ -192,6 +196,20 @@ def test_a_spent_limit_starts_no_more_workers():
     reported = []
     runner = TrialRunner(None, Consumer("none"), reported.append, limit)
     assert runner.measure(LoaderConfig(batch_size=4, num_workers=2), "search") is None
+    assert limit.reached and not reported
+
+
+def test_no_trial_starts_where_its_workers_could_not_make_a_batch_in_the_time_left():
+    """A trial is cut only once a batch comes: the freed-memory check's spawned workers
+    (importing torch first, SPAWN_S) began with 0.3 s of a --budget-s 10 left and the tune took
+    11.7 s. Less time left than the workers' start: none is started."""
+    now = [0.0]
+    limit = plan.TimeLimit(10.0, clock=lambda: now[0])
+    now[0] = 10.0 - plan.SPAWN_S + 0.2
+    reported = []
+    runner = TrialRunner(None, Consumer("none"), reported.append, limit)
+    spawned = LoaderConfig(batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert runner.measure(spawned, "search") is None
     assert limit.reached and not reported
 
 

@@ -127,8 +127,10 @@ class TunePlan:
 
     @property
     def cut_short(self) -> bool:
-        """The user's limit ends the tune before its plan does."""
-        return self.budget_s is not None and self.estimated_s > self.budget_s
+        """The user's limit, or else the at most first announced (kept as a limit: NOTE [ An at
+        most that holds ]), ends the tune before its plan does."""
+        limit = self.budget_s if self.budget_s is not None else self.at_most_s
+        return limit is not None and self.estimated_s > limit
 
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
@@ -146,8 +148,9 @@ class TunePlan:
                 + (f"; the least any tune of it can take here is ~{duration(self.floor_s)}"
                    if self.floor_s else ""))
         if self.cut_short:
-            line += (f"; your limit of {duration(self.budget_s or 0.0)} will cut it short "
-                     "(the pick then says what it did not reach)")
+            limit = (f"your limit of {duration(self.budget_s)}" if self.budget_s is not None
+                     else f"the ~{duration(self.at_most_s or 0.0)} it first announced as its most")
+            line += f"; {limit} will cut it short (the pick then says what it did not reach)"
         return line
 
     def to_dict(self) -> dict[str, Any]:

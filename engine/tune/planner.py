@@ -62,9 +62,7 @@ class Planner:
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending())
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
-        estimated = (made.estimated_s if self.time_limit.budget_s is not None
-                     else min(made.estimated_s, at_most))  # (a user's limit: "cut short" said)
-        made = replace(made, at_most_s=at_most, estimated_s=estimated)
+        made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
         self.plans.append(made)
         self.on_plan(made)
 
