@@ -275,9 +275,11 @@ def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
     while len(pick_trials) < claim.MAX_CLAIM_PAIRS:
         if len(pick_trials) >= claim.CLAIM_PAIRS and not result.too_wide:
             break
-        if len(pick_trials) >= claim.CLAIM_PAIRS and not claim.can_narrow(  # too wide: NOTE
-                [t for t in base_trials if t is not None],  # [ Pairs that cannot narrow a
-                [t for t in pick_trials if t is not None], epoch_items):  # claim ]
+        # too wide: more only where they could narrow it (NOTE [ Pairs that cannot narrow a
+        # claim ]); a too-wide claim had every trial measured
+        if len(pick_trials) >= claim.CLAIM_PAIRS and not claim.can_narrow(
+                result.base.trials if result.base else [],
+                result.pick.trials if result.pick else [], epoch_items):
             break
         if not runner.time_limit.fits(pair_s):
             break

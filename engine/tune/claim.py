@@ -226,14 +226,21 @@ def can_narrow(base: list[TrialResult], pick: list[TrialResult], epoch_items: in
     """Whether ``pairs`` pairs could make a claim the pairs so far know too loosely (NOTE [
     Pairs that cannot narrow a claim ]): the sides' intervals narrow with the square root of
     their trials; the spread of the pairs' ratios (half their range) can only widen."""
-    ratios = [charged_rate(p, epoch_items) / charged_rate(b, epoch_items)
-              for b, p in zip(base, pick)]
-    spread = spread_of(ratios)
+    within, spread = ratio_parts(base, pick, epoch_items)
     if spread is not None and spread > CLAIM_WITHIN_PCT:
         return False
+    return (within or 0.0) * math.sqrt(len(pick) / pairs) <= CLAIM_WITHIN_PCT
+
+
+def ratio_parts(base: list[TrialResult], pick: list[TrialResult], epoch_items: int | None
+                ) -> tuple[float | None, float | None]:
+    """The two parts of the ratio's uncertainty, in %: both sides' trial intervals combined,
+    and the spread of the per-pair ratios (None where unknown)."""
     withins = [p for p in (within_pct(base), within_pct(pick)) if p is not None]
-    within: float = sum(p ** 2 for p in withins) ** 0.5 if withins else 0.0
-    return within * math.sqrt(len(pick) / pairs) <= CLAIM_WITHIN_PCT
+    within = sum(p ** 2 for p in withins) ** 0.5 if withins else None
+    ratios = [charged_rate(p, epoch_items) / charged_rate(b, epoch_items)
+              for b, p in zip(base, pick)]
+    return within, spread_of(ratios)
 
 
 def ratio_uncertainty_pct(base: Side, pick: Side, epoch_items: int | None) -> float | None:
@@ -243,11 +250,7 @@ def ratio_uncertainty_pct(base: Side, pick: Side, epoch_items: int | None) -> fl
     hold where the sides' own rates drifted (audio with a CPU step: its 0-worker trials ranged
     141-177 samples/s, +-12% each side and +-13% combined, while its four pairs' ratios held
     within +-9%)."""
-    withins = [p for p in (within_pct(base.trials), within_pct(pick.trials)) if p is not None]
-    within = sum(p ** 2 for p in withins) ** 0.5 if withins else None
-    pairs = [charged_rate(p, epoch_items) / charged_rate(b, epoch_items)
-             for b, p in zip(base.trials, pick.trials)]
-    known = [u for u in (within, spread_of(pairs)) if u is not None]
+    known = [u for u in ratio_parts(base.trials, pick.trials, epoch_items) if u is not None]
     if not known:  # one trial each, without intervals: the sides' own figures
         sides = [p for p in (pick.uncertainty_pct, base.uncertainty_pct) if p is not None]
         return sum(p ** 2 for p in sides) ** 0.5 if sides else None

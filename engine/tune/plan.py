@@ -154,9 +154,15 @@ def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baselin
                   max_workers: int, steady: float = MIN_STEADY_BATCHES) -> float:
     """NOTE [ The floor ]: each count the tune must see, once, for ``steady`` batches."""
     must_see = {n for n in (0, 1, predicted, base.num_workers) if n <= max_workers}
-    # (no trial runs past its cap: a spread that would need more is cut there too)
-    return sum(min(trial_seconds(batch_s(n), n, steady=steady),
-                   capped_trial_seconds(batch_s(n), n)) for n in must_see)
+    return sum(settled_trial_seconds(batch_s(n), n, steady=steady) for n in must_see)
+
+
+def settled_trial_seconds(batch_s: float, workers: int, restarts: int = 0,
+                          restart_s: float = 0.0, steady: float = MIN_STEADY_BATCHES) -> float:
+    """A trial that settles after ``steady`` batches, or at its cap where that comes first (no
+    trial runs past it: a spread that would need more is cut there too)."""
+    return min(trial_seconds(batch_s, workers, restarts, restart_s, steady),
+               capped_trial_seconds(batch_s, workers, restarts, restart_s))
 
 
 def steady_to_tell(trials: Iterable[TrialResult]) -> float:
@@ -188,8 +194,7 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
 
     def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
                  ) -> float:
-        return min(trial_seconds(batch_s, workers, restarts, restart_s, steady),
-                   capped_trial_seconds(batch_s, workers, restarts, restart_s))
+        return settled_trial_seconds(batch_s, workers, restarts, restart_s, steady)
 
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
         search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S
