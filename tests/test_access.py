@@ -14,7 +14,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from dataloader_tuner import RunStore, watch
+from dataloader_tuner import RunStore
 from dataloader_tuner.access import dashboard_url, tokens_match
 from dataloader_tuner.cli.commands import dashboard as dashboard_cmd
 from dataloader_tuner.dashboard import access, jobs as dashboard_jobs

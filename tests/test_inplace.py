@@ -4,6 +4,7 @@ every sample of every epoch exactly once, in the sampler's order, while worker c
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -101,6 +102,44 @@ def test_one_worker_no_faster_than_none_still_measures_the_count_the_wait_predic
     one = next(d.verdict for d in search.decisions if d.num_workers == 1)
     assert one.startswith("rolled back to num_workers=0")
     assert "2 workers predicted to feed its step" in one
+
+
+def bursty(search: InPlaceSearch, rates: dict[int, float], noisy: set[int], seed: int
+           ) -> InPlaceSearch:
+    """Drive ``search`` to its choice: counts in ``noisy`` hand batches in bursts (a cycle
+    0.3x or 1.7x the mean, as workers handing two at once), the others evenly."""
+    rng = random.Random(seed)
+    while not search.finished:
+        n = search.current.num_workers
+        cycle = 32 / rates[n] * (rng.choice((0.3, 1.7)) if n in noisy else 1.0)
+        search.clock.advance(cycle)
+        search.after_batch(32, cycle, 0.5 * cycle)
+    return search
+
+
+def test_more_workers_are_not_kept_on_a_gain_within_the_noise():
+    """2, 3 and 4 workers equally fast (2 cores saturated), 3 and 4 in bursts: a 4 s trial
+    of theirs reads up to ~10% off, and the old rule (any gain >= 3%) kept 3 on it (seed 0).
+    Within the two rates' uncertainty the more workers are measured on, and
+    kept only where they still gain beyond it."""
+    rates = {n: 800.0 if n < 2 else 1000.0 for n in range(5)}
+    for seed in range(8):
+        search = bursty(InPlaceSearch(TunedSettings(2), 4, clock=SimulatedClock(), cpus=2),
+                        rates, noisy={3, 4}, seed=seed)
+        assert search.best.setting == TunedSettings(2), (seed, search.to_dict())
+
+
+def test_a_best_whose_rate_is_the_looser_is_measured_again_before_a_close_call():
+    """2 workers in bursts (its rate known to ~±12% after 4 s), 3 workers even and 8% faster:
+    the gain is within the noise of 2's rate, so 2 is measured again, then 3 is judged."""
+    rates = {0: 500.0, 1: 600.0, 2: 1000.0, 3: 1080.0, 4: 1080.0}
+    search = bursty(InPlaceSearch(TunedSettings(2), 4, clock=SimulatedClock(), cpus=2),
+                    rates, noisy={2}, seed=1)
+    again = [d for d in search.decisions if "measured again to tell" in d.verdict]
+    assert [d.num_workers for d in again] == [3], search.to_dict()
+    assert search.best.setting == TunedSettings(3)
+    two = next(t for t in search.measured if t.setting == TunedSettings(2))
+    assert two.interval() < 0.06 and abs(two.samples_per_s / 1000 - 1) < 0.06
 
 
 def test_a_fed_loop_predicts_its_own_count_and_steps_down_from_it():
@@ -294,7 +333,7 @@ class CpuBoundSamples(torch.utils.data.Dataset):
         return torch.full((16,), float(acc % 5)), index
 
 
-@pytest.mark.slow  # a real job tuning in place: ~40 s, then plain epochs to judge it
+@pytest.mark.slow  # a real job tuning in place: ~40 s, then 15 plain epochs to judge it
 @pytest.mark.host_speed
 def test_in_place_from_no_workers_reaches_the_count_its_wait_predicts(db_path, tmp_path,
                                                                       monkeypatch):
@@ -305,18 +344,20 @@ def test_in_place_from_no_workers_reaches_the_count_its_wait_predicts(db_path, t
     monkeypatch.chdir(tmp_path)
     dataset, step_s = CpuBoundSamples(), 0.001
     loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)
-    chosen, seen = tune_in_place(loader, step_s, db_path, max_workers=4, epochs=30)
+    chosen, seen = tune_in_place(loader, step_s, db_path, max_workers=4, epochs=60)
     for epoch in seen[:-1]:
         assert sorted(epoch) == list(range(len(dataset)))
     cores = os.cpu_count() or 1
     if cores < 2:
         pytest.skip("needs 2 cores for 2 workers to pay")
     plain = {n: [] for n in range(5)}
-    for order in (range(5), reversed(range(5))):  # in turns: the machine's drift cancels
+    # In turns, so the machine's drift cancels; each count's median, as one fast epoch of a
+    # count the noise favoured is no best (CI once read 3 workers 1489 then 1745 samples/s).
+    for order in (range(5), reversed(range(5)), range(5)):
         for n in order:
             plain[n].append(epoch_rate(dataset, 32, n, step_s))
-    best = max(max(rates) for rates in plain.values())
-    assert chosen >= 2 and max(plain[chosen]) >= 0.95 * best, (chosen, plain)
+    medians = {n: statistics.median(rates) for n, rates in plain.items()}
+    assert chosen >= 2 and medians[chosen] >= 0.95 * max(medians.values()), (chosen, plain)
 
 
 def epoch_rate(dataset, batch_size: int, workers: int, step_s: float) -> float:

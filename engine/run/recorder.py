@@ -24,7 +24,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Callable
 
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument.resources import ResourceSampler

@@ -6,10 +6,10 @@ taken; where the job's workers restart each epoch, each setting's start-up is ch
 epoch too (Trial.startup_charge_s). The search measures the job's own setting (and 1 worker
 where the job has none), then the count the loop's own wait predicts and its neighbours (NOTE [
 The count the wait predicts ]), then climbs from the best with the offline tuner's rules
-(tune/tuner.py): a count above the best is kept where it gains at least MORE_WORKERS_GAIN, a
-count below where it loses less than FEWER_WORKERS_TOLERANCE of the fastest (fewer workers:
-less CPU and memory for the same rate); up while counts above pay, else down while fewer lose
-nothing. Each setting is
+(tune/tuner.py): a count above the best is kept where it gains at least MORE_WORKERS_GAIN and
+more than the two rates are known to, a count below where it loses less than
+FEWER_WORKERS_TOLERANCE of the fastest (fewer workers: less CPU and memory for the same rate);
+up while counts above pay, else down while fewer lose nothing. Each setting is
 measured until its rate is known to TARGET_CI (at least MIN_STEADY_BATCHES steady batches), or
 MAX_TRIAL_S; a worse setting is left at once (rolled back to the best so far), and a setting
 that fails is dropped for good with the job's own settings back in place.
@@ -81,6 +81,8 @@ class Trial:
     epoch_batches: int | None = None
     firsts: list[float] = field(default_factory=list)  # the first cycle after each loader start
     fresh: bool = False  # its loader just started: the next batch is that first
+    # Measured on to MAX_TRIAL_S (or TARGET_CI): its gain over the best was within the noise.
+    longer: bool = False
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -125,7 +127,8 @@ class Trial:
         elapsed = self.clock() - self.started
         per_batch = elapsed / max(self.taken, 1)
         room = self.setting.warmup_batches + 1.5 * MIN_STEADY_BATCHES
-        if elapsed > min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S):
+        cap = MAX_TRIAL_S if self.longer else min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S)
+        if elapsed > cap:
             return len(self.cycles) >= 3 * max(self.setting.num_workers, 1) or not MAX_TRIAL_S
         if len(self.cycles) < MIN_STEADY_BATCHES:
             return False
@@ -187,6 +190,7 @@ class InPlaceSearch:
         self.trial = self._trial(start)
         self.predicted: int | None = None  # the count the first trial with workers predicts
         self.queue: list[TunedSettings] = []  # it and its neighbours, to measure next
+        self.challenger: Trial | None = None  # waiting while the best is measured on
         self.decisions: list[InPlaceDecision] = []  # the search's log, as the run keeps it
         self.measured: list[Trial] = []
         self.failed: set[TunedSettings] = set()
@@ -238,7 +242,26 @@ class InPlaceSearch:
             trial.waits.append(min(wait_s, cycle_s))
         if not trial.done():
             return None
+        if self._too_close_to_tell(trial):
+            return self._measure_on(trial)
         return self._decide()
+
+    def _measure_on(self, trial: Trial) -> TunedSettings | None:
+        """Too close to tell (``_too_close_to_tell``): the challenger is measured on, then
+        the best where its own rate is the looser of the two; each once."""
+        if not trial.longer:
+            trial.longer = True
+            return None
+        best = self._best()
+        gain = (trial.samples_per_s or 0.0) / (best.samples_per_s or 1.0) - 1
+        self.decisions.append(log_line(
+            trial.setting, trial.samples_per_s, trial.interval(),
+            f"{gain:+.0%} against {_name(best.setting)}, within the ±"
+            f"{_gain_interval(trial, best):.0%} the two are known to: {_name(best.setting)} "
+            f"measured again to tell"))
+        self.challenger, self.trial = trial, best
+        best.longer, best.started, best.taken = True, self.clock(), 0
+        return best.setting
 
     def setting_failed(self, setting: TunedSettings, why: str) -> TunedSettings:
         """A setting could not run (its workers failed to start, or crashed): never again; the
@@ -270,7 +293,9 @@ class InPlaceSearch:
         return self.best
 
     def _decide(self) -> TunedSettings | None:
-        trial, best = self.trial, self.best
+        running, trial, best = self.trial.setting, self.trial, self.best
+        if self.challenger is not None:  # the best was measured on: the challenger judged
+            trial, self.challenger = self.challenger, None
         self.measured.append(trial)
         name = _name(trial.setting)
         if best is None:
@@ -290,19 +315,24 @@ class InPlaceSearch:
             chosen = self._best()
             self.decisions.append(log_line(chosen.setting, chosen.samples_per_s,
                                            chosen.interval(), f"chosen: {_name(chosen.setting)}"))
-            return chosen.setting if chosen.setting != trial.setting else None
+            return chosen.setting if chosen.setting != running else None
         self.trial = self._trial(following)
         return following
 
     def _judge(self, trial: Trial, best: Trial, best_rate: float) -> str:
         """Keep ``trial`` as the best where it pays: more workers where they gain at least
-        MORE_WORKERS_GAIN, fewer where they lose less than FEWER_WORKERS_TOLERANCE of the
-        fastest measured."""
+        MORE_WORKERS_GAIN and more than the two rates' uncertainty, once measured on where
+        the first was not (``_too_close_to_tell``), fewer where they lose less than
+        FEWER_WORKERS_TOLERANCE of the fastest measured."""
         rate = trial.samples_per_s or 0.0
         if trial.setting.num_workers > best.setting.num_workers:
-            if rate >= (1 + MORE_WORKERS_GAIN) * best_rate:
+            gain, known_to = rate / best_rate - 1, _gain_interval(trial, best)
+            if gain >= max(MORE_WORKERS_GAIN, known_to):
                 self.best = trial
-                return f"kept: {rate / best_rate - 1:.0%} faster than {_name(best.setting)}"
+                return f"kept: {gain:.0%} faster than {_name(best.setting)}"
+            if gain >= MORE_WORKERS_GAIN:
+                return (f"rolled back to {_name(best.setting)}: {gain:.0%} faster, within the "
+                        f"±{known_to:.0%} the two rates are known to")
         elif rate >= (1 - FEWER_WORKERS_TOLERANCE) * self._fastest_rate():
             self.best = trial
             share = rate / best_rate
@@ -311,6 +341,27 @@ class InPlaceSearch:
                     f"kept: {share:.0%} of {_name(best.setting)}'s rate with fewer workers "
                     f"(within the {FEWER_WORKERS_TOLERANCE:.0%} a rate is known to)")
         return f"rolled back to {_name(best.setting)}: {rate / best_rate:.0%} of its rate"
+
+    def _too_close_to_tell(self, trial: Trial) -> bool:
+        """More workers whose gain over the best is neither clearly at least MORE_WORKERS_GAIN
+        nor clearly under it, at the two rates' uncertainty: kept on noise, a climb stops
+        wherever the noise led it (3 and 4 workers on 2 cores kept at "10% faster, ±12%" and
+        "17% faster, ±18%"); rolled back on it, it misses a real gain (3 workers read "9% of
+        2's rate, ±13%" after 4 s, where plain epochs of 3 were 1.19x those of 2). Told
+        apart where the looser of the two can still narrow: not measured on yet."""
+        best = self.best
+        if self.challenger is not None or best is None or best is trial:
+            return False
+        if trial.setting.num_workers <= best.setting.num_workers:
+            return False
+        if not best.samples_per_s or not trial.samples_per_s:
+            return False
+        gain = trial.samples_per_s / best.samples_per_s - 1
+        known_to = _gain_interval(trial, best)
+        if gain >= max(MORE_WORKERS_GAIN, known_to) or gain + known_to < MORE_WORKERS_GAIN:
+            return False
+        looser = trial if (trial.interval() or 0.0) >= (best.interval() or 0.0) else best
+        return not (trial.longer and (best.longer or looser is trial))
 
     def _predict(self, trial: Trial) -> str:
         """Once, from the first trial with workers: the count that feeds the step and its
@@ -377,6 +428,12 @@ def log_line(setting: TunedSettings, samples_per_s: float | None, rate_ci: float
 
 def tried_or_failed(search: InPlaceSearch) -> set[TunedSettings]:
     return {t.setting for t in search.measured} | search.failed
+
+
+def _gain_interval(trial: Trial, best: Trial) -> float:
+    """95% half-width of ``trial``'s rate over ``best``'s, as a fraction: the two rates'
+    intervals added in quadrature (0 where either has too few batches to tell)."""
+    return math.hypot(trial.interval() or 0.0, best.interval() or 0.0)
 
 
 def _name(setting: TunedSettings) -> str:
