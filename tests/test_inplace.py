@@ -55,6 +55,22 @@ def drive(search: InPlaceSearch, rate_of, batch: int = 32, noise: float = 0.01,
     return search.best.setting
 
 
+def imagenet_shaped(make_s: float, step_s: float, cores: int):
+    """(cycle, wait) of a batch at n workers: batches made in ``make_s`` on a core each."""
+    def loop(n: int) -> tuple[float, float]:
+        if n == 0:
+            return make_s + step_s, make_s
+        cycle = max(step_s, 1.03 * make_s / min(n, cores) * (1 + 0.02 * max(n - cores, 0)))
+        return cycle, cycle - step_s
+    return loop
+
+
+def latency_bound(n: int) -> tuple[float, float]:
+    """Each worker makes 100 samples/s (it waits on storage); the step caps the loop at 700."""
+    cycle = 32 / min(100 * max(n, 0.5), 700)
+    return cycle, max(cycle - 32 / 700, 0.0)
+
+
 def test_an_in_memory_loader_goes_down_to_no_workers():
     # Worker processes only add transfer costs: 0 workers is fastest (as tiny_in_memory).
     search = searching(TunedSettings(2), max_workers=8)
@@ -62,7 +78,7 @@ def test_an_in_memory_loader_goes_down_to_no_workers():
     verdicts = [d.verdict for d in search.decisions]
     assert verdicts[0].startswith("measured as the starting point")
     assert any(v.startswith("rolled back") for v in verdicts)  # 3 workers: worse, left at once
-    assert verdicts[-1] == "chosen: num_workers=0"
+    assert verdicts[-1].startswith("chosen: num_workers=0 after ")
 
 
 def test_a_latency_bound_loader_climbs_until_the_step_is_fed():
@@ -81,14 +97,7 @@ def test_one_worker_no_faster_than_none_still_measures_the_count_the_wait_predic
     where 2 workers make the loop ~2x faster. The loop waited ~98% of its time at 1 worker:
     the count feeding the step is capped at the 2 cores, and it and its neighbour 3 are
     measured (NOTE [ The count the wait predicts ])."""
-    make_s, step_s, cores = 0.130, 0.002, 2
-
-    def loop(n: int) -> tuple[float, float]:  # (cycle, wait) of a batch
-        if n == 0:
-            return make_s + step_s, make_s
-        cycle = max(step_s, 1.03 * make_s / min(n, cores) * (1 + 0.02 * max(n - cores, 0)))
-        return cycle, cycle - step_s
-
+    loop, cores = imagenet_shaped(0.130, 0.002, 2), 2
     search = InPlaceSearch(TunedSettings(0), 4, clock=SimulatedClock(), cpus=cores)
     rng = random.Random(2)
     while not search.finished:
@@ -102,6 +111,37 @@ def test_one_worker_no_faster_than_none_still_measures_the_count_the_wait_predic
     one = next(d.verdict for d in search.decisions if d.num_workers == 1)
     assert one.startswith("rolled back to num_workers=0")
     assert "2 workers predicted to feed its step" in one
+
+
+@pytest.mark.parametrize("start, cpus, loop", [
+    (0, 2, imagenet_shaped(0.130, 0.002, 2)),  # pytorch/examples' ImageNet at batch 32
+    (0, 2, imagenet_shaped(0.013, 0.001, 2)),  # fast batches: each worker trial to its 4 s cap
+    (0, 2, imagenet_shaped(1.3, 0.002, 2)),  # batch 256: 30 s trials
+    (0, 16, imagenet_shaped(0.130, 0.010, 16)),  # 16 cores: the prediction jumps to 14
+    (0, 32, latency_bound),
+    (6, 8, lambda n: (32 / (1000.0 if n >= 3 else 350.0 * max(n, 1)),
+                      (0.01 if n >= 3 else 0.5) * 32 / (1000.0 if n >= 3 else 350.0 * max(n, 1)))),
+])
+def test_the_search_takes_the_time_it_says(start, cpus, loop):
+    """Said once the first setting is measured (NOTE [ The time an in-place search says ]),
+    within 40% of the time the search then takes, and once the count to measure is
+    predicted, within 25%; the choice's line holds them. Workers hand batches in bursts, as
+    real ones do (a cycle 0.5x or 1.5x the mean). Read off the median seconds of the settings
+    measured so far, it said 1.2-2.3x the time taken."""
+    search = InPlaceSearch(TunedSettings(start), 4 if cpus == 2 else 32, clock=SimulatedClock(),
+                           cpus=cpus)
+    rng = random.Random(2)
+    while not search.finished:
+        cycle, wait = loop(search.current.num_workers)
+        jitter = rng.choice((0.5, 1.5)) if search.current.num_workers else 1.0
+        search.clock.advance(cycle * jitter)
+        search.after_batch(32, cycle * jitter, wait * jitter)
+    said, took = search.time.announced_s, search.to_dict()["took_s"]
+    assert "the search needs ~" in search.decisions[0].verdict
+    assert 0.6 <= took / said <= 1.4, (said, took, search.to_dict()["decisions"])
+    last = search.time.estimated_s
+    assert 0.75 <= took / last <= 1.25, (last, took, search.to_dict()["decisions"])
+    assert ", said ~" in search.decisions[-1].verdict
 
 
 def bursty(search: InPlaceSearch, rates: dict[int, float], noisy: set[int], seed: int
@@ -236,9 +276,9 @@ def seen_unwatched(epochs: int) -> list[list[int]]:
 
 
 def tune_in_place(loader: DataLoader, step_s: float, db: str, max_workers: int,
-                  epochs: int = 40) -> tuple[int, list[list[int]]]:
+                  epochs: int = 40) -> tuple[int, list[list[int]], list[str]]:
     """A training loop (a sleep for a step) tuning ``loader`` in place: the chosen worker
-    count and, per epoch, the sample indices the loop received."""
+    count, per epoch the sample indices the loop received, and the search's log."""
     watched = watch(loader, name="in-place", db=db, tune=True, max_workers=max_workers)
     seen = []
     for _ in range(epochs):
@@ -250,7 +290,8 @@ def tune_in_place(loader: DataLoader, step_s: float, db: str, max_workers: int,
         if watched.search.finished:
             break
     watched.close()
-    return watched.search.best.setting.num_workers, seen
+    return (watched.search.best.setting.num_workers, seen,
+            [d.verdict for d in watched.search.decisions])
 
 
 def offline_pick(target: str, step_ms: float, db: str, max_workers: int) -> dict:
@@ -291,7 +332,7 @@ def test_in_place_converges_to_the_offline_pick(db_path, tmp_path, monkeypatch, 
     dataset = Labelled(resolved.dataset)
     loader = DataLoader(dataset, batch_size=resolved.batch_size, shuffle=True,
                         num_workers=start)
-    chosen, seen = tune_in_place(loader, step_ms / 1000, db_path, max_workers)
+    chosen, seen, _ = tune_in_place(loader, step_ms / 1000, db_path, max_workers)
     for epoch in seen[:-1]:  # every finished epoch: each sample exactly once
         assert sorted(epoch) == list(range(len(dataset)))
     tuned = offline_pick(os.path.join(ROOT, target), step_ms, db_path, max_workers)
@@ -339,12 +380,14 @@ def test_in_place_from_no_workers_reaches_the_count_its_wait_predicts(db_path, t
                                                                       monkeypatch):
     """pytorch/examples' ImageNet loop's shape (issue 62): CPU-bound batches, a short step, the
     job's num_workers=0. 1 worker is no faster than none; the search measures the count the
-    loop's wait predicts anyway (NOTE [ The count the wait predicts ]), and what it keeps is
-    within 5% of the best of plain epochs of 0-4 workers, timed by the loop's own clock."""
+    loop's wait predicts anyway (NOTE [ The count the wait predicts ]), and what it keeps
+    fills the cores, as the best of plain epochs of 0-4 workers (timed by the loop's own
+    clock) does; the search says its time, and at the end how long it took."""
     monkeypatch.chdir(tmp_path)
     dataset, step_s = CpuBoundSamples(), 0.001
     loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)
-    chosen, seen = tune_in_place(loader, step_s, db_path, max_workers=4, epochs=60)
+    chosen, seen, log = tune_in_place(loader, step_s, db_path, max_workers=4, epochs=60)
+    assert "the search needs ~" in log[0] and ", said ~" in log[-1], log
     for epoch in seen[:-1]:
         assert sorted(epoch) == list(range(len(dataset)))
     cores = os.cpu_count() or 1
@@ -357,7 +400,12 @@ def test_in_place_from_no_workers_reaches_the_count_its_wait_predicts(db_path, t
         for n in order:
             plain[n].append(epoch_rate(dataset, 32, n, step_s))
     medians = {n: statistics.median(rates) for n, rates in plain.items()}
-    assert chosen >= 2 and medians[chosen] >= 0.95 * max(medians.values()), (chosen, plain)
+    # 2-4 workers fill the 2 cores alike: which of them wins a turn is the machine's noise
+    # here (a count's own plain epochs spread ±13%; its median over three turns moved 5-20%
+    # between runs, 2 workers' 0.83-1.0 of 3's), so any of them is right, within that
+    # spread of the best. Stopping at 0 or 1 reads 0.5-0.74 of it.
+    best = max(medians.values())
+    assert chosen >= 2 and medians[chosen] >= 0.85 * best, (chosen, plain)
 
 
 def epoch_rate(dataset, batch_size: int, workers: int, step_s: float) -> float:

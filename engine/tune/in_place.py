@@ -40,113 +40,19 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from dataloader_tuner.analyse.metrics import block_rate_interval
 from dataloader_tuner.config import TunedSettings
 from dataloader_tuner.record.trials import InPlaceDecision
+from dataloader_tuner.tune.in_place_time import (SearchTime, accounting, announcement,
+                                                  counts_left, median_or, seconds_left)
+from dataloader_tuner.tune.in_place_trial import Clock, LoopModel, Trial
 from dataloader_tuner.tune.recommend import FEWER_WORKERS_TOLERANCE
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
 from dataloader_tuner.tune.tuner import MORE_WORKERS_GAIN, grow, shrink
 
-# A trial that cannot reach TARGET_CI is judged as it stands after MIN_TRIAL_S, or longer when
-# batches are slow (room for its warm-up and 1.5x MIN_STEADY_BATCHES), up to MAX_TRIAL_S: the
-# offline tuner's clock (child/tuning.py).
-MIN_TRIAL_S = 4.0
-MAX_TRIAL_S = 30.0
 # The job's first seconds run slower (page faults, allocator growth, lazy imports, caches): not
 # measured, or the starting setting would look worse than it is.
 PREWARM_S = 2.0
-# NOTE [ The count the wait predicts ]: a loop waiting less than this share of its time is fed
-FED_WAIT_SHARE = 0.05
-
-Clock = Callable[[], float]  # seconds, monotonic: time.monotonic, or a test's simulated time
-
-
-@dataclass
-class Trial:
-    """One setting's measurement: the loop's time and samples per steady batch."""
-
-    setting: TunedSettings
-    clock: Clock = field(default=time.monotonic, repr=False, compare=False)
-    started: float = field(init=False)  # when its clock started (from the clock)
-    seen: int = 0  # batches since its loader started (a switch, an epoch), warm-up included
-    taken: int = 0  # all its batches, warm-ups included
-    cycles: list[float] = field(default_factory=list)  # wait + step, per steady batch
-    samples: list[int] = field(default_factory=list)
-    waits: list[float] = field(default_factory=list)  # the wait of each, where told
-    # Start-up, charged as the job pays it: an epoch of this many batches restarts the workers
-    # (None: the job's loader keeps them, persistent_workers=True, or its length is unknown).
-    epoch_batches: int | None = None
-    firsts: list[float] = field(default_factory=list)  # the first cycle after each loader start
-    fresh: bool = False  # its loader just started: the next batch is that first
-    # Measured on to MAX_TRIAL_S (or TARGET_CI): its gain over the best was within the noise.
-    longer: bool = False
-
-    def __post_init__(self) -> None:
-        self.started = self.clock()
-
-    @property
-    def samples_per_s(self) -> float | None:
-        total = sum(self.cycles) + self.startup_charge_s()
-        return sum(self.samples) / total if total > 0 else None
-
-    def startup_s(self) -> float | None:
-        """What starting its loader cost beyond a steady batch: the first batch's cycle (its
-        wait dates from the switch or the epoch's start) less the median steady one."""
-        if not self.firsts or not self.cycles:
-            return None
-        return max(statistics.median(self.firsts) - statistics.median(self.cycles), 0.0)
-
-    def startup_charge_s(self) -> float:
-        """The start-up the measured batches would pay in the job: one per epoch_batches."""
-        startup = self.startup_s()
-        if not self.epoch_batches or startup is None:
-            return 0.0
-        return startup * len(self.cycles) / self.epoch_batches
-
-    def fed_by(self, cpus: float | None) -> int | None:
-        """The workers that would feed the loop's step (NOTE [ The count the wait predicts ]),
-        at most one a core (``cpus``, None: no cap); None without workers or waits told."""
-        n = self.setting.num_workers
-        if n < 1 or len(self.waits) < len(self.cycles) or not self.cycles:
-            return None
-        cycle, wait = statistics.median(self.cycles), statistics.median(self.waits)
-        if wait < FED_WAIT_SHARE * cycle:
-            return n
-        step = max(cycle - wait, 1e-9)
-        need = math.ceil(n * cycle / step)
-        return need if cpus is None else max(n, min(need, math.ceil(cpus)))
-
-    def interval(self) -> float | None:
-        """95% half-width of the rate, as a fraction (batch means, as metrics.rate_interval)."""
-        return block_rate_interval(self.samples, self.cycles, max(self.setting.num_workers, 1))
-
-    def done(self) -> bool:
-        elapsed = self.clock() - self.started
-        per_batch = elapsed / max(self.taken, 1)
-        room = self.setting.warmup_batches + 1.5 * MIN_STEADY_BATCHES
-        cap = MAX_TRIAL_S if self.longer else min(max(MIN_TRIAL_S, per_batch * room), MAX_TRIAL_S)
-        if elapsed > cap:
-            return len(self.cycles) >= 3 * max(self.setting.num_workers, 1) or not MAX_TRIAL_S
-        if len(self.cycles) < MIN_STEADY_BATCHES:
-            return False
-        if len(self.cycles) % 5:  # the interval is O(n): every 5th batch is often enough
-            return False
-        ci = self.interval()
-        return ci is not None and ci <= TARGET_CI
-
-    def to_dict(self) -> dict[str, Any]:
-        rate, ci = self.samples_per_s, self.interval()
-        startup = self.startup_s()
-        return {**self.setting.workers_and_prefetch(), "samples_per_s": rate,
-                "batches": len(self.cycles),
-                "startup_ms": 1000 * startup if startup is not None else None,
-                "startup_charged": bool(self.epoch_batches) and startup is not None,
-                "rate_ci": ci, "conclusive": len(self.cycles) >= MIN_STEADY_BATCHES
-                and ci is not None, "step_and_wait_ms": 1000 * sum(self.cycles)
-                / len(self.cycles) if self.cycles else None}
 
 
 class Search(Protocol):
@@ -195,7 +101,8 @@ class InPlaceSearch:
         self.measured: list[Trial] = []
         self.failed: set[TunedSettings] = set()
         self.finished = False
-        self.measuring_from: float | None = None  # PREWARM_S after the first batch
+        # NOTE [ The time an in-place search says ] (tune/in_place_time.py)
+        self.time = SearchTime()
 
     @property
     def current(self) -> TunedSettings:
@@ -221,13 +128,14 @@ class InPlaceSearch:
         if self.finished:
             return None
         now = self.clock()
-        if self.measuring_from is None:
-            self.measuring_from = now + PREWARM_S
+        if self.time.measuring_from is None:
+            self.time.measuring_from = now + PREWARM_S
         trial = self.trial
         first, trial.fresh = trial.fresh, False
-        if now < self.measuring_from:  # the job's first batches: one-off costs
+        if now < self.time.measuring_from:  # the job's first batches: one-off costs
             trial.started = now
             return None
+        self.time.begin(now)
         if first:
             trial.firsts.append(cycle_s)
         trial.seen += 1
@@ -296,7 +204,10 @@ class InPlaceSearch:
         running, trial, best = self.trial.setting, self.trial, self.best
         if self.challenger is not None:  # the best was measured on: the challenger judged
             trial, self.challenger = self.challenger, None
+        now = self.clock()
+        self.time.decided(now)
         self.measured.append(trial)
+        predicted = self.predicted
         name = _name(trial.setting)
         if best is None:
             self.best = trial
@@ -307,17 +218,54 @@ class InPlaceSearch:
                        f"{_name(best.setting)} has no rate to compare with")
         else:
             verdict = self._judge(trial, best, best.samples_per_s)
+        verdict += self._predict(trial)
+        if self.time.announced_s is None or self.predicted != predicted:
+            verdict += self._announce(now)
         self.decisions.append(log_line(trial.setting, trial.samples_per_s, trial.interval(),
-                                       verdict + self._predict(trial)))
+                                       verdict))
         following = self._next_setting()
         if following is None:
             self.finished = True
             chosen = self._best()
+            took = accounting(self.time.elapsed(now), self.time)
             self.decisions.append(log_line(chosen.setting, chosen.samples_per_s,
-                                           chosen.interval(), f"chosen: {_name(chosen.setting)}"))
+                                           chosen.interval(),
+                                           f"chosen: {_name(chosen.setting)}{took}"))
             return chosen.setting if chosen.setting != running else None
-        self.trial = self._trial(following)
+        self.trial, self.time.opened = self._trial(following), now
         return following
+
+    def _announce(self, now: float) -> str:
+        """The time left, said (NOTE [ The time an in-place search says ])."""
+        tried = tried_or_failed(self)
+        model = self._model()
+        counts = counts_left([s.num_workers for s in self.queue if s not in tried],
+                             self.predicted is not None, self._setting(0) in tried, model)
+        startups = [t.startup_s() for t in self.measured if t.setting.num_workers]
+        left = seconds_left(counts, model, self._batches_to_know,
+                            median_or([s for s in startups if s is not None], 0.0),
+                            self.baseline.prefetch_factor or 2)
+        elapsed = self.time.elapsed(now)
+        self.time.said(elapsed + left)
+        return announcement(elapsed, left, round(sum(odds for _, odds in counts)))
+
+    def _batches_to_know(self, workers: int) -> float | None:
+        """The steady batches a trial of ``workers`` needs, as those measured alike needed
+        (with workers or without: NOTE [ The time an in-place search says ]); None: unknown."""
+        alike = [t.batches_to_know() for t in self.measured
+                 if bool(t.setting.num_workers) == bool(workers)]
+        return statistics.median(alike) if alike else None
+
+    def _model(self) -> LoopModel:
+        """The loop as the first trial with workers reads it, else as the first trial; where
+        no wait was told, all of each cycle is making."""
+        models = [(t.setting.num_workers, t.model(self.cpus)) for t in self.measured]
+        told = [(n, m) for n, m in models if m is not None]
+        if told:
+            return next((m for n, m in told if n), told[0][1])
+        first = self.measured[0]
+        cycle = statistics.median(first.cycles)
+        return LoopModel(0.0, cycle * max(first.setting.num_workers, 1), self.cpus)
 
     def _judge(self, trial: Trial, best: Trial, best_rate: float) -> str:
         """Keep ``trial`` as the best where it pays: more workers where they gain at least
@@ -343,14 +291,16 @@ class InPlaceSearch:
         return f"rolled back to {_name(best.setting)}: {rate / best_rate:.0%} of its rate"
 
     def _too_close_to_tell(self, trial: Trial) -> bool:
-        """More workers whose gain over the best is neither clearly at least MORE_WORKERS_GAIN
-        nor clearly under it, at the two rates' uncertainty: kept on noise, a climb stops
+        """More workers that gain at least MORE_WORKERS_GAIN, but less than the two rates are
+        known to, are measured on before they are judged: kept on noise, a climb stops
         wherever the noise led it (3 and 4 workers on 2 cores kept at "10% faster, ±12%" and
-        "17% faster, ±18%"); rolled back on it, it misses a real gain (3 workers read "9% of
-        2's rate, ±13%" after 4 s, where plain epochs of 3 were 1.19x those of 2). Told
-        apart where the looser of the two can still narrow: not measured on yet."""
+        "17% faster, ±18%"; plain epochs of 4 then 0.87 of the best). The looser of the two
+        is measured on, each once. (A gain under MORE_WORKERS_GAIN is not measured on: with
+        two rates known to ±4%, every step that does not pay would be.)"""
         best = self.best
         if self.challenger is not None or best is None or best is trial:
+            return False
+        if self.predicted is None:  # its prediction is measured next, whatever it reads
             return False
         if trial.setting.num_workers <= best.setting.num_workers:
             return False
@@ -358,7 +308,7 @@ class InPlaceSearch:
             return False
         gain = trial.samples_per_s / best.samples_per_s - 1
         known_to = _gain_interval(trial, best)
-        if gain >= max(MORE_WORKERS_GAIN, known_to) or gain + known_to < MORE_WORKERS_GAIN:
+        if not MORE_WORKERS_GAIN <= gain < known_to:
             return False
         looser = trial if (trial.interval() or 0.0) >= (best.interval() or 0.0) else best
         return not (trial.longer and (best.longer or looser is trial))
@@ -415,6 +365,8 @@ class InPlaceSearch:
         return {"baseline": self.baseline.workers_and_prefetch(), "finished": self.finished,
                 "chosen": (self.best.setting.workers_and_prefetch()
                            if self.finished and self.best else None),
+                "announced_s": self.time.announced_s, "estimated_s": self.time.estimated_s,
+                "took_s": (sum(self.time.durations) if self.finished else None),
                 "trials": [t.to_dict() for t in self.measured],
                 "decisions": [d.to_dict() for d in self.decisions]}
 

@@ -29,7 +29,8 @@ from typing import Protocol
 
 from dataloader_tuner.record.trials import InPlaceDecision
 from dataloader_tuner.config import TunedSettings
-from dataloader_tuner.tune.in_place import InPlaceSearch, Trial, log_line
+from dataloader_tuner.tune.in_place import InPlaceSearch, log_line
+from dataloader_tuner.tune.in_place_trial import Trial
 from dataloader_tuner.analyse.ranks import report_key
 
 PLAN_LEAD_S = 1.0  # a switch is announced this far ahead of the batch it applies from

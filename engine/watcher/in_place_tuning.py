@@ -19,7 +19,8 @@ from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.record.ledger import BatchLedger, samples_of
 from dataloader_tuner.record.loop import BatchSource, stop_workers
 from dataloader_tuner.record.trials import InPlaceDecision
-from dataloader_tuner.tune.in_place import Clock, InPlaceSearch, Search
+from dataloader_tuner.tune.in_place import InPlaceSearch, Search
+from dataloader_tuner.tune.in_place_trial import Clock
 from dataloader_tuner.tune.in_place_choice import choice_result, save_choice
 from dataloader_tuner.tune.node import FollowerSearch, LeaderSearch
 from dataloader_tuner.watcher import frameworks

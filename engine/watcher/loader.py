@@ -34,7 +34,8 @@ from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.store import RunStore
 from dataloader_tuner.instrument.gpu_events import CopyTimes, StepGaps
 from dataloader_tuner.instrument.tensors import moved
-from dataloader_tuner.tune.in_place import Clock, Search
+from dataloader_tuner.tune.in_place import Search
+from dataloader_tuner.tune.in_place_trial import Clock
 from dataloader_tuner.watcher import frameworks, shutdown
 from dataloader_tuner.watcher.checks import PeriodicChecks, say as _say
 from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
