@@ -71,6 +71,12 @@ STOP_S = 1.0  # a trial's workers stopped after it was cut (NOTE [ An at most th
 # A worker started in a fresh interpreter (the freed-memory check's spawned workers, heap_check.py)
 # imports torch and the dataset's module first: 1.1 s on the 2-core machine for a small module.
 SPAWN_S = 1.5
+# Before any trial with workers is measured, each is expected to settle after this many steady
+# batches (or at its cap, if sooner): workers hand batches in bursts, so their rates take more
+# batches to know than the loop's own 20 (88-256 measured, on 2 cores: detection's 1 worker
+# settled in 0.7 s, cpu_mlp's 1-3 workers ran to the 4 s cap). At 20, the first plan said
+# ~35 s of cpu_mlp's 47 s tune; expecting each at its cap, ~44 s of detection's 16 s.
+WORKER_STEADY_GUESS = 150
 
 # A trial's seconds: (batch_s, workers, restarts, restart_s) -> seconds
 TrialTime = Callable[[float, int, int, float], float]
@@ -177,7 +183,8 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               to_measure: Iterable[int], predicted: int, base: Baseline, spent_s: float,
               measured: int, budget_s: float | None, known: bool, spawned: int = 0,
               max_workers: int = 1, steady: float = MIN_STEADY_BATCHES,
-              threads_pending: bool = True) -> TunePlan:
+              threads_pending: bool = True, steady_with_workers: float | None = None
+              ) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
     ``spent_s``; ``spawned`` of the counts start their workers in a fresh interpreter (SPAWN_S).
@@ -188,13 +195,16 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     ``predicted`` is the user's own count: the search may still pick another (noisy_worker's
     first plan, predicting the user's 2 workers, said at most ~46 s; the search picked 0, the
     claim ran, and a slow host took 49 s). ``threads_pending``: the threads decision may still
-    measure its trials (thread_pools.py)."""
+    measure its trials (thread_pools.py). ``steady_with_workers``: the steady batches a trial
+    with workers settles after, where it differs from ``steady`` (before the probes:
+    WORKER_STEADY_GUESS)."""
     counts = list(to_measure)
     claims = predicted != base.num_workers  # the user's own count expected: no claim at the end
 
     def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
                  ) -> float:
-        return settled_trial_seconds(batch_s, workers, restarts, restart_s, steady)
+        batches = steady if not workers or steady_with_workers is None else steady_with_workers
+        return settled_trial_seconds(batch_s, workers, restarts, restart_s, batches)
 
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
         search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S

@@ -44,7 +44,8 @@ class Planner:
         spawned = int(self.fresh_check and self.limits.max_workers >= 1)
         counts += [1] * spawned
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
-                       predicted, 0, known=False, spawned=spawned)
+                       predicted, 0, known=False, spawned=spawned,
+                       steady_with_workers=plan.WORKER_STEADY_GUESS)
 
     def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
                      trials: list[TrialResult]) -> None:
@@ -54,13 +55,15 @@ class Planner:
 
     def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
                   counts: list[int], predicted: int, measured: int, known: bool,
-                  spawned: int = 0, steady: float = MIN_STEADY_BATCHES) -> None:
+                  spawned: int = 0, steady: float = MIN_STEADY_BATCHES,
+                  steady_with_workers: float | None = None) -> None:
         """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
         said."""
         made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
-                              self.limits.max_workers, steady, self.threads_pending())
+                              self.limits.max_workers, steady, self.threads_pending(),
+                              steady_with_workers)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
         self.plans.append(made)
