@@ -2,6 +2,7 @@
 (tune/heap_check.py): the worker_init_fn in configs, snippets, settings files and the page, the
 page faults it saves in a real DataLoader worker, and the decision on simulated trials."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -170,3 +171,24 @@ def test_no_gain_beyond_noise_and_no_fresh_workers_keep_nothing():
     elsewhere = HeapDecision(available=False)  # not glibc: never tried
     assert not elsewhere.first_keeps
     assert elsewhere.check(first, unpicklable, lambda t: None) is first and not elsewhere.decided
+
+
+def test_under_a_limit_that_leaves_too_little_it_is_not_measured_and_the_pick_says_so():
+    """NOTE [ Deciding freed memory during the search ]: a limit leaving less than the fresh
+    trial and one more for the search's predicted count: nothing run, nothing kept, said."""
+    ran = []
+
+    def fresh():
+        ran.append(1)
+        return _search_trial(1, 160.0, keep=False)
+
+    first = dataclasses.replace(_search_trial(1, 240.0), seconds=20.0)
+    short = HeapDecision(available=True)
+    assert short.check(first, fresh, lambda t: None, time_left_s=39.0) is first
+    assert not ran and short.skipped and short.decided and not short.first_keeps
+    rec = Recommendation({"num_workers": 2}, 300.0, 3.0, ("2 workers",))
+    assert "Not measured for your time limit" in short.recommend(rec, [first]).reasons[-1]
+    room = HeapDecision(available=True)
+    room.check(first, fresh, lambda t: None, time_left_s=41.0)
+    assert ran == [1] and not room.skipped and room.keep
+

@@ -163,6 +163,19 @@ def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
     assert unlimited.left() is None and unlimited.fits(1e9)
 
 
+def test_under_a_limit_the_counts_the_tune_must_see_share_what_is_left():
+    now = [0.0]
+    limit = plan.TimeLimit(60.0, clock=lambda: now[0])
+    now[0] = 3.0
+    assert limit.share(3) == pytest.approx(19.0)  # 0, 1 and the predicted count
+    now[0] = 22.0
+    assert limit.share(2) == pytest.approx(19.0) and limit.share(0) == pytest.approx(38.0)
+    assert plan.TimeLimit(None, clock=lambda: now[0]).share(3) is None
+    promised = plan.TimeLimit(None, clock=lambda: now[0])
+    promised.promise(600.0, 1.0)  # an at most announced is no reason to cut trials short
+    assert promised.share(3) is None
+
+
 def test_the_at_most_announced_is_kept_as_a_limit_and_never_raised():
     """NOTE [ An at most that holds ]: the search ends a batch and STOP_S before the at most it
     announced, a later plan only lowers it, and a user's limit caps it."""

@@ -225,7 +225,9 @@ class TrialRunner:
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
-                search: bool = False) -> TrialResult | None:
+                search: bool = False, share_s: float | None = None) -> TrialResult | None:
+        """One trial of ``config``; ``share_s``: the most of the user's limit it may take
+        (TimeLimit.share)."""
         left = self.time_limit.left()
         if left is not None and left <= start_s(config):
             # the limit is spent, or would be before the workers' first batch (a trial is cut
@@ -234,7 +236,8 @@ class TrialRunner:
             return None
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
-                              companions=self.companions, limit_s=self.time_limit.left(),
+                              companions=self.companions,
+                              limit_s=_least(self.time_limit.left(), share_s),
                               on_batches=self.on_batches, stacks=self.stacks)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
@@ -255,3 +258,9 @@ class TrialRunner:
                       max_trial_s=PREWARM_S, limit_s=self.time_limit.left(),
                       on_batches=self.on_batches, rows_out=rows)
         return rows[-1].wait_s + rows[-1].step_s if rows else None
+
+
+def _least(*limits: float | None) -> float | None:
+    """The tightest of the limits given (None: no limit)."""
+    given = [limit for limit in limits if limit is not None]
+    return min(given) if given else None

@@ -69,6 +69,11 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                       fresh_check=heap_decision.available,
                       threads_pending=lambda: not threads_decision.decided)
     threads_of: dict[int, int | None] = {}  # a worker count stays on its first trial's setting
+    seen: set[int] = set()  # the counts measured: under a limit, those left share it
+
+    def share_s(workers: int) -> float | None:
+        must = {n for n in (0, 1, planner.predicted or 0) if n <= limits.max_workers}
+        return time_limit.share(len((must - seen) | {workers}))
 
     def measure(spec: TrialSpec) -> TrialResult | None:
         # NOTE [ Persistent workers while searching ]: the restart cost is judged apart.
@@ -77,9 +82,11 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             worker_threads=threads_of.get(spec.num_workers, threads_decision.worker_threads)
             if spec.num_workers else None,
             keep_freed_memory=heap_decision.first_keeps and spec.num_workers > 0)
-        trial = runner.measure(trial_config, spec.phase, spec.repeat, report=False, search=True)
+        trial = runner.measure(trial_config, spec.phase, spec.repeat, report=False, search=True,
+                               share_s=share_s(spec.num_workers))
         if trial is None:
             return None
+        seen.add(spec.num_workers)
         # NOTE [ Deciding threads during the search ] (tune/thread_pools.py)
         trial = threads_decision.check(
             trial, lambda threads, repeat: runner.measure(
@@ -91,7 +98,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             trial, lambda: runner.measure(
                 trial_config.replace(keep_freed_memory=False, multiprocessing_context="spawn",
                                      worker_threads=trial.worker_threads),
-                spec.phase, 1, report=False), on_trial)
+                spec.phase, 1, report=False), on_trial, runner.time_limit.left())
 
     first_batch_s = runner.first_batch_s(search_config)
     if first_batch_s is not None:

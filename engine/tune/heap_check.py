@@ -12,7 +12,11 @@ NOTE [ Deciding freed memory during the search ]
     and every later trial runs with it: the search then measures what the job will run, and
     its rates no longer depend on the order of the trials. Otherwise later trials run without
     it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
-    is not glibc, nothing is decided and nothing is kept.
+    is not glibc, nothing is decided and nothing is kept. Where the user's time limit leaves
+    less than the fresh trial and one more like it (for the count the search predicts, which
+    matters more), nothing is measured, nothing is kept, and the pick says so: with
+    --budget-s 60 on ImageNet-style JPEGs (~1.3 s a batch), the check took the 16 s the
+    predicted 2 workers needed, and the tune picked 0 workers, about half the best's rate.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from dataloader_tuner.tune.claim import in_turn
 from dataloader_tuner.tune.recommend import Recommendation
 
 MIN_GAIN = 1.03
+AFFORDED_TRIALS = 2  # the fresh trial, and one more for the search (see the NOTE)
+SKIPPED_REASON = ("Not measured for your time limit: whether each worker should keep the memory "
+                  "it frees (worker_init_fn=dataloader_tuner.KeepFreedMemory()); a tune without "
+                  "--budget-s measures it.")
 FRESH_PHASE = "heap_fresh"
 
 
@@ -38,6 +46,7 @@ class HeapDecision:
     reason: str | None = None
     decided: bool = False
     others: list[TrialResult] = field(default_factory=list)  # its trials the search does not keep
+    skipped: bool = False  # not measured: the user's time limit left too little
 
     @property
     def first_keeps(self) -> bool:
@@ -45,12 +54,17 @@ class HeapDecision:
         return self.available and (self.keep or not self.decided)
 
     def check(self, first: TrialResult, measure_fresh: Callable[[], TrialResult | None],
-              report: Callable[[TrialResult], None]) -> TrialResult:
+              report: Callable[[TrialResult], None], time_left_s: float | None = None
+              ) -> TrialResult:
         """``first``, a search trial with workers run with KeepFreedMemory while undecided;
-        ``measure_fresh()`` runs its settings without it in spawned workers."""
+        ``measure_fresh()`` runs its settings without it in spawned workers; ``time_left_s``:
+        what the user's limit leaves (None: no limit)."""
         if self.decided or not self.available or not first.num_workers:
             return first
         self.decided = True
+        if time_left_s is not None and time_left_s < AFFORDED_TRIALS * first.seconds:
+            self.skipped = True  # (see the NOTE: the search's own counts come first)
+            return first
         try:
             fresh = measure_fresh()
         except Exception:  # noqa: BLE001 - spawn cannot start every dataset: nothing is kept
@@ -65,6 +79,8 @@ class HeapDecision:
                   ) -> Recommendation:
         """The setting where the pick's trials ran with it and it was kept, with the reason."""
         kwargs = dict(recommendation.kwargs)
+        if kwargs.get("num_workers") and self.skipped:
+            return replace(recommendation, reasons=recommendation.reasons + (SKIPPED_REASON,))
         if not kwargs.get("num_workers") or not self.keep:
             return recommendation
         if not pick or not all(t.keep_freed_memory for t in pick):

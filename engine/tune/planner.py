@@ -34,6 +34,7 @@ class Planner:
         self.base = plan.Baseline(config.num_workers, config.persistent_workers,
                                   epoch_batches(config, limits.dataset_length))
         self.plans: list[TunePlan] = []
+        self.predicted: int | None = None  # the count the plan expects to pick, as last said
 
     def first(self, serial_batch_s: float) -> None:
         cores = self.limits.cpu_budget
@@ -59,6 +60,7 @@ class Planner:
                   steady_with_workers: float | None = None) -> None:
         """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
         said."""
+        self.predicted = predicted
         made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
