@@ -98,7 +98,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             trial, lambda: runner.measure(
                 trial_config.replace(keep_freed_memory=False, multiprocessing_context="spawn",
                                      worker_threads=trial.worker_threads),
-                spec.phase, 1, report=False), on_trial, runner.time_limit.left())
+                spec.phase, 1, report=False), on_trial, time_limit.budget_left())
 
     first_batch_s = runner.first_batch_s(search_config)
     if first_batch_s is not None:

@@ -205,7 +205,6 @@ class InPlaceSearch:
         if self.challenger is not None:  # the best was measured on: the challenger judged
             trial, self.challenger = self.challenger, None
         now = self.clock()
-        self.time.decided(now)
         self.measured.append(trial)
         predicted = self.predicted
         name = _name(trial.setting)
@@ -227,12 +226,13 @@ class InPlaceSearch:
         if following is None:
             self.finished = True
             chosen = self._best()
-            took = accounting(self.time.elapsed(now), self.time)
+            self.time.took_s = self.time.elapsed(now)
+            took = accounting(self.time)
             self.decisions.append(log_line(chosen.setting, chosen.samples_per_s,
                                            chosen.interval(),
                                            f"chosen: {_name(chosen.setting)}{took}"))
             return chosen.setting if chosen.setting != running else None
-        self.trial, self.time.opened = self._trial(following), now
+        self.trial = self._trial(following)
         return following
 
     def _announce(self, now: float) -> str:
@@ -366,7 +366,7 @@ class InPlaceSearch:
                 "chosen": (self.best.setting.workers_and_prefetch()
                            if self.finished and self.best else None),
                 "announced_s": self.time.announced_s, "estimated_s": self.time.estimated_s,
-                "took_s": (sum(self.time.durations) if self.finished else None),
+                "took_s": self.time.took_s,
                 "trials": [t.to_dict() for t in self.measured],
                 "decisions": [d.to_dict() for d in self.decisions]}
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from typing import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.tune.in_place_trial import LoopModel, trial_cap_s
@@ -43,21 +43,17 @@ CLOSE_CALL_ODDS = 0.25
 
 @dataclass
 class SearchTime:
-    """The search's own time: when it began, each setting's seconds, what it said."""
+    """The search's own time: when it began, what it said, what it took."""
 
     measuring_from: float | None = None  # PREWARM_S after the job's first batch
     began: float | None = None  # its first measured batch
-    opened: float = 0.0  # when the setting measured now began (its switch)
-    durations: list[float] = field(default_factory=list)  # each setting's, switch to decision
     announced_s: float | None = None  # its whole time, as first said
     estimated_s: float | None = None  # as last said
+    took_s: float | None = None  # once it chose
 
     def begin(self, now: float) -> None:
         if self.began is None:
-            self.began = self.opened = now
-
-    def decided(self, now: float) -> None:
-        self.durations.append(now - self.opened)
+            self.began = now
 
     def elapsed(self, now: float) -> float:
         return now - (self.began if self.began is not None else now)
@@ -105,9 +101,9 @@ def announcement(elapsed_s: float, left_s: float, settings: int) -> str:
             f"~{_seconds(elapsed_s + left_s)} in all)")
 
 
-def accounting(took_s: float, time: SearchTime) -> str:
+def accounting(time: SearchTime) -> str:
     """The time the search took, against what it said first and, where it said more, last."""
-    first, last = time.announced_s, time.estimated_s
+    took_s, first, last = time.took_s or 0.0, time.announced_s, time.estimated_s
     said = f", said ~{_seconds(first)}" if first else ""
     if first and last and abs(last / first - 1) >= 0.1:
         said += f" then ~{_seconds(last)}"

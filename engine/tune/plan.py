@@ -299,8 +299,12 @@ class TimeLimit:
         predicts is measured, not cut off by probes run to their caps (with --budget-s 60 on
         ImageNet-style JPEGs, the probes of 0 and 1 worker took 26 s and 32 s, and the tune
         picked 0 workers, about half the best's rate)."""
-        left = self.left()
-        return None if self.budget_s is None or left is None else left / max(counts, 1)
+        left = self.budget_left()
+        return None if left is None else left / max(counts, 1)
+
+    def budget_left(self) -> float | None:
+        """What the user's own limit leaves (None: none set); the at most announced aside."""
+        return None if self.budget_s is None else self.left()
 
     def fits(self, estimated_s: float) -> bool:
         """Whether a trial estimated at ``estimated_s`` may start; notes when it may not."""
