@@ -155,14 +155,17 @@ def test_lightning_loaders_are_watched_by_one_callback(db_path, monkeypatch):
     assert sorted((w["id"], w["batches"]) for w in doc["workers"]) == [(0, 24), (1, 24)]
     assert doc["snippet"].startswith("DataLoader(")  # for the DataModule's train_dataloader
     # The hooks' clock misses the first epoch's iter() (made in Lightning's setup, before any
-    # hook): within 10% and 25 ms of it. Lightning runs its hooks between the later epochs'
-    # iter() and first batch: the tool's start-up is the wait in both, the hooks' clock's too.
-    waited = doc["input_wait"]["waited_s"]
-    assert abs(waited - loop["waited_s"]) <= 0.1 * loop["waited_s"] + 0.025, (
-        doc["input_wait"], loop)
+    # hook; it forked the workers in 0.03-0.25 s here): the tool's first batch waited at least
+    # what the hooks saw, and the rest within 10% and 25 ms of the hooks' clock. Lightning runs
+    # its hooks between the later epochs' iter() and first batch: the tool's start-up is the
+    # wait in both, the hooks' clock's too.
     rows = RunStore(db_path).batches(train.id)
     startups = [row.wait_s for row in rows if row.seq in (0, 24)]
     assert startups[0] >= loop["startups_s"][0] - 0.002, (startups, loop["startups_s"])
+    waited_after_first = doc["input_wait"]["waited_s"] - startups[0]
+    loop_after_first = loop["waited_s"] - loop["startups_s"][0]
+    assert abs(waited_after_first - loop_after_first) <= 0.1 * loop_after_first + 0.025, (
+        doc["input_wait"], loop)
     assert abs(startups[1] - loop["startups_s"][1]) <= 0.25 * loop["startups_s"][1] + 0.005, (
         startups, loop["startups_s"])
     # The sanity check's 2 batches, then 6 after each epoch: one run, three epochs.
