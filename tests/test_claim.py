@@ -180,10 +180,12 @@ class FakeRunner:
         self.rates = {phase: list(values) for phase, values in rates.items()}
         self.time_limit = TimeLimit(budget_s, clock=lambda: 0.0)
         self.phases = []
+        self.shares = []  # what each trial was given of the aim
 
-    def measuring(self, config, phase):
+    def measuring(self, config, phase, share_s=None):
         def measure(repeat):
             self.phases.append(phase)
+            self.shares.append(share_s)
             return trial(config.num_workers, self.rates[phase].pop(0), rate_ci=self.rate_ci)
         return measure
 
@@ -227,6 +229,22 @@ def test_a_time_limit_spent_leaves_no_claim_and_says_why():
     base, pick, result = _pairs(runner)
     assert base == pick == [] and result.speedup is None
     assert "time limit left no room" in result.note and runner.time_limit.reached
+
+
+def test_under_the_aim_the_claim_has_its_first_pair_and_more_only_within_it():
+    """NOTE [ A tune's aim ]: the claim's first pair runs even where the search spent the aim,
+    each trial its half of what is left; a claim too wide gets more pairs only within it."""
+    loose = {"baseline": [100.0, 101.0, 100.0, 101.0], "final": [200.0, 201.0, 200.0, 201.0]}
+    spent = FakeRunner(loose, rate_ci=0.12)
+    spent.time_limit.aim(0.0, claim_reserve_s=0.0)
+    base, pick, result = _pairs(spent)
+    assert len(base) == len(pick) == 1 and result.speedup is None  # +-17%: not claimed
+    assert spent.time_limit.aimed and not spent.time_limit.reached
+    room = FakeRunner(loose, rate_ci=0.12)
+    room.time_limit.aim(60.0, claim_reserve_s=20.0)
+    base, pick, result = _pairs(room)
+    assert len(pick) == 3 and result.speedup is not None  # as without an aim
+    assert room.shares[:2] == [30.0, 30.0]  # the reserve is the claim's: 60 s, half each
 
 
 def test_a_side_that_slowed_while_tuning_leaves_no_claim_unless_both_slowed_alike():

@@ -187,7 +187,7 @@ def test_under_a_limit_that_leaves_too_little_it_is_not_measured_and_the_pick_sa
     assert short.check(first, fresh, lambda t: None, time_left_s=39.0) is first
     assert not ran and short.skipped and short.decided and not short.first_keeps
     rec = Recommendation({"num_workers": 2}, 300.0, 3.0, ("2 workers",))
-    assert "Not measured for your time limit" in short.recommend(rec, [first]).reasons[-1]
+    assert "Not measured in the time this tune had" in short.recommend(rec, [first]).reasons[-1]
     room = HeapDecision(available=True)
     room.check(first, fresh, lambda t: None, time_left_s=41.0)
     assert ran == [1] and not room.skipped and room.keep

@@ -1,6 +1,7 @@
 """What a tune will take, said before it is spent: trials counted in batches, seconds from the
 first batch and then from the cost model; the user's limit is hard."""
 
+import math
 import os
 import time
 
@@ -174,6 +175,70 @@ def test_under_a_limit_the_counts_the_tune_must_see_share_what_is_left():
     promised = plan.TimeLimit(None, clock=lambda: now[0])
     promised.promise(600.0, 1.0)  # an at most announced is no reason to cut trials short
     assert promised.share(3) is None
+
+
+def test_without_a_limit_the_tune_aims_and_keeps_time_for_its_claim():
+    """NOTE [ A tune's aim ]: the counts the tune must see share the aim less the claim's
+    reserve; other trials start only where they fit in it, the must-see ones regardless; the
+    claim, once it starts, has the reserve; a user's limit replaces the aim."""
+    now = [0.0]
+    limit = plan.TimeLimit(None, clock=lambda: now[0])
+    assert limit.share(3) is None and limit.fits(1e9)  # no aim said yet
+    limit.aim(90.0, claim_reserve_s=24.0)
+    now[0] = 6.0
+    assert limit.share(3) == pytest.approx((90.0 - 24.0 - 6.0) / 3)
+    now[0] = 50.0
+    assert limit.fits(16.0) and not limit.aimed
+    assert not limit.fits(17.0) and limit.aimed and not limit.reached  # no cut said
+    assert limit.fits(500.0, must=True)  # a count it must see: only a limit stops it
+    limit.claiming()
+    assert limit.aim_left() == pytest.approx(40.0) and limit.fits(39.0)
+    now[0] = 95.0
+    assert limit.share(2) == 0.0 and limit.fits(30.0, must=True)
+    theirs = plan.TimeLimit(60.0, clock=lambda: now[0])
+    theirs.aim(90.0, claim_reserve_s=24.0)
+    now[0] += 60.0
+    assert theirs.aim_s is None and not theirs.fits(1.0, must=True) and theirs.reached
+
+
+def _planner(num_workers: int, budget_s=None):
+    from dataloader_tuner.tune.planner import Planner
+
+    from .test_tuner import limits
+
+    plans: list[TunePlan] = []
+    limit = plan.TimeLimit(budget_s, clock=lambda: 0.0)
+    planner = Planner(LoaderConfig(batch_size=256, num_workers=num_workers), limits(), False,
+                      limit, plans.append, fresh_check=True)
+    return planner, limit, plans
+
+
+def test_a_plan_longer_than_the_aim_says_the_aim_and_how_to_run_the_whole_plan():
+    """Audio features at ~0.7 s a batch: the whole plan is minutes; the tune says it aims at
+    ~1.5 min, its whole plan, and the --budget-s that runs it. Batches of 3 s make the counts
+    it must see longer than that: the aim grows, and says why (at 0.95 s a batch, ~1.8 min).
+    Fast batches: the whole plan fits, said as before."""
+    planner, limit, plans = _planner(num_workers=0)
+    planner.first(0.7)
+    said = plans[-1]
+    assert said.aim_s == limit.aim_s == pytest.approx(plan.AIM_S)
+    assert said.estimated_s == pytest.approx(plan.AIM_S) and said.whole_plan_s > 180, said
+    assert 0 < limit.claim_reserve_s < 60  # one pair: 0 workers and the predicted 2
+    text = said.text()
+    assert "this tune aims at ~1.5 min (" in text and "past the usual" not in text
+    assert f"--budget-s {math.ceil(said.whole_plan_s)} runs it" in text
+    slow, slow_limit, slow_plans = _planner(num_workers=0)
+    slow.first(3.0)
+    assert slow_limit.aim_s > 1.5 * plan.AIM_S
+    assert slow_plans[-1].estimated_s == slow_limit.aim_s
+    assert "past the usual ~1.5 min: at that batch time" in slow_plans[-1].text()
+    fast, fast_limit, fast_plans = _planner(num_workers=0)
+    fast.first(0.01)
+    assert fast_plans[-1].aim_s is None and fast_limit.aim_s == plan.AIM_S
+    assert "this tune needs ~" in fast_plans[-1].text()
+    theirs, their_limit, their_plans = _planner(num_workers=0, budget_s=300.0)
+    theirs.first(0.95)
+    assert their_limit.aim_s is None and their_plans[-1].aim_s is None
 
 
 def test_the_at_most_announced_is_kept_as_a_limit_and_never_raised():

@@ -121,21 +121,40 @@ def test_a_step_on_the_cpu_is_judged_by_the_loops_rate_not_its_idle():
     assert tuner.run().recommendation.kwargs["num_workers"] > 2 and not tuner.by_rate
 
 
-def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
+def seven_seconds_a_trial(set_up=lambda limit: None, budget_s=None):
+    """A tuner whose trials take 7 s each on a fake clock, ``set_up(limit)`` before it runs:
+    its outcome, and the counts measured."""
     now = [0.0]
     sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
 
     def seven_seconds_each(spec):
         now[0] += 7.0
         return sim(spec)
+    limit = TimeLimit(budget_s, clock=lambda: now[0])
+    set_up(limit)
     tuner = Tuner(seven_seconds_each, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
-                  time_limit=TimeLimit(14, clock=lambda: now[0]), batch_size=16)
-    outcome = tuner.run()
+                  time_limit=limit, batch_size=16)
+    return tuner.run(), sim.calls
+
+
+def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
+    outcome, calls = seven_seconds_a_trial(budget_s=14)
     assert outcome.stopped_by_budget
-    assert sim.calls == [0, 1]  # the predicted count's trial did not fit the time left
+    assert calls == [0, 1]  # the predicted count's trial did not fit the time left
     first = outcome.recommendation.reasons[0]
     assert first.startswith("Not the predicted best: your 14 s time limit ran out before 32 "
                             "workers"), first
+
+
+def test_under_the_aim_the_counts_it_must_see_are_measured_and_the_rest_left_out():
+    """NOTE [ A tune's aim ]: trials of 7 s against an aim of 20 s: 0, 1 and the predicted
+    count are measured past it; its neighbours and repeats are not, and the pick says so last,
+    not as a limit's first line."""
+    outcome, calls = seven_seconds_a_trial(lambda limit: limit.aim(20.0, claim_reserve_s=0.0))
+    assert calls == [0, 1, 32] and not outcome.stopped_by_budget
+    assert outcome.recommendation.kwargs["num_workers"] == 32
+    last = outcome.recommendation.reasons[-1]
+    assert last.startswith("The tune aimed at ~20 s: it measured 0, 1, 32 workers"), last
 
 
 def test_the_predicted_count_s_neighbours_are_measured_where_the_climb_passed_them_by():
@@ -154,18 +173,9 @@ def test_the_predicted_count_s_neighbours_are_measured_where_the_climb_passed_th
 def test_the_announced_at_most_stops_the_search_and_says_so_in_the_first_line():
     """NOTE [ An at most that holds ]: without a user's limit, batches slower than announced
     end the search at the at most the tune promised, and its first line says why."""
-    now = [0.0]
-    sim = Simulated(lambda n: 100.0 * (n + 1), worker_ms=100.0, cpu_ms=1.0)
-
-    def seven_seconds_each(spec):
-        now[0] += 7.0
-        return sim(spec)
-    limit = TimeLimit(None, clock=lambda: now[0])
-    limit.promise(16.0, last_batch_s=1.0)  # the search ends at 14 s, after the probes
-    tuner = Tuner(seven_seconds_each, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
-                  time_limit=limit, batch_size=16)
-    outcome = tuner.run()
-    assert outcome.stopped_by_budget and sim.calls == [0, 1]
+    # the search ends at 14 s, after the probes
+    outcome, calls = seven_seconds_a_trial(lambda limit: limit.promise(16.0, last_batch_s=1.0))
+    assert outcome.stopped_by_budget and calls == [0, 1]
     first = outcome.recommendation.reasons[0]
     assert first.startswith("Cut short to keep the ~16 s this tune announced as its most"), first
     assert "short of 32 workers, the count the cost model predicts" in first
@@ -320,7 +330,7 @@ def test_pick_fastest_says_when_throughput_was_still_rising_at_the_top():
     assert n == 32 and "still rising" in why and "24 workers gave 1120" in why
     assert "--max-workers" in why
     n, why = pick_fastest(rising, limits(max_workers=64))  # short of the limit: the budget
-    assert "still rising" in why and "without a time limit" in why
+    assert "still rising" in why and "a longer --budget-s" in why
     capped = replace(limits(max_workers=64), memory_max_workers=32)
     n, why = pick_fastest(rising, capped)
     assert "still rising" in why and "memory allows no more" in why

@@ -245,9 +245,11 @@ class TrialRunner:
             self.on_trial(trial)
         return trial
 
-    def measuring(self, config: LoaderConfig, phase: str) -> Callable[[int], TrialResult | None]:
-        """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it."""
-        return lambda repeat: self.measure(config, phase, repeat)
+    def measuring(self, config: LoaderConfig, phase: str, share_s: float | None = None
+                  ) -> Callable[[int], TrialResult | None]:
+        """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it;
+        ``share_s``: the most it may take (``measure``)."""
+        return lambda repeat: self.measure(config, phase, repeat, share_s=share_s)
 
     def first_batch_s(self, config: LoaderConfig) -> float | None:
         """An untimed pass of ``config`` (the first batches in a fresh process pay for page

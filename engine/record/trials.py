@@ -4,6 +4,8 @@ the search inside a watched job (``InPlaceDecision``, from tune/in_place.py)."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Union
 
@@ -111,6 +113,9 @@ def trial_from_dict(doc: dict[str, Any]) -> TrialRecord:
     return TrialResult.from_dict(doc)
 
 
+USUAL_AIM_S = 90.0  # what a tune aims at without a limit, unless batches are slow (tune/plan.py)
+
+
 @dataclass(frozen=True)
 class TunePlan:
     """What a tune will measure and how long that takes, said before it is spent (the Plan
@@ -124,6 +129,10 @@ class TunePlan:
     budget_s: float | None = None  # the user's hard limit; None: the plan runs to its end
     at_most_s: float | None = None  # every trial at its cap's batches, the end's widest claim
     floor_s: float | None = None  # the least a tune of this dataset takes (NOTE [ The floor ])
+    # NOTE [ A tune's aim ] (tune/plan.py): the time aimed at where the whole plan takes longer
+    # (estimated_s is then the aim), and the whole plan's estimate
+    aim_s: float | None = None
+    whole_plan_s: float | None = None
 
     @property
     def cut_short(self) -> bool:
@@ -135,6 +144,8 @@ class TunePlan:
     def text(self) -> str:
         """One line for the CLI and the page: "each batch takes ~0.95 s ...; this tune needs
         ~3 min (12 trials)"."""
+        if self.aim_s is not None and self.whole_plan_s is not None:
+            return self._aim_text()
         expected, most = spoken_range(self.estimated_s,
                                       None if self.cut_short else self.at_most_s)
         line = (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
@@ -152,6 +163,25 @@ class TunePlan:
                      else f"the ~{duration(self.at_most_s or 0.0)} it first announced as its most")
             line += f"; {limit} will cut it short (the pick then says what it did not reach)"
         return line
+
+    def _aim_text(self) -> str:
+        """The line of a tune whose whole plan takes longer than it aims at (NOTE [ A tune's
+        aim ]): the aim, why where it is longer than usual, and how to run the whole plan."""
+        aim, whole = duration(self.aim_s or 0.0), duration(self.whole_plan_s or 0.0)
+        counts = (f"0, 1 and {self.predicted_workers} workers, the count the cost model "
+                  "predicts" if self.predicted_workers and self.predicted_workers > 1 else
+                  "0 and 1 worker and the count the cost model will predict"
+                  if self.predicted_workers is None else "0 and 1 worker")
+        slow = (self.aim_s or 0.0) > 1.05 * USUAL_AIM_S
+        return (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
+                f"process; this tune aims at ~{aim}"
+                + (f", past the usual ~{duration(USUAL_AIM_S)}: at that batch time the counts "
+                   "it must see and a pair for its claim need it" if slow else "")
+                + f" ({counts}, then the claim; its whole plan, {self.trials} trials with "
+                  f"every neighbour, repeat and check, would take ~{whole}: --budget-s "
+                  f"{math.ceil(self.whole_plan_s or 0.0)} runs it)"
+                + (f"; the least any tune of it can take here is ~{duration(self.floor_s)}"
+                   if self.floor_s else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

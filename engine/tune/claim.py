@@ -209,7 +209,7 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
     if short:
         return Claim(None, None, f"no speedup is claimed: the trials of {' and '.join(short)} "
                      f"were too short to believe (fewer than {MIN_STEADY_BATCHES} steady "
-                     "batches); tune again without a time limit, or make batches cheaper", base_side, pick_side)
+                     "batches); tune with a longer --budget-s, or make batches cheaper", base_side, pick_side)
     pct = ratio_uncertainty_pct(base_side, pick_side, epoch_items)
     ratio = pick_side.rate / base_side.rate
     if pct is not None and pct > CLAIM_WITHIN_PCT:

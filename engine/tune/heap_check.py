@@ -31,8 +31,8 @@ from dataloader_tuner.tune.recommend import Recommendation
 
 MIN_GAIN = 1.03
 AFFORDED_TRIALS = 2  # the fresh trial, and one more for the search (see the NOTE)
-SKIPPED_REASON = ("Not measured for your time limit: whether each worker should keep the memory "
-                  "it frees (worker_init_fn=dataloader_tuner.KeepFreedMemory()); a tune without "
+SKIPPED_REASON = ("Not measured in the time this tune had: whether each worker should keep the "
+                  "memory it frees (worker_init_fn=dataloader_tuner.KeepFreedMemory()); a longer "
                   "--budget-s measures it.")
 FRESH_PHASE = "heap_fresh"
 

@@ -38,6 +38,19 @@ NOTE [ An at most that holds ]
     waits for and STOP_S to stop the workers (TimeLimit.promise). A later plan may lower the
     at most, never raise it; a pick the ceiling cut short says so in its first line.
 
+NOTE [ A tune's aim ]
+
+    Without a limit a tune aims at AIM_S (about a minute and a half), or, where batches are so
+    slow that each count it must see (0 and 1 worker, the predicted count) and one pair of the
+    end's claim need more, at that: the floor and the claim's pair. Its plan to the end (every
+    neighbour, repeat and check, each trial to the spread it measured) took 4-5 minutes on
+    ImageNet-style JPEGs at ~1 s a batch, where a search sharing 60 s picked the grid's best
+    (issue 62). The aim is not a limit: the counts the tune must see share it (less the time
+    kept for the claim), each at least the batches a rate needs (MIN_STEADY_BATCHES); other
+    trials (neighbours, repeats, the checks) run only where they fit in what is left of it;
+    the claim then has its pair, each trial cut at its share, and more pairs only within the
+    aim. A user's --budget-s replaces the aim, as a hard limit.
+
 NOTE [ The floor ]
 
     The least a tune of this dataset can take on this machine: each count it must see (0 and
@@ -59,12 +72,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from dataloader_tuner.config import warmup_batches
-from dataloader_tuner.record.trials import TrialResult, TunePlan
+from dataloader_tuner.record.trials import USUAL_AIM_S, TrialResult, TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
                                          TARGET_CI, trial_cap_s)
 
+AIM_S = USUAL_AIM_S  # NOTE [ A tune's aim ]
 CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
 FORK_S = 0.1  # a worker process started before it makes its first batch
 STOP_S = 1.0  # a trial's workers stopped after it was cut (NOTE [ An at most that holds ])
@@ -143,8 +157,15 @@ def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
                   serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
                   trial: TrialTime = trial_seconds,
                   steady: float = MIN_STEADY_BATCHES) -> float:
-    """The end's claim: the pick and the user's settings, ``pairs`` trials each. Workers
-    restarted each epoch pay their start again at every epoch the trial crosses (of
+    """The end's claim: the pick and the user's settings, ``pairs`` trials each."""
+    return pairs * sum(claim_sides(batch_s, pick, base, serial_batch_s, cores, trial, steady))
+
+
+def claim_sides(batch_s: Callable[[int], float], pick: int, base: Baseline,
+                serial_batch_s: float, cores: float, trial: TrialTime = trial_seconds,
+                steady: float = MIN_STEADY_BATCHES) -> tuple[float, float]:
+    """One trial of the pick and one of the user's settings, as the end's claim runs them.
+    Workers restarted each epoch pay their start again at every epoch the trial crosses (of
     ``steady`` batches after its warm-up)."""
     n = base.num_workers
     restarts, restart_s = 0, 0.0
@@ -152,8 +173,7 @@ def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
         restarts = math.ceil((warmup_batches(n, 2) + steady) / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return pairs * (trial(batch_s(pick), pick, 0, 0.0)
-                    + trial(batch_s(n), n, restarts, restart_s))
+    return trial(batch_s(pick), pick, 0, 0.0), trial(batch_s(n), n, restarts, restart_s)
 
 
 def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baseline,
@@ -254,8 +274,9 @@ def neighbourhood(predicted: int, max_workers: int, also: Iterable[int] = ()) ->
 
 
 class TimeLimit:
-    """The user's hard limit on a tune's seconds (None: no limit) and the "at most" the tune
-    announced (NOTE [ An at most that holds ]), on an injectable clock."""
+    """The user's hard limit on a tune's seconds (None: no limit), the "at most" the tune
+    announced (NOTE [ An at most that holds ]) and, without a limit, the time it aims at (NOTE
+    [ A tune's aim ]), on an injectable clock."""
 
     def __init__(self, budget_s: float | None, clock: Callable[[], float] = time.monotonic
                  ) -> None:
@@ -264,6 +285,28 @@ class TimeLimit:
         self.reached = False  # a trial was left out (or cut) for want of time
         self.promised_s: float | None = None  # the at most announced, once it was
         self._promised_end: float | None = None  # where the search ends to keep it
+        self.aim_s: float | None = None  # the time aimed at, without a user's limit
+        self.claim_reserve_s = 0.0  # of the aim, kept for the end's claim until it starts
+        self.aimed = False  # a trial was left out for the aim (not a limit: no cut said)
+
+    def aim(self, aim_s: float, claim_reserve_s: float) -> None:
+        """NOTE [ A tune's aim ]: aim at ``aim_s`` (never without a user's limit's place: that
+        is the aim then), keeping ``claim_reserve_s`` of it for the end's claim."""
+        if self.budget_s is None:
+            self.aim_s, self.claim_reserve_s = aim_s, claim_reserve_s
+
+    def claiming(self) -> None:
+        """The end's claim starts: the time kept for it is its to spend."""
+        self.claim_reserve_s = 0.0
+
+    def aim_left(self) -> float | None:
+        """What is left of the user's limit, or else of the aim less the claim's reserve (None:
+        neither set): the time the search's trials share."""
+        if self.budget_s is not None:
+            return self.budget_left()
+        if self.aim_s is None:
+            return None
+        return max(self.aim_s - self.claim_reserve_s - self.spent(), 0.0)
 
     def promise(self, at_most_s: float, last_batch_s: float) -> float:
         """The tune announces ``at_most_s``: from now on the search ends ``last_batch_s`` and
@@ -299,17 +342,23 @@ class TimeLimit:
         predicts is measured, not cut off by probes run to their caps (with --budget-s 60 on
         ImageNet-style JPEGs, the probes of 0 and 1 worker took 26 s and 32 s, and the tune
         picked 0 workers, about half the best's rate)."""
-        left = self.budget_left()
+        left = self.aim_left()
         return None if left is None else left / max(counts, 1)
 
     def budget_left(self) -> float | None:
         """What the user's own limit leaves (None: none set); the at most announced aside."""
         return None if self.budget_s is None else self.left()
 
-    def fits(self, estimated_s: float) -> bool:
-        """Whether a trial estimated at ``estimated_s`` may start; notes when it may not."""
+    def fits(self, estimated_s: float, must: bool = False) -> bool:
+        """Whether a trial estimated at ``estimated_s`` may start; notes when it may not.
+        ``must``: a trial the tune cannot do without (a count it must see, the claim's first
+        pair), which only a limit stops, not the aim."""
         left = self.left()
-        if left is None or (estimated_s <= left and left > 0):
-            return True
-        self.reached = True
-        return False
+        if left is not None and not (estimated_s <= left and left > 0):
+            self.reached = True
+            return False
+        aim_left = None if must or self.budget_s is not None else self.aim_left()
+        if aim_left is not None and (estimated_s > aim_left or aim_left <= 0):
+            self.aimed = True
+            return False
+        return True

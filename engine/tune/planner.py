@@ -35,6 +35,8 @@ class Planner:
                                   epoch_batches(config, limits.dataset_length))
         self.plans: list[TunePlan] = []
         self.predicted: int | None = None  # the count the plan expects to pick, as last said
+        # a trial of N workers at the least batches a rate needs, as the last plan estimates it
+        self.least_trial_s: Callable[[int], float] = lambda n: 0.0
 
     def first(self, serial_batch_s: float) -> None:
         cores = self.limits.cpu_budget
@@ -66,10 +68,32 @@ class Planner:
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending(),
                               steady_with_workers)
+        made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
         self.plans.append(made)
         self.on_plan(made)
+
+    def _aimed(self, made: TunePlan, batch_s: Callable[[int], float], serial_batch_s: float,
+               predicted: int, spawned: int) -> TunePlan:
+        """NOTE [ A tune's aim ]: without a user's limit, the aim (never lowered once said) and
+        the time kept for the claim's pair; the plan says the aim where it ends first.
+        ``spawned``: the freed-memory check's trial is still to come (1 worker, fresh)."""
+        if self.time_limit.budget_s is not None:
+            return made
+        reserve = (plan.claim_seconds(batch_s, predicted, self.base, serial_batch_s,
+                                      self.limits.cpu_budget, pairs=1,
+                                      trial=plan.settled_trial_seconds)
+                   if predicted != self.base.num_workers else 0.0)
+        # each count it must see for the batches a rate needs, whatever the spread said
+        least = plan.floor_seconds(batch_s, predicted, self.base, self.limits.max_workers) \
+            + spawned * (plan.settled_trial_seconds(batch_s(1), 1) + plan.SPAWN_S)
+        aim = max(plan.AIM_S, least + reserve, self.time_limit.aim_s or 0.0)
+        self.time_limit.aim(aim, reserve)
+        self.least_trial_s = lambda n: plan.settled_trial_seconds(batch_s(n), n)
+        if made.estimated_s <= aim:
+            return made
+        return replace(made, estimated_s=aim, aim_s=aim, whole_plan_s=made.estimated_s)
 
     def to_dict(self) -> dict[str, Any] | None:
         """The plans as the document keeps them: the first announced, the last made."""

@@ -141,7 +141,7 @@ def pick_fastest(groups: dict[int, list[TrialResult]], limits: Limits | None = N
                     how = ("raise the limit (--max-workers, or \"Most workers to try\" on "
                            "the dashboard) to search further")
                 else:
-                    how = "tune again without a time limit to search further"
+                    how = "a longer --budget-s searches further"
                 why += (f" It was still rising when the search stopped ({prev} workers gave "
                         f"{rates[prev]:.0f}), so more workers may pay: {how}.")
     else:

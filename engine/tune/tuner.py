@@ -137,8 +137,10 @@ class Tuner:
         done = [t for t in self.trials if t.num_workers == n]
         if done and phase != "confirm":
             return done
-        # The first trial always starts (cut at the limit): without it there is nothing.
-        if self.trials and not self.time_limit.fits(self._trial_seconds(n)):
+        # The first trial always starts (cut at the limit): without it there is nothing. The
+        # counts the tune must see start past its aim (NOTE [ A tune's aim ], plan.py).
+        must = phase != "confirm" and n in (0, 1, self.predicted)
+        if self.trials and not self.time_limit.fits(self._trial_seconds(n), must=must):
             return done
         trial = self.measure_fn(TrialSpec(n, phase, repeat))
         if trial is not None:
@@ -206,6 +208,9 @@ class Tuner:
         if self.out_of_budget:
             recommendation = replace(recommendation, reasons=(
                 self._limit_reason(recommendation), *recommendation.reasons))
+        elif self.time_limit.aimed:
+            recommendation = replace(recommendation, reasons=(
+                *recommendation.reasons, self._aim_reason()))
         return TuneOutcome(self.trials, profile, recommendation, self.limits, self.out_of_budget)
 
     def _limit_reason(self, recommendation: Recommendation) -> str:
@@ -229,6 +234,15 @@ class Tuner:
         return (f"Your {limit:g} s time limit ended the search early: {pick} workers is the best "
                 f"of the counts measured ({measured}), the predicted count among them; "
                 "neighbours or repeats were left out, so it is less sure.")
+
+    def _aim_reason(self) -> str:
+        """The line of a search that left trials out to keep the time it aimed at (NOTE [ A
+        tune's aim ], plan.py): what it measured, and how to run the whole plan."""
+        measured = ", ".join(str(n) for n in self._measured())
+        return (f"The tune aimed at ~{self.time_limit.aim_s or 0.0:.0f} s: it measured "
+                f"{measured} workers and left out the neighbours or repeats that did not fit, "
+                "so the pick is less sure than a whole plan's (tune with --budget-s for one: "
+                "the plan's line says how long it takes).")
 
     def _promise_reason(self, recommendation: Recommendation) -> str:
         """The first line of a pick the tune's own announced at most cut short (NOTE [ An at
