@@ -186,10 +186,10 @@ def _sidebar(consumer_options: list[str]) -> None:
                      key="ctl_timeout_s")
     bar.header("Tuning")
     bar.number_input("Tuning time limit (s)", min_value=5.0, max_value=86400.0,
-                     key="ctl_budget_s", placeholder="none: the plan's time",
-                     help="Empty: the tune runs its plan, whose time it says as it starts "
-                          "(minutes where a batch takes a second). A limit is hard: the pick "
-                          "then says what it did not reach.")
+                     key="ctl_budget_s", placeholder="none: ~90 s aimed at",
+                     help="Empty: the tune aims at ~90 s (more where batches are so slow "
+                          "that the counts it must see need it), and says its time as it "
+                          "starts. A limit is hard: the pick then says what it did not reach.")
     bar.number_input("Most workers to try", min_value=1, max_value=512, key="ctl_max_workers")
     bar.number_input("Ranks on this machine", min_value=1, max_value=64,
                      key="ctl_local_world_size",

@@ -144,3 +144,15 @@ def test_rate_interval_is_tight_for_steady_batches_and_wide_for_erratic_ones():
     assert rate_interval(erratic, 1) > 0.05
     assert rate_interval(steady[:3], 1) is None  # fewer than three blocks: too short to say
     assert rate_interval(steady, 1, block_batches=20) is None
+
+
+def test_workers_in_bursts_are_known_by_whole_rounds():
+    """4 workers sleeping alike hand their batches in bursts of 4, one a second: cut into blocks
+    of 4.4 batches (31 steady ones in 7 blocks) the blocks read 4 or 5 batches a second, +-19%;
+    in whole rounds, the last partial one left out, their rate is known as it is, exactly."""
+    from dataloader_tuner.analyse.metrics import ends_rate_interval
+
+    ends = [0.0] + [second + 0.001 * k for second in range(1, 9) for k in range(4)]
+    for steady in (23, 29, 31, 32):
+        assert ends_rate_interval([8] * steady, ends[:steady + 1], 4) < 0.005, steady
+    assert ends_rate_interval([8] * 11, ends[:12], 4) is None  # two whole rounds: too short

@@ -13,7 +13,7 @@ from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import CAP_BATCHES, HARD_CAP_S, MAX_TRIAL_S
+from dataloader_tuner.tune.trials import CAP_BATCHES, HARD_CAP_S, MAX_TRIAL_S, MIN_STEADY_BATCHES
 
 
 # A trial's other fields, where a test reads only its count, rate, batches and spread
@@ -138,6 +138,29 @@ def test_the_trial_clock_and_the_plan_cut_a_trial_at_the_same_time():
     assert plan.capped_trial_seconds(1.0, 2) == pytest.approx(
         (4 + CAP_BATCHES) * 1.0 + plan.FORK_S)
     assert plan.capped_trial_seconds(1e-4, 2) == MAX_TRIAL_S
+
+
+def test_a_share_of_the_aim_stops_a_trial_only_once_its_rate_has_its_batches():
+    """NOTE [ A tune's aim ]: a trial past its share stops, but not before MIN_STEADY_BATCHES
+    (a claim's trials cut at their share of ImageNet-style batches slower than the model's had
+    too few to believe, and nothing was claimed); a user's limit still cuts it anywhere."""
+    from dataloader_tuner.child.trial_run import TrialClock
+    from tests.records import columns_of, make_batches
+
+    def clock(n, **kw):
+        # batches whose pace swings +-40%: a rate not known to TARGET_CI by its own
+        rows = [b._replace(t_request=b.t_request + 0.04 * (i % 3 - 1))
+                for i, b in enumerate(make_batches(n, workers=2, period_s=0.1))]
+        # (its batches end now: a share of 3 s is past, the cap of 120 s is not)
+        made = TrialClock(columns_of(rows, t0=time.monotonic() - 0.1 * n), 4, 2, HARD_CAP_S,
+                          **kw)
+        made.started -= 10.0
+        return made
+
+    assert not clock(40).enough()  # no share: its rate still too loose
+    assert clock(40, share_s=3.0).enough()
+    assert not clock(4 + MIN_STEADY_BATCHES - 1, share_s=3.0).enough()
+    assert clock(10, limit_s=3.0).enough()
 
 
 def test_a_trial_whose_workers_start_slowly_is_not_cut_at_its_first_batch():

@@ -69,11 +69,14 @@ class TrialClock:
 
     def __init__(self, columns: BatchColumns, warmup: int, block: int,
                  max_trial_s: float, limit_s: float | None = None,
-                 on_batches: Callable[[], None] | None = None) -> None:
+                 on_batches: Callable[[], None] | None = None,
+                 share_s: float | None = None) -> None:
         """``limit_s``: what the user's time limit leaves this trial (a hard cut);
-        ``on_batches()``: told when batches came since it last asked (the child's watchdog)."""
+        ``on_batches()``: told when batches came since it last asked (the child's watchdog);
+        ``share_s``: its share of the time (TimeLimit.share), kept once its rate has the
+        batches it needs: a trial cut before them is too short to believe."""
         self.columns, self.warmup, self.block = columns, warmup, block
-        self.max_trial_s, self.limit_s = max_trial_s, limit_s
+        self.max_trial_s, self.limit_s, self.share_s = max_trial_s, limit_s, share_s
         self.on_batches = on_batches
         self.started = time.monotonic()
         self.checked_at = 0
@@ -94,6 +97,8 @@ class TrialClock:
         if steady < MIN_STEADY_BATCHES or columns.t_ready(n - 1) - columns.t_ready(warmup - 1) \
                 < MIN_WINDOW_S:
             return False
+        if self.share_s is not None and elapsed >= self.share_s:
+            return True
         if steady < self.checked_at * 1.1:  # the interval costs O(n): not on every batch
             return False
         self.checked_at = steady
@@ -122,13 +127,15 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                   phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
                   attempts: list[str] | None = None,
                   companions: Companions | None = None, limit_s: float | None = None,
+                  share_s: float | None = None,
                   on_batches: Callable[[], None] | None = None,
                   rows_out: list[BatchRecord] | None = None,
                   stacks: SampledProfile | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while.
-    ``limit_s``: cut it there (the user's time limit); ``on_batches``: called as batches come (the
+    ``limit_s``: cut it there (the user's time limit); ``share_s``: stop there once its rate
+    has its batches (TrialClock); ``on_batches``: called as batches come (the
     child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
     trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
     processes go (instrument/sampler.py, where the run samples them)."""
@@ -141,7 +148,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             companions.start(TunedSettings.of(config))
             running = companions
         clock = TrialClock(columns, warmup, max(config.num_workers, 1), max_trial_s, limit_s,
-                           on_batches)
+                           on_batches, share_s)
         cpu_before = time.process_time()
         busiest = BusiestThread(psutil.Process())  # what takes the batches one at a time
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
@@ -226,8 +233,10 @@ class TrialRunner:
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
                 search: bool = False, share_s: float | None = None) -> TrialResult | None:
-        """One trial of ``config``; ``share_s``: the most of the user's limit it may take
-        (TimeLimit.share)."""
+        """One trial of ``config``; ``share_s``: its share of the time (TimeLimit.share): of a
+        user's limit, a hard cut; of the tune's aim, where it stops once its rate has the
+        batches it needs (NOTE [ A tune's aim ], plan.py)."""
+        hard = self.time_limit.budget_s is not None
         left = self.time_limit.left()
         if left is not None and left <= start_s(config):
             # the limit is spent, or would be before the workers' first batch (a trial is cut
@@ -237,7 +246,8 @@ class TrialRunner:
         trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
                               attempts=self.attempts if search else None,
                               companions=self.companions,
-                              limit_s=_least(self.time_limit.left(), share_s),
+                              limit_s=_least(self.time_limit.left(), share_s if hard else None),
+                              share_s=None if hard else share_s,
                               on_batches=self.on_batches, stacks=self.stacks)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True

@@ -73,11 +73,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
 
     def share_s(workers: int) -> float | None:
         must = {n for n in (0, 1, planner.predicted or 0) if n <= limits.max_workers}
-        share = time_limit.share(len((must - seen) | {workers}))
-        if share is None or time_limit.budget_s is not None:
-            return share
-        # NOTE [ A tune's aim ] (plan.py): each at least the batches its rate needs
-        return max(share, planner.least_trial_s(workers))
+        return time_limit.share(len((must - seen) | {workers}))
 
     def measure(spec: TrialSpec) -> TrialResult | None:
         # NOTE [ Persistent workers while searching ]: the restart cost is judged apart.
@@ -276,13 +272,13 @@ def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
     MAX_CLAIM_PAIRS) while the claim is wider than CLAIM_WITHIN_PCT: each pair only where the
     user's time limit leaves room for it."""
     profile = outcome.profile
-    pick_s = base_s = 0.0
+    pair_s = 0.0
     if profile is not None:
         base = plan.Baseline(config.num_workers, config.persistent_workers,
                              epoch_batches(config, epoch_items))
-        pick_s, base_s = plan.claim_sides(plan.modelled_batch_s(profile), final.num_workers,
-                                          base, profile.serial_ms / 1000.0,
-                                          outcome.limits.cpu_budget)
+        pair_s = plan.claim_seconds(plan.modelled_batch_s(profile), final.num_workers, base,
+                                    profile.serial_ms / 1000.0, outcome.limits.cpu_budget,
+                                    pairs=1)
     time_limit = runner.time_limit
     time_limit.claiming()  # NOTE [ A tune's aim ] (plan.py): the time kept for it
     base_trials: list[TrialResult | None] = []
@@ -297,23 +293,17 @@ def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig
                 result.base.trials if result.base else [],
                 result.pick.trials if result.pick else [], epoch_items):
             break
-        if not time_limit.fits(pick_s + base_s, must=not pick_trials):
+        if not time_limit.fits(pair_s, must=not pick_trials):
             break
-        # under the aim, each trial of the pair its half of what is left, at least its batches
+        # under the aim, each trial of the pair its half of what is left
         half = None if time_limit.aim_s is None else (time_limit.aim_left() or 0.0) / 2
-        more_base, more_pick = claim.alternate(
-            runner.measuring(config, "baseline", _at_least(half, base_s)),
-            runner.measuring(final, "final", _at_least(half, pick_s)), pairs=1,
-            first=len(pick_trials))
+        more_base, more_pick = claim.alternate(runner.measuring(config, "baseline", half),
+                                               runner.measuring(final, "final", half), pairs=1,
+                                               first=len(pick_trials))
         base_trials += more_base
         pick_trials += more_pick
         result = claim.end_claim(base_trials, pick_trials, epoch_items)
     return base_trials, pick_trials, result
-
-
-def _at_least(share_s: float | None, least_s: float) -> float | None:
-    """A trial's share of the aim, never under the seconds its rate needs (None: no aim)."""
-    return None if share_s is None else max(share_s, least_s)
 
 
 def _claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,

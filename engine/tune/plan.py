@@ -157,15 +157,8 @@ def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
                   serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
                   trial: TrialTime = trial_seconds,
                   steady: float = MIN_STEADY_BATCHES) -> float:
-    """The end's claim: the pick and the user's settings, ``pairs`` trials each."""
-    return pairs * sum(claim_sides(batch_s, pick, base, serial_batch_s, cores, trial, steady))
-
-
-def claim_sides(batch_s: Callable[[int], float], pick: int, base: Baseline,
-                serial_batch_s: float, cores: float, trial: TrialTime = trial_seconds,
-                steady: float = MIN_STEADY_BATCHES) -> tuple[float, float]:
-    """One trial of the pick and one of the user's settings, as the end's claim runs them.
-    Workers restarted each epoch pay their start again at every epoch the trial crosses (of
+    """The end's claim: the pick and the user's settings, ``pairs`` trials each. Workers
+    restarted each epoch pay their start again at every epoch the trial crosses (of
     ``steady`` batches after its warm-up)."""
     n = base.num_workers
     restarts, restart_s = 0, 0.0
@@ -173,7 +166,8 @@ def claim_sides(batch_s: Callable[[int], float], pick: int, base: Baseline,
         restarts = math.ceil((warmup_batches(n, 2) + steady) / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return trial(batch_s(pick), pick, 0, 0.0), trial(batch_s(n), n, restarts, restart_s)
+    return pairs * (trial(batch_s(pick), pick, 0, 0.0)
+                    + trial(batch_s(n), n, restarts, restart_s))
 
 
 def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baseline,

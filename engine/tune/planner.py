@@ -35,8 +35,6 @@ class Planner:
                                   epoch_batches(config, limits.dataset_length))
         self.plans: list[TunePlan] = []
         self.predicted: int | None = None  # the count the plan expects to pick, as last said
-        # a trial of N workers at the least batches a rate needs, as the last plan estimates it
-        self.least_trial_s: Callable[[int], float] = lambda n: 0.0
 
     def first(self, serial_batch_s: float) -> None:
         cores = self.limits.cpu_budget
@@ -90,7 +88,6 @@ class Planner:
             + spawned * (plan.settled_trial_seconds(batch_s(1), 1) + plan.SPAWN_S)
         aim = max(plan.AIM_S, least + reserve, self.time_limit.aim_s or 0.0)
         self.time_limit.aim(aim, reserve)
-        self.least_trial_s = lambda n: plan.settled_trial_seconds(batch_s(n), n)
         if made.estimated_s <= aim:
             return made
         return replace(made, estimated_s=aim, aim_s=aim, whole_plan_s=made.estimated_s)

@@ -29,7 +29,8 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     add_loader_target(parser)
     parser.add_argument("--budget-s", type=positive_float, default=protocol.DEFAULT_BUDGET_S,
                         help="a hard limit on the tune's seconds, its end's claim included "
-                             "(default: none; the tune says up front how long its plan takes)")
+                             "(default: none; the tune aims at ~90 s, more where batches are "
+                             "slow, and says up front how long it takes)")
     parser.add_argument("--max-workers", type=positive_int, default=protocol.DEFAULT_MAX_WORKERS,
                         help="never try more workers than this (default %(default)d)")
     parser.add_argument("--local-world-size", type=positive_int, default=1,
