@@ -246,9 +246,11 @@ def test_a_plan_longer_than_the_aim_says_the_aim_and_how_to_run_the_whole_plan()
     said = plans[-1]
     assert said.aim_s == limit.aim_s == pytest.approx(plan.AIM_S)
     assert said.estimated_s == pytest.approx(plan.AIM_S) and said.whole_plan_s > 180, said
+    assert said.at_most_s == pytest.approx(plan.AIM_AT_MOST * plan.AIM_S)  # not the plan's
+    assert limit.promised_s == said.at_most_s
     assert 0 < limit.claim_reserve_s < 60  # one pair: 0 workers and the predicted 2
     text = said.text()
-    assert "this tune aims at ~1.5 min (" in text and "past the usual" not in text
+    assert "this tune aims at ~1.5 min, at most ~3.0 min (" in text and "past the usual" not in text
     assert f"--budget-s {math.ceil(said.whole_plan_s)} runs it" in text
     slow, slow_limit, slow_plans = _planner(num_workers=0)
     slow.first(3.0)

@@ -175,6 +175,7 @@ class TunePlan:
         slow = (self.aim_s or 0.0) > 1.05 * USUAL_AIM_S
         return (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "
                 f"process; this tune aims at ~{aim}"
+                + (f", at most ~{duration(self.at_most_s)}" if self.at_most_s else "")
                 + (f", past the usual ~{duration(USUAL_AIM_S)}: at that batch time the counts "
                    "it must see and a pair for its claim need it" if slow else "")
                 + f" ({counts}, then the claim; its whole plan, {self.trials} trials with "

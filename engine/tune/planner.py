@@ -90,7 +90,9 @@ class Planner:
         self.time_limit.aim(aim, reserve)
         if made.estimated_s <= aim:
             return made
-        return replace(made, estimated_s=aim, aim_s=aim, whole_plan_s=made.estimated_s)
+        at_most = min(made.at_most_s or math.inf, plan.AIM_AT_MOST * aim)
+        return replace(made, estimated_s=aim, aim_s=aim, whole_plan_s=made.estimated_s,
+                       at_most_s=at_most)
 
     def to_dict(self) -> dict[str, Any] | None:
         """The plans as the document keeps them: the first announced, the last made."""
