@@ -41,15 +41,17 @@ NOTE [ An at most that holds ]
 NOTE [ A tune's aim ]
 
     Without a limit a tune aims at AIM_S (about a minute and a half), or, where batches are so
-    slow that each count it must see (0 and 1 worker, the predicted count) and one pair of the
-    end's claim need more, at that: the floor and the claim's pair. Its plan to the end (every
+    slow that each count it must see (0 and 1 worker, the predicted count, the freed-memory
+    check's fresh trial) and one pair of the end's claim need more, at that, each for
+    MIN_STEADY_BATCHES. Its plan to the end (every
     neighbour, repeat and check, each trial to the spread it measured) took 4-5 minutes on
     ImageNet-style JPEGs at ~1 s a batch, where a search sharing 60 s picked the grid's best
     (issue 62). The aim is not a limit: the counts the tune must see share it (less the time
-    kept for the claim), each at least the batches a rate needs (MIN_STEADY_BATCHES); other
-    trials (neighbours, repeats, the checks) run only where they fit in what is left of it;
-    the claim then has its pair, each trial cut at its share, and more pairs only within the
-    aim. Its at most is twice the aim (AIM_AT_MOST), kept as every at most is (NOTE [ An at
+    kept for the claim), each trial stopping at its share once it has the batches a rate needs
+    (a trial cut before them is too short to believe); other trials (neighbours, repeats, the
+    checks) run only where they fit in what is left of it; the claim then has its first pair
+    whatever is left, each trial stopping at half of it the same way, and more pairs only
+    within the aim. Its at most is twice the aim (AIM_AT_MOST), kept as every at most is (NOTE [ An at
     most that holds ]). A user's --budget-s replaces the aim, as a hard limit.
 
 NOTE [ The floor ]
@@ -82,7 +84,7 @@ from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_W
 AIM_S = USUAL_AIM_S  # NOTE [ A tune's aim ]
 # ...and its at most, where the aim ends the tune first: its trials past their shares to their
 # caps (30 batches, not 20) and a first batch that read fast (ImageNet-style JPEGs: 1.0 s, then
-# 1.4 s a batch) still end well inside it (took 0.97-1.07 of the aim, 2 cores)
+# 1.4 s a batch) still end well inside it (7 tunes took 0.93-1.07 of the aim, 2 cores)
 AIM_AT_MOST = 2.0
 CONFIRM_TRIALS = 2  # the leaders re-measured once each (tuner.py's confirm step)
 FORK_S = 0.1  # a worker process started before it makes its first batch
@@ -289,8 +291,8 @@ class TimeLimit:
         self.aimed = False  # a trial was left out for the aim (not a limit: no cut said)
 
     def aim(self, aim_s: float, claim_reserve_s: float) -> None:
-        """NOTE [ A tune's aim ]: aim at ``aim_s`` (never without a user's limit's place: that
-        is the aim then), keeping ``claim_reserve_s`` of it for the end's claim."""
+        """NOTE [ A tune's aim ]: aim at ``aim_s``, keeping ``claim_reserve_s`` of it for the
+        end's claim; ignored under a user's limit, which is the aim then."""
         if self.budget_s is None:
             self.aim_s, self.claim_reserve_s = aim_s, claim_reserve_s
 
