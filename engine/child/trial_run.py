@@ -258,7 +258,7 @@ class TrialRunner:
     def measuring(self, config: LoaderConfig, phase: str, share_s: float | None = None
                   ) -> Callable[[int], TrialResult | None]:
         """``measuring(config, phase)(repeat)`` runs one trial of ``config`` and reports it;
-        ``share_s``: the most it may take (``measure``)."""
+        ``share_s``: its share of the time, as ``measure`` takes it."""
         return lambda repeat: self.measure(config, phase, repeat, share_s=share_s)
 
     def first_batch_s(self, config: LoaderConfig) -> float | None:

@@ -43,8 +43,8 @@ NOTE [ A tune's aim ]
     Without a limit a tune aims at AIM_S (about a minute and a half), or, where batches are so
     slow that each count it must see (0 and 1 worker, the predicted count, the freed-memory
     check's fresh trial) and one pair of the end's claim need more, at that, each for
-    MIN_STEADY_BATCHES. Its plan to the end (every
-    neighbour, repeat and check, each trial to the spread it measured) took 4-5 minutes on
+    MIN_STEADY_BATCHES. Its plan to the end (every neighbour, repeat and check, each trial to
+    the spread it measured) took 4-5 minutes on
     ImageNet-style JPEGs at ~1 s a batch, where a search sharing 60 s picked the grid's best
     (issue 62). The aim is not a limit: the counts the tune must see share it (less the time
     kept for the claim), each trial stopping at its share once it has the batches a rate needs
