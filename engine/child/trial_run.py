@@ -20,6 +20,7 @@ from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.config import LoaderConfig, TunedSettings
 from dataloader_tuner.instrument import sampler, threads
+from dataloader_tuner.instrument.heap import FaultsSinceFirstBatch
 from dataloader_tuner.instrument.resources import BusiestThread
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
@@ -153,11 +154,13 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         busiest = BusiestThread(psutil.Process())  # what takes the batches one at a time
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
         threads_since = threads.ThreadsSinceFirstBatch()
+        faults_since = FaultsSinceFirstBatch()
 
         def worker_seen(pid: int, worker_id: int, probe: dict[str, Any] | None) -> None:
             if worker_id >= 0:  # not the main process
                 seen[pid] = probe or {}
                 threads_since.start(pid)
+                faults_since.start(pid)
 
         measurement = Measurement(resolved, config, consumer, HARD_CAP_S, columns,
                                   clock.enough, on_worker=worker_seen,
@@ -171,6 +174,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         main_thread_cpu = busiest.seconds()
         private = workers_private_mb() if config.num_workers else None
         workers_threads = worker_threads_read(seen, threads_since)  # while they still run
+        worker_faults = faults_since.per_batch(len(columns) - len(seen))  # after each one's first
     finally:
         try:
             if running is not None:  # the companions stopped before this loader's workers are
@@ -197,7 +201,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     )
     if trial is not None:
         trial = replace(trial, worker_threads=config.worker_threads,
-                        keep_freed_memory=config.keep_freed_memory, **workers_threads)
+                        keep_freed_memory=config.keep_freed_memory,
+                        worker_faults=worker_faults, **workers_threads)
     if trial is not None and companions is not None and others is not None:
         trial = replace(trial, ranks_measured=1 + companions.count,
                         node_samples_per_s=others.node_total(trial.samples_per_s))

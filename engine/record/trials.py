@@ -50,6 +50,8 @@ class TrialResult:
     in_order: bool = True  # False: batches delivered as workers finish them (torch >= 2.6)
     worker_threads: int | None = None  # 1: each worker's thread pools limited to one thread
     keep_freed_memory: bool = False  # each worker kept the memory it frees (instrument/heap.py)
+    # pages its workers faulted in a batch, counted from each one's first (instrument/heap.py)
+    worker_faults: float | None = None
     # As read in the trial's workers (NOTE [ Threads per worker ]): each pool's size, the share
     # of their CPU done by threads other than their main one, and their busy threads.
     worker_pools: dict[str, int] | None = None

@@ -9,7 +9,13 @@ NOTE [ Deciding freed memory during the search ]
     KeepFreedMemory; it is then measured once more without it in workers started fresh
     (multiprocessing_context="spawn": a heap that has freed nothing, as a script's before its
     first epoch). KeepFreedMemory is kept when faster by MIN_GAIN beyond both sides' noise,
-    and every later trial runs with it: the search then measures what the job will run, and
+    or where the fresh workers faulted in pages enough to cost MIN_GAIN of a batch (at
+    FAULT_S a page) and at least FAULTS_RATIO times as many as with it, their rate not
+    faster beyond the noise: a rate read once on each side was ±20-30% from one process to
+    the next on a busy 2-core machine, the faults 134,000 against 720 a batch every time
+    (audio_mel); a tune that read the rates alone kept nothing there and picked persistent
+    workers that ran at 0.71 of the grid's best in a fresh process. Every later trial runs
+    with it: the search then measures what the job will run, and
     its rates no longer depend on the order of the trials. Otherwise later trials run without
     it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
     is not glibc, nothing is decided and nothing is kept. Where the user's time limit leaves
@@ -30,6 +36,10 @@ from dataloader_tuner.tune.claim import in_turn
 from dataloader_tuner.tune.recommend import Recommendation
 
 MIN_GAIN = 1.03
+FAULTS_RATIO = 2.0
+# a page faulted in and zeroed, at least: audio_mel's 133,000 more a batch cost its workers
+# ~0.29 s a batch (2 workers, 2 cores), ~2 us each
+FAULT_S = 1e-6
 AFFORDED_TRIALS = 2  # the fresh trial, and one more for the search (see the NOTE)
 SKIPPED_REASON = ("Not measured in the time this tune had: whether each worker should keep the "
                   "memory it frees (worker_init_fn=dataloader_tuner.KeepFreedMemory()); a longer "
@@ -93,16 +103,32 @@ class HeapDecision:
 def decide(fresh: TrialResult | None, kept: TrialResult) -> tuple[bool, str | None]:
     """(keep the memory each worker frees, the reason line)."""
     both = in_turn([fresh], [kept])
-    if both is None:
+    if both is None or fresh is None:
         return False, None
     workers = kept.num_workers
     figures = (f"{both.rate_b:.0f} samples/s with it against {both.rate_a:.0f} in workers "
                f"started fresh, as a training script's are before its first epoch (at "
                f"{workers} worker{'s' if workers != 1 else ''}{both.noise_text()})")
-    if both.b_pays(MIN_GAIN):
+    faulting = faults_cost(fresh, kept)
+    if faulting:
+        figures += (f"; those faulted in {fresh.worker_faults:,.0f} pages a batch against "
+                    f"{kept.worker_faults:,.0f} with it")
+    faster_fresh = (both.noise is not None and both.rate_a > both.rate_b
+                    and both.rate_a / both.rate_b - 1 > both.noise)
+    if both.b_pays(MIN_GAIN) or (faulting and not faster_fresh):
         return True, (f"worker_init_fn=dataloader_tuner.KeepFreedMemory(): each worker keeps "
                       f"the memory it frees for its next batch instead of faulting it in again: "
                       f"{figures}. Without it your workers are this slow or not by what your "
                       "process freed before they started; persistent workers keep that for the "
                       "whole run. The search went on with it.")
     return False, None
+
+
+def faults_cost(fresh: TrialResult, kept: TrialResult) -> bool:
+    """Whether the fresh workers faulted in pages enough to cost MIN_GAIN of a batch, and
+    FAULTS_RATIO times the kept workers' (see the NOTE); False where either was not read."""
+    if fresh.worker_faults is None or kept.worker_faults is None or not kept.worker_ms:
+        return False
+    excess_s = (fresh.worker_faults - kept.worker_faults) * FAULT_S
+    return (fresh.worker_faults >= FAULTS_RATIO * kept.worker_faults
+            and excess_s >= (MIN_GAIN - 1) * kept.worker_ms / 1000)
