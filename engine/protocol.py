@@ -212,7 +212,7 @@ class Epoch:
 @dataclass(frozen=True)
 class Probe:
     """What a worker's first fetch revealed: the random generators it drew from, its thread
-    pools (probes.first_fetch_probe)."""
+    pools (first_fetch.first_fetch_probe)."""
 
     kind: ClassVar[str] = "probe"
     pid: int

@@ -290,3 +290,16 @@ def test_a_tune_without_a_limit_measures_the_count_its_model_predicts(db_path):
     assert not any("time limit" in r for r in doc["reasons"])
     # announced before it was spent, and not far off
     assert 0.4 < doc["plan"]["announced_s"] / doc["tuning_seconds"] < 2.5, doc["plan"]
+
+
+def test_fast_fetches_at_0_workers_read_their_cpu(db_path):
+    """NOTE [ A fetch's CPU, read finely ] (instrument/probes.py): with the sampler's CPU timer
+    armed in the main process, its CPU clock moves in 4 ms ticks; 0.5 ms fetches read 0.0 of
+    CPU, and the profile named "overlap the waits for storage" for a dataset that only spins."""
+    result = cli("profile", dataset_path("fast_spins.py"), "--num-workers", "0", "--seconds",
+                 "2", "--json", db=db_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    per_batch = doc["per_batch"]
+    assert per_batch["fetch_cpu_ms"] >= 0.6 * per_batch["fetch_ms"], per_batch
+    assert "overlap the waits for storage" not in [f["fix"] for f in doc["fixes"]], doc["fixes"]

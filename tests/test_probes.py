@@ -188,11 +188,11 @@ class _Holds:
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="an instance's dict always exists before")
 def test_probing_the_first_fetch_leaves_the_datasets_attributes_where_python_keeps_them():
     """Reading vars() moves an instance's attributes into a dict for good, and each of its
-    ``self.x`` loads ran slower after (probes.rng_attributes): a dataset holding no generator
+    ``self.x`` loads ran slower after (first_fetch.rng_attributes): a dataset holding no generator
     is searched without it."""
     import gc
 
-    from dataloader_tuner.instrument.probes import rng_state
+    from dataloader_tuner.instrument.first_fetch import rng_state
 
     plain = _Holds()
     assert not [name for name in rng_state(plain) if name.startswith("self.")]

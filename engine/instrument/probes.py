@@ -14,18 +14,16 @@ Classes here live at module scope so spawn/forkserver workers can unpickle them 
 
 from __future__ import annotations
 
-import gc
-import itertools
 import math
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from dataloader_tuner.instrument import sampler, threads
+from dataloader_tuner.instrument import sampler
+from dataloader_tuner.instrument.first_fetch import first_fetch_probe, rng_state
 from dataloader_tuner.instrument.stacks import offer_stack
 from dataloader_tuner.instrument.tensors import (PY_SCALAR_BYTES, SAMPLES_RULE, WALK_BUDGET,
                                                 WALK_LIST_SAMPLE, samples_in, sizes_of)
@@ -36,8 +34,28 @@ if TYPE_CHECKING:
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
 clock = time.monotonic
-# CPU time of this process: fetch CPU vs fetch wall time tells CPU-bound from waiting.
+# CPU time of this process: fetch CPU vs fetch wall time tells CPU-bound from waiting...
 cpu_clock = time.process_time
+# ...read beside the fetching thread's own (NOTE [ A fetch's CPU, read finely ])
+thread_clock = time.thread_time
+COARSE_CPU_S = 0.04  # ten ticks of a 250 Hz kernel: the process clock's error under 10% past it
+
+
+def fetch_cpu(process_s: float, thread_s: float) -> float:
+    """A fetch's CPU from this process's clock and the fetching thread's.
+
+    NOTE [ A fetch's CPU, read finely ]
+
+        While a process-wide CPU timer is armed (the sampler's, instrument/cpu_timer.py, in
+        the job's process), Linux reads the process's CPU clock from the timer's counter, which
+        advances at the scheduler's ticks (4 ms here): tests/real/detection.py's 0.5 ms fetches
+        at 0 workers read 0.0 or 3.999 ms, a median of 0.0, and the profile named "overlap the
+        waits for storage" (x1.7) the fix for a dataset held in memory; its workers' fetches
+        read 0.4-4.0 ms of CPU in 1.8-3.1 ms. The thread's own clock is fine-grained whatever is
+        armed, but misses the helper threads a fetch may start (torch's intra-op pool at 0
+        workers: audio_mel's 517 ms fetches took 1,013 ms of the process's CPU). So the process
+        clock where it ran COARSE_CPU_S or more, the thread's below it."""
+    return process_s if process_s >= COARSE_CPU_S else thread_s
 
 
 # Exceptions from the user's code get a note starting with this; failures.py reads it back
@@ -69,12 +87,13 @@ TIME_ALL_FIRST = 64
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
-    __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe",
-                 "made", "every", "timed_every", "worker_id")
+    __slots__ = ("start", "cpu_start", "thread_cpu_start", "total", "indices", "fetching", "pid",
+                 "probed", "probe", "made", "every", "timed_every", "worker_id")
 
     def __init__(self) -> None:
         self.start: float | None = None
         self.cpu_start: float | None = None
+        self.thread_cpu_start = 0.0  # read with cpu_start (NOTE [ A fetch's CPU, read finely ])
         self.total = 0.0
         self.indices: Sequence[Any] | None = None  # the batch's: for hang and error reports
         self.fetching = False
@@ -90,7 +109,7 @@ class _FetchTimer:
         """Called before each fetch; notes the CPU clock at the first fetch of a batch that
         reads it (the test is written out in TimedMapDataset too, for speed)."""
         if self.start is None and self.cpu_start is None and self.made % self.every == 0:
-            self.cpu_start = cpu_clock()
+            self.cpu_start, self.thread_cpu_start = cpu_clock(), thread_clock()
         return clock()
 
     def read_every(self, batch_s: float, reads_s: float) -> int:
@@ -195,7 +214,7 @@ class TimedMapDataset(Dataset):
         if timed:
             if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
                     and timer.made % timer.every == 0):  # ...and it reads the costly figures
-                timer.cpu_start = cpu_clock()
+                timer.cpu_start, timer.thread_cpu_start = cpu_clock(), thread_clock()
             start = clock()
         inner, inner_getitems = self._tuner_fetch
         if inner_getitems:
@@ -343,7 +362,9 @@ class TimedCollate:
         # _FetchTimer.take, written out (see TimedMapDataset.__getitems__)
         fetch_start = timer.start if timer.start is not None else start
         fetch_s = timer.total
-        fetch_cpu_s = cpu_clock() - timer.cpu_start if timer.cpu_start is not None else None
+        fetch_cpu_s = (fetch_cpu(cpu_clock() - timer.cpu_start,
+                                 thread_clock() - timer.thread_cpu_start)
+                       if timer.cpu_start is not None else None)
         timer.start = timer.cpu_start = None
         timer.total = 0.0
         try:
@@ -412,65 +433,6 @@ def shape_mismatch(samples: list) -> str | None:
                 return (f"{name}: shapes {first[name]} at sample 0 and {shape} at sample "
                         f"{position} of the batch")
     return None
-
-
-_RNG_TYPES = ("Generator", "RandomState", "Random")
-
-
-def rng_state(dataset: Any) -> dict[str, str]:
-    """Fingerprints of the random generators a dataset holds as attributes, and of numpy's
-    global one, to compare across worker processes."""
-    import hashlib
-    import pickle
-
-    states = {}
-    for name, value in rng_attributes(dataset):
-            try:
-                state = value.get_state() if hasattr(value, "get_state") else (
-                    value.bit_generator.state if hasattr(value, "bit_generator") else
-                    value.getstate())
-                states[f"self.{name}"] = hashlib.sha1(pickle.dumps(state)).hexdigest()[:16]
-            except Exception:  # noqa: BLE001 - a generator we cannot read is just skipped
-                pass
-    # Only where the process has numpy's random module already: importing it here cost the job's
-    # first batch 5-6 ms, and one first loaded in a worker is seeded afresh there (only a state
-    # forked from the main process is shared).
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        try:
-            states["numpy.random (global)"] = hashlib.sha1(
-                pickle.dumps(numpy_random.get_state())).hexdigest()[:16]
-        except Exception:  # noqa: BLE001
-            pass
-    return states
-
-
-def rng_attributes(obj: Any) -> list[tuple[str, Any]]:
-    """The random generators ``obj`` holds as attributes, by name (of its first 200).
-
-    Looked for among what the object refers to (``gc.get_referents``), and named from
-    ``vars(obj)`` only where one is found: reading an instance's ``__dict__`` makes CPython
-    3.11+ move its attributes out of the compact storage its specialised attribute loads read,
-    and every ``self.x`` in the user's ``__getitem__`` then ran slower for the rest of the
-    process (long_tail: +2.4 us a 32-sample fetch, ~4% of its rate, in each process that
-    probed its first fetch)."""
-    referents = gc.get_referents(obj)
-    values = referents + [v for ref in referents if type(ref) is dict
-                          for v in itertools.islice(ref.values(), 200)]
-    if not any(type(v).__name__ in _RNG_TYPES for v in values):
-        return []
-    try:
-        attributes = list(vars(obj).items())[:200]
-    except TypeError:  # no __dict__ (slots only)
-        return []
-    return [(name, value) for name, value in attributes if type(value).__name__ in _RNG_TYPES]
-
-
-def first_fetch_probe(before: dict[str, str], after: dict[str, str]) -> dict:
-    """What this process's first fetch revealed: the generators it drew from, with their
-    starting state, and its thread pools as the fetch left them (instrument/threads.py)."""
-    used = {name: state for name, state in before.items() if after.get(name) != state}
-    return {"rng_used": used, "pools": threads.pools(), "pool_env": threads.pool_env()}
 
 
 def wrap_dataset(dataset: Dataset) -> Dataset:

@@ -116,7 +116,7 @@ def _children(value: Any) -> list | None:
     if callable(value):
         return None
     # What it refers to, not its __dict__: reading that slows the object's attribute loads for
-    # good (probes.rng_attributes), and a batch made in the main process is the job's.
+    # good (first_fetch.rng_attributes), and a batch made in the main process is the job's.
     parts = [part for part in gc.get_referents(value) if not isinstance(part, type)]
     return parts[:WALK_LIST_SAMPLE] or None
 

@@ -53,7 +53,7 @@ NOTE [ Measuring cost on the fastest batches ]
       generators there) slowed every ``self.x`` in its ``__getitem__`` for the rest of the
       process on CPython 3.11+, ~4% of long_tail's rate, in the main process and in every
       worker: the probe finds generators among the object's referents instead
-      (probes.rng_attributes). As a real profile run against a plain loop (5 pairs), after
+      (first_fetch.rng_attributes). As a real profile run against a plain loop (5 pairs), after
       both: long_tail 0.866 -> 0.903, many_classes 0.872 -> 0.928.
 """
 

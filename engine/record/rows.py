@@ -127,7 +127,7 @@ UntimedMeta = tuple[int, int, int]
 class BatchMeta(NamedTuple):
     """Where and how a batch was made, as the probes send it with each batch
     (instrument/probes.py) and the ledger reads it. ``worker_id`` is -1 for the main process;
-    ``probe`` rides only with the first batch of each process (see probes.first_fetch_probe). The
+    ``probe`` rides only with the first batch of each process (see first_fetch.first_fetch_probe). The
     batch's size is measured in the worker too: that work stays off the main process."""
 
     worker_id: int

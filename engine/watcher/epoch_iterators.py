@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from dataloader_tuner.instrument import probes, threads
+from dataloader_tuner.instrument import first_fetch, threads
 from dataloader_tuner.record.loop import stop_workers
 from dataloader_tuner.watcher.rebuild import instrumented
 
@@ -111,5 +111,5 @@ def _inherited(copy: DataLoader) -> tuple:
     and the dataset's random generators (which it holds, not their states)."""
     dataset = getattr(copy.dataset, "inner", copy.dataset)
     return (len(sys.modules), tuple(sorted(threads.pool_env().items())),
-            tuple(sorted(probes.rng_state(dataset))))
+            tuple(sorted(first_fetch.rng_state(dataset))))
 
