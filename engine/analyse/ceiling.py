@@ -61,6 +61,10 @@ class BatchCost:
     # the main process's CPU a batch in all its threads (the cpu limit counts the larger of it
     # and the turn's): threads working beside the one that takes turns take cores, not turns
     main_cpu_ms: float | None = None
+    # a worker's own time making a batch (fetch and collate) where ``worker_ms`` is its whole
+    # cycle (the tune's: the hand-off included), which waiting_share reads: a worker that waits
+    # for the main process to take its batch is not waiting for storage
+    making_ms: float | None = None
 
     def limits(self) -> dict[str, float]:
         """samples/s each limit allows (``step_demand`` only with a step)."""
@@ -96,6 +100,8 @@ class BatchCost:
         serial = time_share if serial_share is None else serial_share
         return replace(self, serial_ms=self.serial_ms * (1 - serial * by),
                        worker_ms=self.worker_ms * (1 - time_share * by),
+                       making_ms=(None if self.making_ms is None
+                                  else self.making_ms * (1 - time_share * by)),
                        worker_cpu_ms=self.worker_cpu_ms * (1 - cpu_share * by))
 
 
@@ -264,7 +270,8 @@ def waiting_share(cost: BatchCost) -> float:
     """The share of a worker's time for a batch spent off the CPU (waiting for storage,
     sleeping): from the cost model, not the sampled profile, whose looks come with CPU used
     and are few where a loader mostly waits."""
-    return max(1.0 - cost.worker_cpu_ms / cost.worker_ms, 0.0) if cost.worker_ms > 0 else 0.0
+    making_ms = cost.worker_ms if cost.making_ms is None else cost.making_ms
+    return max(1.0 - cost.worker_cpu_ms / making_ms, 0.0) if making_ms > 0 else 0.0
 
 
 def threads_for(cost: BatchCost, batch_size: int | None) -> int | None:
@@ -273,8 +280,9 @@ def threads_for(cost: BatchCost, batch_size: int | None) -> int | None:
     where the loader mostly works (threads would not pay) or a batch is one sample."""
     if not batch_size or batch_size < 2 or waiting_share(cost) < WAITING:
         return None
-    busy = max(cost.worker_cpu_ms, cost.worker_ms / MAX_THREADS)
-    return max(2, min(math.ceil(cost.worker_ms / busy), batch_size, MAX_THREADS))
+    making_ms = cost.worker_ms if cost.making_ms is None else cost.making_ms
+    busy = max(cost.worker_cpu_ms, making_ms / MAX_THREADS)
+    return max(2, min(math.ceil(making_ms / busy), batch_size, MAX_THREADS))
 
 
 def threaded_prediction(cost: BatchCost, num_workers: int, threads: int) -> float:

@@ -106,7 +106,8 @@ class CostProfile:
                          worker_cpu_ms=self.worker_cpu_ms, receive_ms=self.receive_ms,
                          step_ms=self.step_ms, step_on_cpu=self.step_on_cpu,
                          cpus=self.cpu_budget, samples_per_batch=samples_per_batch,
-                         max_workers=max_workers, main_cpu_ms=self.main_cpu_ms)
+                         max_workers=max_workers, main_cpu_ms=self.main_cpu_ms,
+                         making_ms=self.worker_ms)
 
 
 # The trials whose CPU a batch describes the loader itself (not a variant the tune measures
