@@ -29,6 +29,20 @@ def test_identity_comes_from_torchrun_s_environment():
         3, 4, 3, 2, 1, "10.0.0.1:29500")  # without GROUP_RANK: the node from the local size
 
 
+def test_identity_comes_from_slurm_s_environment_without_torchrun():
+    """``srun python train.py``: each task's place from SLURM_* (where torchrun's are unset)."""
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+           "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}
+    assert rank_identity(env) == RankIdentity(5, 7, 1, 2, 2, "slurm-4242.3")
+    last_node = {**env, "SLURM_PROCID": "6", "SLURM_LOCALID": "0", "SLURM_NODEID": "3"}
+    assert rank_identity(last_node) == RankIdentity(6, 7, 0, 1, 3, "slurm-4242.3")
+    # a batch script's own process: one task, no distributed job
+    assert rank_identity({**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+    assert rank_identity({**env, "SLURM_NTASKS": "many"}) is None
+    torchrun = {**env, "RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "t"}
+    assert rank_identity(torchrun).job_id == "t"  # torchrun inside an allocation: its own
+
+
 SCRIPT = """
 import sys
 import torch
@@ -241,3 +255,61 @@ def test_two_loaders_of_one_name_report_under_keys_of_their_own(tmp_path, monkey
     finally:
         first.close()
         second.close()
+
+
+SLURM_JOB = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from dataloader_tuner import watch
+
+# as srun scripts do: the process group from Slurm's variables, the address from the job
+rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+loader = watch(DataLoader(torch.arange(800.0).view(-1, 1), batch_size=4), name="train",
+               db=sys.argv[1])
+for batch in loader:
+    dist.all_reduce(batch.sum())
+    time.sleep(0.002)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two processes with gloo on loopback, ~3 s
+def test_two_slurm_tasks_without_torchrun_are_gathered_by_rank_0(tmp_path):
+    """``srun -N 2 -n 2 python train.py`` as Slurm starts it (no Slurm here: two processes
+    given the variables srun gives its tasks, one history each as two nodes would have): each
+    knows its place, and rank 0 gathers both through the process group's own store."""
+    script = tmp_path / "train.py"
+    script.write_text(SLURM_JOB)
+    port = free_port()
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")}
+    tasks = []
+    for rank in (0, 1):
+        env = dict(base, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_JOB_ID="4242",
+                   SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS="2",
+                   SLURM_LOCALID="0", SLURM_NODEID=str(rank), SLURM_TASKS_PER_NODE="1(x2)")
+        tasks.append(subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"node{rank}.sqlite")], cwd=tmp_path,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [task.communicate(timeout=180)[0] for task in tasks]
+    finally:
+        for task in tasks:
+            if task.poll() is None:
+                task.kill()
+                task.wait()
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    node0, node1 = (RunStore(str(tmp_path / f"node{n}.sqlite")) for n in (0, 1))
+    [run0], [run1] = node0.list_runs(), node1.list_runs()
+    assert run0.rank == RankIdentity(0, 2, 0, 1, 0, "slurm-4242.0").to_dict()
+    assert run1.rank == RankIdentity(1, 2, 0, 1, 1, "slurm-4242.0").to_dict()
+    latest = node0.rank_reports(run0.id)
+    assert [(s.rank, s.node, s.status, s.batches) for _, s in latest] == [
+        (0, 0, "ok", 200), (1, 1, "ok", 200)], latest
+    assert latest[1][1].pid == run1.pid
