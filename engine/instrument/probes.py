@@ -34,28 +34,31 @@ if TYPE_CHECKING:
 
 # CLOCK_MONOTONIC is system-wide on Linux, so worker and main-process timestamps compare.
 clock = time.monotonic
-# CPU time of this process: fetch CPU vs fetch wall time tells CPU-bound from waiting...
-cpu_clock = time.process_time
-# ...read beside the fetching thread's own (NOTE [ A fetch's CPU, read finely ])
-thread_clock = time.thread_time
-COARSE_CPU_S = 0.04  # ten ticks of a 250 Hz kernel: the process clock's error under 10% past it
 
 
-def fetch_cpu(process_s: float, thread_s: float) -> float:
-    """A fetch's CPU from this process's clock and the fetching thread's.
+def cpu_clock() -> float:
+    """CPU time of this process (fetch CPU against fetch wall time tells CPU-bound from
+    waiting), up to date for the calling thread.
 
     NOTE [ A fetch's CPU, read finely ]
 
         While a process-wide CPU timer is armed (the sampler's, instrument/cpu_timer.py, in
         the job's process), Linux reads the process's CPU clock from the timer's counter, which
-        advances at the scheduler's ticks (4 ms here): tests/real/detection.py's 0.5 ms fetches
-        at 0 workers read 0.0 or 3.999 ms, a median of 0.0, and the profile named "overlap the
-        waits for storage" (x1.7) the fix for a dataset held in memory; its workers' fetches
-        read 0.4-4.0 ms of CPU in 1.8-3.1 ms. The thread's own clock is fine-grained whatever is
-        armed, but misses the helper threads a fetch may start (torch's intra-op pool at 0
-        workers: audio_mel's 517 ms fetches took 1,013 ms of the process's CPU). So the process
-        clock where it ran COARSE_CPU_S or more, the thread's below it."""
-    return process_s if process_s >= COARSE_CPU_S else thread_s
+        takes in a running thread's time only at the scheduler's ticks (4 ms here) and switches:
+        tests/real/detection.py's 0.5 ms fetches at 0 workers read 0.0 or 3.999 ms, a median
+        of 0.0, and the profile named "overlap the waits for storage" (x1.7) for a dataset held
+        in memory. Reading the calling thread's own clock first brings the counter up to date
+        with that thread's time (the kernel accounts the running task to read it): then 0.53 ms
+        of CPU in 0.53 ms. The process's clock, not the thread's alone, is what a fetch's CPU
+        is read from: the helper threads a fetch starts are its CPU too (tests/broken/
+        thread_pools.py's pool of 8, a worker's oversubscription; torch's intra-op pool at 0
+        workers: audio_mel's 517 ms fetches took 1,013 ms)."""
+    thread_clock()
+    return process_clock()
+
+
+process_clock = time.process_time
+thread_clock = time.thread_time
 
 
 # Exceptions from the user's code get a note starting with this; failures.py reads it back
@@ -87,13 +90,12 @@ TIME_ALL_FIRST = 64
 class _FetchTimer:
     """Per-process record of the fetch since the last collate (one per worker process)."""
 
-    __slots__ = ("start", "cpu_start", "thread_cpu_start", "total", "indices", "fetching", "pid",
-                 "probed", "probe", "made", "every", "timed_every", "worker_id")
+    __slots__ = ("start", "cpu_start", "total", "indices", "fetching", "pid", "probed", "probe",
+                 "made", "every", "timed_every", "worker_id")
 
     def __init__(self) -> None:
         self.start: float | None = None
         self.cpu_start: float | None = None
-        self.thread_cpu_start = 0.0  # read with cpu_start (NOTE [ A fetch's CPU, read finely ])
         self.total = 0.0
         self.indices: Sequence[Any] | None = None  # the batch's: for hang and error reports
         self.fetching = False
@@ -109,7 +111,7 @@ class _FetchTimer:
         """Called before each fetch; notes the CPU clock at the first fetch of a batch that
         reads it (the test is written out in TimedMapDataset too, for speed)."""
         if self.start is None and self.cpu_start is None and self.made % self.every == 0:
-            self.cpu_start, self.thread_cpu_start = cpu_clock(), thread_clock()
+            self.cpu_start = cpu_clock()
         return clock()
 
     def read_every(self, batch_s: float, reads_s: float) -> int:
@@ -214,7 +216,7 @@ class TimedMapDataset(Dataset):
         if timed:
             if (timer.start is None and timer.cpu_start is None  # the batch's first fetch
                     and timer.made % timer.every == 0):  # ...and it reads the costly figures
-                timer.cpu_start, timer.thread_cpu_start = cpu_clock(), thread_clock()
+                timer.cpu_start = cpu_clock()
             start = clock()
         inner, inner_getitems = self._tuner_fetch
         if inner_getitems:
@@ -362,9 +364,7 @@ class TimedCollate:
         # _FetchTimer.take, written out (see TimedMapDataset.__getitems__)
         fetch_start = timer.start if timer.start is not None else start
         fetch_s = timer.total
-        fetch_cpu_s = (fetch_cpu(cpu_clock() - timer.cpu_start,
-                                 thread_clock() - timer.thread_cpu_start)
-                       if timer.cpu_start is not None else None)
+        fetch_cpu_s = cpu_clock() - timer.cpu_start if timer.cpu_start is not None else None
         timer.start = timer.cpu_start = None
         timer.total = 0.0
         try:
