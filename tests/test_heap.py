@@ -206,6 +206,13 @@ def test_fresh_workers_faulting_pages_in_keep_it_where_their_rates_were_too_nois
         alike.check(side(400.0, kept_faults, True), lambda: side(300.0, fresh_faults, False),
                     lambda t: None)
         assert not alike.keep, (fresh_faults, kept_faults)
+    # the fresh trial as the tune runs it, FAULT_BATCHES long: its rate is not believed,
+    # its faults decide (and a rate faster by chance does not undo them)
+    short_fresh = dataclasses.replace(side(600.0, 134_000.0, False), conclusive=False,
+                                      batches=6, rate_ci=None)
+    brief = HeapDecision(available=True)
+    brief.check(side(400.0, 720.0, True), lambda: short_fresh, lambda t: None)
+    assert brief.keep and "134,000 pages a batch" in brief.reason
     # the fresh workers faster beyond the noise: their faults do not outweigh their rate
     faster = HeapDecision(available=True)
     faster.check(side(200.0, 720.0, True), lambda: side(400.0, 134_000.0, False),
@@ -215,7 +222,8 @@ def test_fresh_workers_faulting_pages_in_keep_it_where_their_rates_were_too_nois
 
 def test_under_a_limit_that_leaves_too_little_it_is_not_measured_and_the_pick_says_so():
     """NOTE [ Deciding freed memory during the search ]: a limit leaving less than the fresh
-    trial and one more for the search's predicted count: nothing run, nothing kept, said."""
+    trial (its start and FAULT_BATCHES past its warm-up: 1.5 + 8 x 0.067 s here) and one more
+    like the first, for the search's predicted count: nothing run, nothing kept, said."""
     ran = []
 
     def fresh():
@@ -224,11 +232,11 @@ def test_under_a_limit_that_leaves_too_little_it_is_not_measured_and_the_pick_sa
 
     first = dataclasses.replace(_search_trial(1, 240.0), seconds=20.0)
     short = HeapDecision(available=True)
-    assert short.check(first, fresh, lambda t: None, time_left_s=39.0) is first
+    assert short.check(first, fresh, lambda t: None, time_left_s=21.9) is first
     assert not ran and short.skipped and short.decided and not short.first_keeps
     rec = Recommendation({"num_workers": 2}, 300.0, 3.0, ("2 workers",))
     assert "Not measured in the time this tune had" in short.recommend(rec, [first]).reasons[-1]
     room = HeapDecision(available=True)
-    room.check(first, fresh, lambda t: None, time_left_s=41.0)
+    room.check(first, fresh, lambda t: None, time_left_s=22.2)
     assert ran == [1] and not room.skipped and room.keep
 

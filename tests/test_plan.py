@@ -97,17 +97,20 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
     # "at most" still counted 30 batches a trial
     base = plan.Baseline(num_workers=2, persistent_workers=False, epoch_batches=None)
     predicted, counts = plan.first_counts(2.0, 32)
-    made = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts + [1],
+    made = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts,
                           predicted, base, spent_s=0.5, measured=0, budget_s=None, known=False,
                           spawned=1)
-    # 0, 1, 2, 3, 1 fresh, 2 confirmed twice and measured over samples held in RAM (made
-    # first); the user's own count predicted: no claim expected, but one at most (the search
-    # may pick another: it picked 0, and a slow CI host took 49 s of an "at most ~46 s")
+    # 0, 1, 2, 3, 2 confirmed twice and measured over samples held in RAM (made first), and
+    # the freed-memory check's short trial of 1 fresh worker; the user's own count predicted:
+    # no claim expected, but one at most (the search may pick another: it picked 0, and a
+    # slow CI host took 49 s of an "at most ~46 s")
     cached = plan.CACHE_TRIALS
-    trials, with_workers = 5 + plan.CONFIRM_TRIALS + cached, 4 + plan.CONFIRM_TRIALS + cached
+    trials, with_workers = 4 + plan.CONFIRM_TRIALS + cached, 3 + plan.CONFIRM_TRIALS + cached
     gather = plan.CACHE_BATCHES * 4.5e-5
+    fresh = plan.SPAWN_S + (2 + plan.FAULT_BATCHES) * 4.5e-5
+    assert made.trials == trials + 1 and fresh == plan.fresh_check_seconds(4.5e-5)
     assert made.estimated_s == pytest.approx(
-        0.5 + plan.SPAWN_S + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S + gather)
+        0.5 + fresh + trials * plan.MIN_WINDOW_S + with_workers * plan.FORK_S + gather)
     # at most: also every check that may run (threads fetching, the threads decision, in and
     # out of order, the pick with all its settings: NOTE [ An at most that holds ]) and the
     # widest claim, the pick and the user's 2 workers in turn
@@ -115,8 +118,8 @@ def test_fast_batches_are_announced_with_the_trial_clocks_four_second_cap():
     checks = (plan.IO_THREAD_TRIALS + plan.THREADS_DECISION_TRIALS + plan.ORDER_TRIALS
               + plan.FINAL_TRIALS)
     assert made.at_most_s == pytest.approx(
-        0.5 + plan.SPAWN_S + (trials + checks + claim) * MAX_TRIAL_S + gather)
-    decided = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts + [1],
+        0.5 + fresh + (trials + checks + claim) * MAX_TRIAL_S + gather)
+    decided = plan.plan_tune(plan.guessed_batch_s(4.5e-5, 2.0), 4.5e-5, 2.0, counts,
                              predicted, base, spent_s=0.5, measured=0, budget_s=None,
                              known=False, spawned=1, threads_pending=False)
     assert made.at_most_s - decided.at_most_s == pytest.approx(
@@ -161,6 +164,9 @@ def test_a_share_of_the_aim_stops_a_trial_only_once_its_rate_has_its_batches():
     assert clock(40, share_s=3.0).enough()
     assert not clock(4 + MIN_STEADY_BATCHES - 1, share_s=3.0).enough()
     assert clock(10, limit_s=3.0).enough()
+    # the freed-memory check's fresh trial, read for its page faults: FAULT_BATCHES steady
+    assert clock(4 + plan.FAULT_BATCHES, most_steady=plan.FAULT_BATCHES).enough()
+    assert not clock(4 + plan.FAULT_BATCHES - 1, most_steady=plan.FAULT_BATCHES).enough()
 
 
 def test_a_trial_whose_workers_start_slowly_is_not_cut_at_its_first_batch():
@@ -245,7 +251,7 @@ def test_a_plan_longer_than_the_aim_says_the_aim_and_how_to_run_the_whole_plan()
     planner.first(0.7)
     said = plans[-1]
     assert said.aim_s == limit.aim_s == pytest.approx(plan.AIM_S)
-    assert said.estimated_s == pytest.approx(plan.AIM_S) and said.whole_plan_s > 180, said
+    assert said.estimated_s == pytest.approx(plan.AIM_S) and said.whole_plan_s > 150, said
     assert said.at_most_s == pytest.approx(plan.AIM_AT_MOST * plan.AIM_S)  # not the plan's
     assert limit.promised_s == said.at_most_s
     assert 0 < limit.claim_reserve_s < 60  # one pair: 0 workers and the predicted 2

@@ -71,13 +71,15 @@ class TrialClock:
     def __init__(self, columns: BatchColumns, warmup: int, block: int,
                  max_trial_s: float, limit_s: float | None = None,
                  on_batches: Callable[[], None] | None = None,
-                 share_s: float | None = None) -> None:
+                 share_s: float | None = None, most_steady: int | None = None) -> None:
         """``limit_s``: what the user's time limit leaves this trial (a hard cut);
         ``on_batches()``: told when batches came since it last asked (the child's watchdog);
         ``share_s``: its share of the time (TimeLimit.share), kept once its rate has the
-        batches it needs: a trial cut before them is too short to believe."""
+        batches it needs: a trial cut before them is too short to believe; ``most_steady``:
+        stop after this many steady batches (a trial read for its page faults, not its rate)."""
         self.columns, self.warmup, self.block = columns, warmup, block
         self.max_trial_s, self.limit_s, self.share_s = max_trial_s, limit_s, share_s
+        self.most_steady = most_steady
         self.on_batches = on_batches
         self.started = time.monotonic()
         self.checked_at = 0
@@ -95,6 +97,8 @@ class TrialClock:
         if self.past_cap(now, n) or (self.limit_s is not None and elapsed >= self.limit_s):
             return True
         steady = n - warmup
+        if self.most_steady is not None and steady >= self.most_steady:
+            return True
         if steady < MIN_STEADY_BATCHES or columns.t_ready(n - 1) - columns.t_ready(warmup - 1) \
                 < MIN_WINDOW_S:
             return False
@@ -131,7 +135,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
                   share_s: float | None = None,
                   on_batches: Callable[[], None] | None = None,
                   rows_out: list[BatchRecord] | None = None,
-                  stacks: SampledProfile | None = None) -> TrialResult | None:
+                  stacks: SampledProfile | None = None,
+                  most_steady: int | None = None) -> TrialResult | None:
     """One steady-state measurement, long enough to believe (see TrialClock). ``attempts``
     collects a line per trial that reached no steady state, for the error that explains it.
     ``companions``: the node's other ranks, running the same settings all the while.
@@ -139,7 +144,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     has its batches (TrialClock); ``on_batches``: called as batches come (the
     child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
     trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
-    processes go (instrument/sampler.py, where the run samples them)."""
+    processes go (instrument/sampler.py, where the run samples them); ``most_steady``: stop
+    after that many steady batches (TrialClock)."""
     warmup = config.warmup_batches
     columns = BatchColumns()
     others = measurement = None
@@ -149,7 +155,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             companions.start(TunedSettings.of(config))
             running = companions
         clock = TrialClock(columns, warmup, max(config.num_workers, 1), max_trial_s, limit_s,
-                           on_batches, share_s)
+                           on_batches, share_s, most_steady)
         cpu_before = time.process_time()
         busiest = BusiestThread(psutil.Process())  # what takes the batches one at a time
         seen: dict[int, dict[str, Any]] = {}  # worker pid -> what its first fetch revealed
@@ -237,10 +243,12 @@ class TrialRunner:
         self.attempts: list[str] = []  # the search's trials that reached no steady state
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
-                search: bool = False, share_s: float | None = None) -> TrialResult | None:
+                search: bool = False, share_s: float | None = None,
+                most_steady: int | None = None) -> TrialResult | None:
         """One trial of ``config``; ``share_s``: its share of the time (TimeLimit.share): of a
         user's limit, a hard cut; of the tune's aim, where it stops once its rate has the
-        batches it needs (NOTE [ A tune's aim ], plan.py)."""
+        batches it needs (NOTE [ A tune's aim ], plan.py); ``most_steady``: its steady
+        batches at most (TrialClock)."""
         hard = self.time_limit.budget_s is not None
         left = self.time_limit.left()
         if left is not None and left <= start_s(config):
@@ -253,7 +261,8 @@ class TrialRunner:
                               companions=self.companions,
                               limit_s=_least(self.time_limit.left(), share_s if hard else None),
                               share_s=None if hard else share_s,
-                              on_batches=self.on_batches, stacks=self.stacks)
+                              on_batches=self.on_batches, stacks=self.stacks,
+                              most_steady=most_steady)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
         if trial is not None and report:

@@ -100,7 +100,8 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             trial, lambda: runner.measure(
                 trial_config.replace(keep_freed_memory=False, multiprocessing_context="spawn",
                                      worker_threads=trial.worker_threads),
-                spec.phase, 1, report=False, share_s=share_s(spec.num_workers)),
+                spec.phase, 1, report=False, share_s=share_s(spec.num_workers),
+                most_steady=plan.FAULT_BATCHES),
             on_trial, time_limit.budget_left())
 
     first_batch_s = runner.first_batch_s(search_config)

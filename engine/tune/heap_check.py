@@ -8,21 +8,24 @@ NOTE [ Deciding freed memory during the search ]
     no witness of a training script's first epoch. The first trial with workers runs with
     KeepFreedMemory; it is then measured once more without it in workers started fresh
     (multiprocessing_context="spawn": a heap that has freed nothing, as a script's before its
-    first epoch). KeepFreedMemory is kept when faster by MIN_GAIN beyond both sides' noise,
-    or where the fresh workers faulted in pages enough to cost MIN_GAIN of a batch (at
-    FAULT_S a page) and at least FAULTS_RATIO times as many as with it, their rate not
-    faster beyond the noise: a rate read once on each side was ±20-30% from one process to
+    first epoch), for FAULT_BATCHES past its warm-up (plan.py): what it is read for is the
+    pages its worker faults in a batch, not its rate. KeepFreedMemory is kept where the fresh
+    workers faulted in pages enough to cost MIN_GAIN of a batch (at FAULT_S a page) and at
+    least FAULTS_RATIO times as many as with it, or (where a fresh trial ran long enough to
+    believe its rate) when faster by MIN_GAIN beyond both sides' noise; not where the fresh
+    rate was faster beyond it. A rate read once on each side was ±20-30% from one process to
     the next on a busy 2-core machine, the faults 134,000 against 720 a batch every time
     (audio_mel); a tune that read the rates alone kept nothing there and picked persistent
-    workers that ran at 0.71 of the grid's best in a fresh process. Every later trial runs
-    with it: the search then measures what the job will run, and
+    workers that ran at 0.71 of the grid's best in a fresh process; the fresh trial at its 20
+    steady batches took 23 s of a 108 s tune there. Every later trial runs with it: the search then measures what the job will run, and
     its rates no longer depend on the order of the trials. Otherwise later trials run without
     it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
     is not glibc, nothing is decided and nothing is kept. Where the user's time limit leaves
-    less than the fresh trial and one more like it (for the count the search predicts, which
-    matters more), nothing is measured, nothing is kept, and the pick says so: with
-    --budget-s 60 on ImageNet-style JPEGs (~1.3 s a batch), the check took the 16 s the
-    predicted 2 workers needed, and the tune picked 0 workers, about half the best's rate.
+    less than the fresh trial and one more like the first (for the count the search predicts,
+    which matters more), nothing is measured, nothing is kept, and the pick says so: with
+    --budget-s 60 on ImageNet-style JPEGs (~1.3 s a batch), the check (then a whole trial)
+    took the 16 s the predicted 2 workers needed, and the tune picked 0 workers, about half
+    the best's rate.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Callable
 from dataloader_tuner.instrument.heap import is_glibc
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.claim import in_turn
+from dataloader_tuner.tune.plan import fresh_check_seconds
 from dataloader_tuner.tune.recommend import Recommendation
 
 MIN_GAIN = 1.03
@@ -40,7 +44,6 @@ FAULTS_RATIO = 2.0
 # a page faulted in and zeroed, at least: audio_mel's 133,000 more a batch cost its workers
 # ~0.29 s a batch (2 workers, 2 cores), ~2 us each
 FAULT_S = 1e-6
-AFFORDED_TRIALS = 2  # the fresh trial, and one more for the search (see the NOTE)
 SKIPPED_REASON = ("Not measured in the time this tune had: whether each worker should keep the "
                   "memory it frees (worker_init_fn=dataloader_tuner.KeepFreedMemory()); a longer "
                   "--budget-s measures it.")
@@ -72,7 +75,8 @@ class HeapDecision:
         if self.decided or not self.available or not first.num_workers:
             return first
         self.decided = True
-        if time_left_s is not None and time_left_s < AFFORDED_TRIALS * first.seconds:
+        if time_left_s is not None and time_left_s < first.seconds + fresh_check_seconds(
+                first.ms_per_batch / 1000.0):
             self.skipped = True  # (see the NOTE: the search's own counts come first)
             return first
         try:
@@ -113,7 +117,7 @@ def decide(fresh: TrialResult | None, kept: TrialResult) -> tuple[bool, str | No
     if faulting:
         figures += (f"; those faulted in {fresh.worker_faults:,.0f} pages a batch against "
                     f"{kept.worker_faults:,.0f} with it")
-    faster_fresh = (both.noise is not None and both.rate_a > both.rate_b
+    faster_fresh = (fresh.conclusive and both.noise is not None and both.rate_a > both.rate_b
                     and both.rate_a / both.rate_b - 1 > both.noise)
     if both.b_pays(MIN_GAIN) or (faulting and not faster_fresh):
         return True, (f"worker_init_fn=dataloader_tuner.KeepFreedMemory(): each worker keeps "

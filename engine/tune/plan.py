@@ -92,6 +92,9 @@ STOP_S = 1.0  # a trial's workers stopped after it was cut (NOTE [ An at most th
 # A worker started in a fresh interpreter (the freed-memory check's spawned workers, heap_check.py)
 # imports torch and the dataset's module first: 1.1 s on the 2-core machine for a small module.
 SPAWN_S = 1.5
+# ...and measures this many batches past its warm-up: enough to count the pages its worker
+# faults in a batch (NOTE [ Deciding freed memory during the search ], heap_check.py)
+FAULT_BATCHES = 6
 # Before any trial with workers is measured, each is expected to settle after this many steady
 # batches (or at its cap, if sooner): workers hand batches in bursts, so their rates take more
 # batches to know than the loop's own 20 (88-256 measured, on 2 cores: detection's 1 worker
@@ -122,6 +125,12 @@ def capped_trial_seconds(batch_s: float, workers: int, restarts: int = 0,
     at_cap = trial_seconds(batch_s, workers, restarts, restart_s, steady=CAP_BATCHES)
     warmup = warmup_batches(workers, 2 if workers else 0)
     return max(at_cap, trial_cap_s(batch_s, warmup, max(workers, 1)))
+
+
+def fresh_check_seconds(batch_s: float) -> float:
+    """The freed-memory check's trial: 1 worker started in a fresh interpreter, its warm-up
+    and FAULT_BATCHES at ``batch_s`` a batch."""
+    return SPAWN_S + (warmup_batches(1, 2) + FAULT_BATCHES) * batch_s
 
 
 def guessed_batch_s(serial_batch_s: float, cores: float) -> Callable[[int], float]:
@@ -208,7 +217,7 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               ) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
-    ``spent_s``; ``spawned`` of the counts start their workers in a fresh interpreter (SPAWN_S).
+    ``spent_s``; ``spawned``: the freed-memory check's trial is to come (fresh_check_seconds).
     ``known``: ``predicted`` comes from the cost model (not yet a guess). Expected with trials
     that settle after ``steady`` batches (the spread the probes measured: steady_to_tell) or at
     their cap, and a claim of CLAIM_PAIRS; at most with every trial at its cap, MAX_CLAIM_PAIRS,
@@ -228,7 +237,8 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
         return settled_trial_seconds(batch_s, workers, restarts, restart_s, batches)
 
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
-        search = sum(trial(batch_s(n), n, 0, 0.0) for n in counts) + spawned * SPAWN_S
+        search = (sum(trial(batch_s(n), n, 0, 0.0) for n in counts)
+                  + spawned * fresh_check_seconds(batch_s(1)))
         at_pick = trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
                             trial, steady) if pairs else 0.0
@@ -239,7 +249,7 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
-        trials=(measured + len(counts) + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
+        trials=(measured + len(counts) + spawned + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
                 + CACHE_TRIALS),
         estimated_s=total(settling, MIN_STEADY_BATCHES, CLAIM_PAIRS if claims else 0),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,

@@ -26,7 +26,7 @@ class Planner:
                  fresh_check: bool = False,
                  threads_pending: Callable[[], bool] = lambda: True) -> None:
         """``fresh_check``: the first trial with workers is measured again in fresh workers
-        (NOTE [ Deciding freed memory during the search ]), one more trial at 1 worker;
+        (NOTE [ Deciding freed memory during the search ]), one short trial at 1 worker;
         ``threads_pending()``: the threads decision may still run its trials (thread_pools.py)."""
         self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
         self.threads_pending = threads_pending
@@ -43,7 +43,6 @@ class Planner:
         if self.has_consumer and floor > counts[-1]:
             counts.append(floor)
         spawned = int(self.fresh_check and self.limits.max_workers >= 1)
-        counts += [1] * spawned
         self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
                        predicted, 0, known=False, spawned=spawned,
                        steady_with_workers=plan.WORKER_STEADY_GUESS)
@@ -85,7 +84,7 @@ class Planner:
                    if predicted != self.base.num_workers else 0.0)
         # each count it must see for the batches a rate needs, whatever the spread said
         least = plan.floor_seconds(batch_s, predicted, self.base, self.limits.max_workers) \
-            + spawned * (plan.settled_trial_seconds(batch_s(1), 1) + plan.SPAWN_S)
+            + spawned * plan.fresh_check_seconds(batch_s(1))
         aim = max(plan.AIM_S, least + reserve, self.time_limit.aim_s or 0.0)
         self.time_limit.aim(aim, reserve)
         if made.estimated_s <= aim:
