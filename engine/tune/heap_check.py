@@ -17,9 +17,9 @@ NOTE [ Deciding freed memory during the search ]
     the next on a busy 2-core machine, the faults 134,000 against 720 a batch every time
     (audio_mel); a tune that read the rates alone kept nothing there and picked persistent
     workers that ran at 0.71 of the grid's best in a fresh process; the fresh trial at its 20
-    steady batches took 23 s of a 108 s tune there. Every later trial runs with it: the search then measures what the job will run, and
-    its rates no longer depend on the order of the trials. Otherwise later trials run without
-    it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
+    steady batches took 23 s of a 108 s tune there. Every later trial runs with it: the search
+    then measures what the job will run, and its rates no longer depend on the order of the
+    trials. Otherwise later trials run without it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
     is not glibc, nothing is decided and nothing is kept. Where the user's time limit leaves
     less than the fresh trial and one more like the first (for the count the search predicts,
     which matters more), nothing is measured, nothing is kept, and the pick says so: with
