@@ -19,13 +19,13 @@ NOTE [ Deciding freed memory during the search ]
     workers that ran at 0.71 of the grid's best in a fresh process; the fresh trial at its 20
     steady batches took 23 s of a 108 s tune there. Every later trial runs with it: the search
     then measures what the job will run, and its rates no longer depend on the order of the
-    trials. Otherwise later trials run without it. Where spawn cannot start the dataset (a class that does not pickle), or the C library
-    is not glibc, nothing is decided and nothing is kept. Where the user's time limit leaves
-    less than the fresh trial and one more like the first (for the count the search predicts,
-    which matters more), nothing is measured, nothing is kept, and the pick says so: with
-    --budget-s 60 on ImageNet-style JPEGs (~1.3 s a batch), the check (then a whole trial)
-    took the 16 s the predicted 2 workers needed, and the tune picked 0 workers, about half
-    the best's rate.
+    trials. Otherwise later trials run without it. Where spawn cannot start the dataset (a
+    class that does not pickle), or the C library is not glibc, nothing is decided and nothing
+    is kept. Where the user's time limit leaves less than the fresh trial and one more like
+    the first (for the count the search predicts, which matters more), nothing is measured,
+    nothing is kept, and the pick says so: with --budget-s 60 on ImageNet-style JPEGs (~1.3
+    s a batch), the check (then a whole trial) took the 16 s the predicted 2 workers needed,
+    and the tune picked 0 workers, about half the best's rate.
 """
 
 from __future__ import annotations
