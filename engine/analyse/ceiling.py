@@ -66,6 +66,11 @@ class BatchCost:
     # for the main process to take its batch is not waiting for storage
     making_ms: float | None = None
 
+    @property
+    def making(self) -> float:
+        """A worker's own time making a batch: ``making_ms`` where given, else ``worker_ms``."""
+        return self.worker_ms if self.making_ms is None else self.making_ms
+
     def limits(self) -> dict[str, float]:
         """samples/s each limit allows (``step_demand`` only with a step)."""
         main_cpu = max(self.receive_ms + (self.step_ms if self.step_on_cpu else 0.0),
@@ -270,8 +275,7 @@ def waiting_share(cost: BatchCost) -> float:
     """The share of a worker's time for a batch spent off the CPU (waiting for storage,
     sleeping): from the cost model, not the sampled profile, whose looks come with CPU used
     and are few where a loader mostly waits."""
-    making_ms = cost.worker_ms if cost.making_ms is None else cost.making_ms
-    return max(1.0 - cost.worker_cpu_ms / making_ms, 0.0) if making_ms > 0 else 0.0
+    return max(1.0 - cost.worker_cpu_ms / cost.making, 0.0) if cost.making > 0 else 0.0
 
 
 def threads_for(cost: BatchCost, batch_size: int | None) -> int | None:
@@ -280,9 +284,8 @@ def threads_for(cost: BatchCost, batch_size: int | None) -> int | None:
     where the loader mostly works (threads would not pay) or a batch is one sample."""
     if not batch_size or batch_size < 2 or waiting_share(cost) < WAITING:
         return None
-    making_ms = cost.worker_ms if cost.making_ms is None else cost.making_ms
-    busy = max(cost.worker_cpu_ms, making_ms / MAX_THREADS)
-    return max(2, min(math.ceil(making_ms / busy), batch_size, MAX_THREADS))
+    busy = max(cost.worker_cpu_ms, cost.making / MAX_THREADS)
+    return max(2, min(math.ceil(cost.making / busy), batch_size, MAX_THREADS))
 
 
 def threaded_prediction(cost: BatchCost, num_workers: int, threads: int) -> float:
