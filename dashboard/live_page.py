@@ -318,9 +318,10 @@ def _tune_progress(tune: RunHandle) -> None:
     elapsed = time.monotonic() - (tune.started_at or time.monotonic())
     trials = [t.to_dict() for t in tune.live.trials]
     last = tune.live.trials[-1] if trials else None
-    # the plan's estimate, or the user's limit where that ends it first
-    expected = (min(plan.estimated_s, plan.budget_s or plan.estimated_s) if plan is not None
-                else tune.request.budget_s)
+    # the plan's estimate, or the user's limit where that ends it first (a plan that waits
+    # for the probes says no estimate yet: NOTE [ Said after the probes ], tune/plan.py)
+    expected = (min(plan.estimated_s, plan.budget_s or plan.estimated_s)
+                if plan is not None and not plan.probing else tune.request.budget_s)
     of = f" of about {expected:.0f} s" if expected else ""
     text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s{of}"
             + (f"; last: num_workers={last.num_workers} gave "

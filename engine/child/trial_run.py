@@ -27,9 +27,9 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.tune.plan import FORK_S, SPAWN_S, TimeLimit
-from dataloader_tuner.tune.trials import (HARD_CAP_S, MAX_TRIAL_S, MIN_STEADY_BATCHES,
-                                         MIN_WINDOW_S, TARGET_CI, epoch_block, trial_cap_s,
-                                         trial_from_batches)
+from dataloader_tuner.tune.trials import (HARD_CAP_S, MIN_STEADY_BATCHES, TARGET_CI,
+                                         epoch_block, trial_cap_s, trial_from_batches,
+                                         window_s)
 
 PREWARM_S = 0.4
 
@@ -63,13 +63,14 @@ def worker_threads_read(seen: dict[int, dict[str, Any]],
 
 
 class TrialClock:
-    """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over
-    MIN_WINDOW_S and a samples/s known to TARGET_CI, or its time cap. The cap grows with the
-    batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S. Read from
+    """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over its
+    window and a samples/s known to TARGET_CI, or its time cap: the window, for fast batches
+    (NOTE [ Windows of a fixed length for fast batches ], tune/trials.py). The cap grows with
+    the batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S. Read from
     the measuring loop's columns as it runs, in C where it can: its time is the trial's."""
 
     def __init__(self, columns: BatchColumns, warmup: int, block: int,
-                 max_trial_s: float, limit_s: float | None = None,
+                 window: float, limit_s: float | None = None,
                  on_batches: Callable[[], None] | None = None,
                  share_s: float | None = None, most_steady: int | None = None) -> None:
         """``limit_s``: what the user's time limit leaves this trial (a hard cut);
@@ -78,7 +79,7 @@ class TrialClock:
         batches it needs: a trial cut before them is too short to believe; ``most_steady``:
         stop after this many steady batches (a trial read for its page faults, not its rate)."""
         self.columns, self.warmup, self.block = columns, warmup, block
-        self.max_trial_s, self.limit_s, self.share_s = max_trial_s, limit_s, share_s
+        self.window, self.limit_s, self.share_s = window, limit_s, share_s
         self.most_steady = most_steady
         self.on_batches = on_batches
         self.started = time.monotonic()
@@ -100,7 +101,7 @@ class TrialClock:
         if self.most_steady is not None and steady >= self.most_steady:
             return True
         if steady < MIN_STEADY_BATCHES or columns.t_ready(n - 1) - columns.t_ready(warmup - 1) \
-                < MIN_WINDOW_S:
+                < self.window:
             return False
         if self.share_s is not None and elapsed >= self.share_s:
             return True
@@ -115,21 +116,21 @@ class TrialClock:
     def past_cap(self, now: float, n: int) -> bool:
         """Whether the trial ran to its cap, counted from its first batch: the workers'
         start-up is not a batch's time. Counted from ``iter()``, a trial whose first batch came
-        after MAX_TRIAL_S was cut at that batch (the first batch is checked against HARD_CAP_S:
+        after its window was cut at that batch (the first batch is checked against HARD_CAP_S:
         a time per batch needs two batches): workers spawned
         fresh for the freed-memory check, importing torch and a dataset's libraries for ~5 s
         on a slow day, never reached a steady state, and nothing was decided."""
-        if self.max_trial_s <= PREWARM_S:
-            return now - self.started > self.max_trial_s
+        if self.window <= PREWARM_S:
+            return now - self.started > self.window
         if n < 2:
             return now - self.started > HARD_CAP_S
         first = self.columns.t0 + self.columns.t_ready(0)
         per_batch = (self.columns.t_ready(n - 1) - self.columns.t_ready(0)) / (n - 1)
-        return now - first > trial_cap_s(per_batch, self.warmup, self.block, self.max_trial_s)
+        return now - first > trial_cap_s(per_batch, self.warmup, self.block, self.window)
 
 
 def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
-                  phase: str, repeat: int, max_trial_s: float = MAX_TRIAL_S,
+                  phase: str, repeat: int, window: float | None = None,
                   attempts: list[str] | None = None,
                   companions: Companions | None = None, limit_s: float | None = None,
                   share_s: float | None = None,
@@ -145,7 +146,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     child's watchdog: a trial of slow batches is progress, not a hang); ``rows_out``: the
     trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
     processes go (instrument/sampler.py, where the run samples them); ``most_steady``: stop
-    after that many steady batches (TrialClock)."""
+    after that many steady batches (TrialClock); ``window``: how long fast batches are
+    measured (None: the phase's, tune/trials.py's window_s)."""
     warmup = config.warmup_batches
     columns = BatchColumns()
     others = measurement = None
@@ -154,7 +156,8 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         if companions is not None:
             companions.start(TunedSettings.of(config))
             running = companions
-        clock = TrialClock(columns, warmup, max(config.num_workers, 1), max_trial_s, limit_s,
+        clock = TrialClock(columns, warmup, max(config.num_workers, 1),
+                           window_s(phase) if window is None else window, limit_s,
                            on_batches, share_s, most_steady)
         cpu_before = time.process_time()
         busiest = BusiestThread(psutil.Process())  # what takes the batches one at a time
@@ -186,9 +189,9 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
             if running is not None:  # the companions stopped before this loader's workers are
                 steady = metrics.steady_state(columns.rows(), warmup)
                 t0 = measurement.t0 if measurement is not None else time.monotonic()
-                window = ((t0 + steady.start, t0 + steady.end) if steady
-                          else (t0, time.monotonic()))
-                others = running.stop(*window)
+                span = ((t0 + steady.start, t0 + steady.end) if steady
+                        else (t0, time.monotonic()))
+                others = running.stop(*span)
         finally:
             if measurement is not None:
                 measurement.close()
@@ -281,7 +284,7 @@ class TrialRunner:
         last batch's time, the plan's first estimate of a batch (plan.py)."""
         rows: list[BatchRecord] = []
         measure_trial(self.resolved, config, self.consumer, "prewarm", 0,
-                      max_trial_s=PREWARM_S, limit_s=self.time_limit.left(),
+                      window=PREWARM_S, limit_s=self.time_limit.left(),
                       on_batches=self.on_batches, rows_out=rows)
         return rows[-1].wait_s + rows[-1].step_s if rows else None
 

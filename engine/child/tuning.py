@@ -159,13 +159,10 @@ def tune_cost(outcome: TuneOutcome) -> BatchCost | None:
     profile, serial = outcome.profile, [t for t in outcome.trials if t.num_workers == 0]
     if profile is None or not serial:
         return None
-    made = serial[0]
-    samples_per_batch = (made.samples_per_s / made.batches_per_s if made.batches_per_s
-                         else float(made.batch_size or 1))
     cap = outcome.limits.memory_max_workers or outcome.limits.max_workers
     profile = costmodel.at_busy_cores(profile, outcome.trials, outcome.limits.other_load_cpus,
                                       outcome.limits.local_world_size)
-    return profile.batch_cost(samples_per_batch, min(cap, outcome.limits.max_workers))
+    return profile.cost_from(serial[0], min(cap, outcome.limits.max_workers))
 
 
 def tune_ceiling(outcome: TuneOutcome, cost: BatchCost | None, stacks: dict[str, Any] | None,

@@ -135,6 +135,9 @@ class TunePlan:
     # (estimated_s is then the aim), and the whole plan's estimate
     aim_s: float | None = None
     whole_plan_s: float | None = None
+    # NOTE [ Said after the probes ] (tune/plan.py): the plan waits for 0 and 1 worker, measured
+    # (estimated_s: when they end); the plan after them says the tune's time
+    probing: bool = False
 
     @property
     def cut_short(self) -> bool:
@@ -148,6 +151,12 @@ class TunePlan:
         ~3 min (12 trials)"."""
         if self.aim_s is not None and self.whole_plan_s is not None:
             return self._aim_text()
+        if self.probing:
+            return (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the "
+                    f"main process; measuring 0 and 1 worker first (~"
+                    f"{duration(max(self.estimated_s - self.spent_s, 0.0))}), then it says how "
+                    "long the tune takes"
+                    + (f", at most ~{duration(self.at_most_s)}" if self.at_most_s else ""))
         expected, most = spoken_range(self.estimated_s,
                                       None if self.cut_short else self.at_most_s)
         line = (f"each batch takes ~{duration(self.seconds_per_batch, fine=True)} in the main "

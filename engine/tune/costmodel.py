@@ -100,6 +100,12 @@ class CostProfile:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_share": self.cpu_share, "main_serial_ms": self.main_serial_ms}
 
+    def cost_from(self, serial: TrialResult, max_workers: int) -> BatchCost:
+        """The batch's cost, its samples counted from the 0-worker trial ``serial``."""
+        samples_per_batch = (serial.samples_per_s / serial.batches_per_s if serial.batches_per_s
+                             else float(serial.batch_size or 1))
+        return self.batch_cost(samples_per_batch, max_workers)
+
     def batch_cost(self, samples_per_batch: float, max_workers: int) -> BatchCost:
         """The batch's cost as the ceiling reads it (analyse/ceiling.py)."""
         return BatchCost(serial_ms=self.serial_ms, worker_ms=self.cycle_ms,

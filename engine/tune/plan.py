@@ -19,10 +19,10 @@ NOTE [ A budget in batches ]
       its predicted rate), and announced (the Plan event: the CLI's line, the page's progress)
       as a range: trials that settle at MIN_STEADY_BATCHES and two pairs at the end, and at
       most every trial at its cap and the end's widest claim (MAX_CLAIM_PAIRS). A trial's cap
-      is the trial clock's (trials.trial_cap_s): CAP_BATCHES, but never under 4 s, where fast
-      batches whose rate drifts on a busy machine run (a tune of 0.045 ms batches was
-      announced at ~5 s and took 12-15 s: its 1-worker trials ran 4 s each). The freed-memory
-      check's workers start in a fresh interpreter (SPAWN_S each).
+      is the trial clock's (trials.trial_cap_s): CAP_BATCHES, but never under its window,
+      which a trial of fast batches measures whole (NOTE [ Windows of a fixed length for
+      fast batches ], trials.py). The freed-memory check's workers start in a fresh
+      interpreter (SPAWN_S each).
     - Without a limit the search runs to its end: the plan is what it will take.
     - A limit the user sets (--budget-s) is a hard ceiling over everything, the end's claim
       included: a trial starts only where its estimate fits the time left, and is cut at the
@@ -54,6 +54,17 @@ NOTE [ A tune's aim ]
     within the aim. Its at most is twice the aim (AIM_AT_MOST), kept as every at most is (NOTE [ An at
     most that holds ]). A user's --budget-s replaces the aim, as a hard limit.
 
+NOTE [ Said after the probes ]
+
+    Before a trial with workers, a plan cannot tell whether the search will climb: detection's
+    first plan counted 13 trials (0-3 workers, repeats, a claim) where the 1-worker probe
+    showed a batch cheaper than its hand-off from a worker, and the tune measured 0 and 1
+    worker and stopped (11.5 s, said ~27 s; issue 62 asks for the time said within 25%). So
+    where the probes take a few seconds (PROBES_FIRST_S at most, as the first batch's time
+    says), the first line says only them and the at most, and the plan after them, from the
+    cost model, is the time announced; a tune of slower batches says its plan at once, as
+    before (its probes alone can take minutes).
+
 NOTE [ The floor ]
 
     The least a tune of this dataset can take on this machine: each count it must see (0 and
@@ -78,8 +89,8 @@ from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.record.trials import USUAL_AIM_S, TrialResult, TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import (CAP_BATCHES, MIN_STEADY_BATCHES, MIN_WINDOW_S,
-                                         TARGET_CI, trial_cap_s)
+from dataloader_tuner.tune.trials import (CAP_BATCHES, CLAIM_WINDOW_S, MIN_STEADY_BATCHES,
+                                         SEARCH_WINDOW_S, TARGET_CI, trial_cap_s)
 
 AIM_S = USUAL_AIM_S  # NOTE [ A tune's aim ]
 # ...and its at most, where the aim ends the tune first: its trials past their shares to their
@@ -95,42 +106,54 @@ SPAWN_S = 1.5
 # ...and measures this many batches past its warm-up: enough to count the pages its worker
 # faults in a batch (NOTE [ Deciding freed memory during the search ], heap_check.py)
 FAULT_BATCHES = 6
+# NOTE [ Said after the probes ]: the longest the probes may take for the first line to say them
+# alone (a user waits this long for the tune's time)
+PROBES_FIRST_S = 10.0
 # Before any trial with workers is measured, each is expected to settle after this many steady
 # batches (or at its cap, if sooner): workers hand batches in bursts, so their rates take more
-# batches to know than the loop's own 20 (88-256 measured, on 2 cores: detection's 1 worker
-# settled in 0.7 s, cpu_mlp's 1-3 workers ran to the 4 s cap). At 20, the first plan said
-# ~35 s of cpu_mlp's 47 s tune; expecting each at its cap, ~44 s of detection's 16 s.
+# batches to know than the loop's own 20 (88-256 measured, on 2 cores; at 20, the first plan
+# said ~35 s of cpu_mlp's 47 s tune). Fast batches measure their window whatever this says.
 WORKER_STEADY_GUESS = 150
 
-# A trial's seconds: (batch_s, workers, restarts, restart_s) -> seconds
-TrialTime = Callable[[float, int, int, float], float]
+# A trial's seconds: (batch_s, workers, restarts, restart_s, window=...) -> seconds
+TrialTime = Callable[..., float]
 
 
 def trial_seconds(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0,
-                  steady: float = MIN_STEADY_BATCHES) -> float:
+                  steady: float = MIN_STEADY_BATCHES, window: float = SEARCH_WINDOW_S
+                  ) -> float:
     """A trial of ``workers`` at ``batch_s`` a batch: its warm-up and ``steady`` batches (at
-    least its shortest window), its workers' start, and ``restarts`` epoch starts of
-    ``restart_s``. A trial stops at MIN_STEADY_BATCHES where its rate is known by then, and at
-    its cap's CAP_BATCHES where not (slow batches with a CPU step mostly ran there)."""
+    least its ``window``: NOTE [ Windows of a fixed length for fast batches ], trials.py), its
+    workers' start, and ``restarts`` epoch starts of ``restart_s``. A trial stops at
+    MIN_STEADY_BATCHES where its rate is known by then, and at its cap's CAP_BATCHES where not
+    (slow batches with a CPU step mostly ran there)."""
     batches = warmup_batches(workers, 2 if workers else 0) + steady
     start = FORK_S if workers else 0.0
-    return max(batches * batch_s, MIN_WINDOW_S) + start + restarts * restart_s
+    return max(batches * batch_s, window) + start + restarts * restart_s
 
 
 def capped_trial_seconds(batch_s: float, workers: int, restarts: int = 0,
-                         restart_s: float = 0.0) -> float:
+                         restart_s: float = 0.0, window: float = SEARCH_WINDOW_S) -> float:
     """A trial that never settles, so runs to its cap: CAP_BATCHES steady batches, and never
-    less than the trial clock's time cap (trials.trial_cap_s: 4 s for fast batches, where a
-    rate that drifts on a busy machine runs there rather than settling after 0.6 s)."""
-    at_cap = trial_seconds(batch_s, workers, restarts, restart_s, steady=CAP_BATCHES)
+    less than the trial clock's time cap (trials.trial_cap_s: the window, for fast batches)."""
+    at_cap = trial_seconds(batch_s, workers, restarts, restart_s, steady=CAP_BATCHES,
+                           window=window)
     warmup = warmup_batches(workers, 2 if workers else 0)
-    return max(at_cap, trial_cap_s(batch_s, warmup, max(workers, 1)))
+    return max(at_cap, trial_cap_s(batch_s, warmup, max(workers, 1), window))
 
 
 def fresh_check_seconds(batch_s: float) -> float:
     """The freed-memory check's trial: 1 worker started in a fresh interpreter, its warm-up
     and FAULT_BATCHES at ``batch_s`` a batch."""
     return SPAWN_S + (warmup_batches(1, 2) + FAULT_BATCHES) * batch_s
+
+
+def probes_seconds(batch_s: Callable[[int], float], spawned: int) -> float:
+    """The probes, 0 and 1 worker, and where ``spawned`` the freed-memory check's fresh trial
+    after them."""
+    return (settled_trial_seconds(batch_s(0), 0)
+            + settled_trial_seconds(batch_s(1), 1, steady=WORKER_STEADY_GUESS)
+            + spawned * fresh_check_seconds(batch_s(1)))
 
 
 def guessed_batch_s(serial_batch_s: float, cores: float) -> Callable[[int], float]:
@@ -182,8 +205,8 @@ def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
         restarts = math.ceil((warmup_batches(n, 2) + steady) / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return pairs * (trial(batch_s(pick), pick, 0, 0.0)
-                    + trial(batch_s(n), n, restarts, restart_s))
+    return pairs * (trial(batch_s(pick), pick, 0, 0.0, window=CLAIM_WINDOW_S)
+                    + trial(batch_s(n), n, restarts, restart_s, window=CLAIM_WINDOW_S))
 
 
 def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baseline,
@@ -194,11 +217,12 @@ def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baselin
 
 
 def settled_trial_seconds(batch_s: float, workers: int, restarts: int = 0,
-                          restart_s: float = 0.0, steady: float = MIN_STEADY_BATCHES) -> float:
+                          restart_s: float = 0.0, steady: float = MIN_STEADY_BATCHES,
+                          window: float = SEARCH_WINDOW_S) -> float:
     """A trial that settles after ``steady`` batches, or at its cap where that comes first (no
     trial runs past it: a spread that would need more is cut there too)."""
-    return min(trial_seconds(batch_s, workers, restarts, restart_s, steady),
-               capped_trial_seconds(batch_s, workers, restarts, restart_s))
+    return min(trial_seconds(batch_s, workers, restarts, restart_s, steady, window),
+               capped_trial_seconds(batch_s, workers, restarts, restart_s, window))
 
 
 def steady_to_tell(trials: Iterable[TrialResult]) -> float:
@@ -213,8 +237,8 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               to_measure: Iterable[int], predicted: int, base: Baseline, spent_s: float,
               measured: int, budget_s: float | None, known: bool, spawned: int = 0,
               max_workers: int = 1, steady: float = MIN_STEADY_BATCHES,
-              threads_pending: bool = True, steady_with_workers: float | None = None
-              ) -> TunePlan:
+              threads_pending: bool = True, steady_with_workers: float | None = None,
+              confirms: int = CONFIRM_TRIALS, threads_fetching: bool = False) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
     ``spent_s``; ``spawned``: the freed-memory check's trial is to come (fresh_check_seconds).
@@ -227,14 +251,16 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     claim ran, and a slow host took 49 s). ``threads_pending``: the threads decision may still
     measure its trials (thread_pools.py). ``steady_with_workers``: the steady batches a trial
     with workers settles after, where it differs from ``steady`` (before the probes:
-    WORKER_STEADY_GUESS)."""
+    WORKER_STEADY_GUESS). ``confirms``: the leaders' repeats expected (CONFIRM_TRIALS, or
+    what the probes already tell); ``threads_fetching``: the pick is to be measured with
+    threads fetching (IO_THREAD_TRIALS; in the at most whatever this says)."""
     counts = list(to_measure)
     claims = predicted != base.num_workers  # the user's own count expected: no claim at the end
 
-    def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0
-                 ) -> float:
+    def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0,
+                 window: float = SEARCH_WINDOW_S) -> float:
         batches = steady if not workers or steady_with_workers is None else steady_with_workers
-        return settled_trial_seconds(batch_s, workers, restarts, restart_s, batches)
+        return settled_trial_seconds(batch_s, workers, restarts, restart_s, batches, window)
 
     def total(trial: TrialTime, steady: float, pairs: int) -> float:
         search = (sum(trial(batch_s(n), n, 0, 0.0) for n in counts)
@@ -244,13 +270,18 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
                             trial, steady) if pairs else 0.0
         # the pick over samples held in RAM (child/cached.py): making them, then a trial
         cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * at_pick
-        checks = at_pick * checks_at_most(threads_pending) * (trial is capped_trial_seconds)
-        return spent_s + search + CONFIRM_TRIALS * at_pick + end + cache + checks
+        if trial is capped_trial_seconds:
+            end_trial = trial(batch_s(predicted), predicted, 0, 0.0, window=CLAIM_WINDOW_S)
+            checks = checks_at_most(threads_pending, at_pick, end_trial)
+            repeats = CONFIRM_TRIALS
+        else:
+            checks, repeats = IO_THREAD_TRIALS * threads_fetching * at_pick, confirms
+        return spent_s + search + repeats * at_pick + end + cache + checks
 
     return TunePlan(
         seconds_per_batch=serial_batch_s,
-        trials=(measured + len(counts) + spawned + CONFIRM_TRIALS + 2 * CLAIM_PAIRS * claims
-                + CACHE_TRIALS),
+        trials=(measured + len(counts) + spawned + confirms + 2 * CLAIM_PAIRS * claims
+                + CACHE_TRIALS + IO_THREAD_TRIALS * threads_fetching),
         estimated_s=total(settling, MIN_STEADY_BATCHES, CLAIM_PAIRS if claims else 0),
         spent_s=spent_s, predicted_workers=predicted if known else None, budget_s=budget_s,
         at_most_s=total(capped_trial_seconds, CAP_BATCHES, MAX_CLAIM_PAIRS),
@@ -265,10 +296,11 @@ ORDER_TRIALS = 2 * CLAIM_PAIRS
 FINAL_TRIALS = 1
 
 
-def checks_at_most(threads_pending: bool) -> int:
-    """The trials at the pick the checks may add, at most."""
-    return (IO_THREAD_TRIALS + THREADS_DECISION_TRIALS * threads_pending + ORDER_TRIALS
-            + FINAL_TRIALS)
+def checks_at_most(threads_pending: bool, search_trial_s: float, end_trial_s: float) -> float:
+    """The seconds the checks may add at the pick, at most: their trials of the search's
+    window (threads) and of the end's (in and out of order, the pick with all its settings)."""
+    return ((IO_THREAD_TRIALS + THREADS_DECISION_TRIALS * threads_pending) * search_trial_s
+            + (ORDER_TRIALS + FINAL_TRIALS) * end_trial_s)
 
 
 def first_counts(cores: float, max_workers: int) -> tuple[int, list[int]]:

@@ -12,9 +12,10 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.recommend import Limits
+from dataloader_tuner.analyse.ceiling import threads_for
+from dataloader_tuner.tune.recommend import Limits, by_workers, median_rate
 from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
-from dataloader_tuner.tune.tuner import floor_count
+from dataloader_tuner.tune.tuner import close_leaders, floor_count
 
 
 class Planner:
@@ -33,6 +34,7 @@ class Planner:
         self.time_limit, self.on_plan = time_limit, on_plan
         self.base = plan.Baseline(config.num_workers, config.persistent_workers,
                                   epoch_batches(config, limits.dataset_length))
+        self.batch_size = config.batch_size
         self.plans: list[TunePlan] = []
         self.predicted: int | None = None  # the count the plan expects to pick, as last said
 
@@ -43,31 +45,50 @@ class Planner:
         if self.has_consumer and floor > counts[-1]:
             counts.append(floor)
         spawned = int(self.fresh_check and self.limits.max_workers >= 1)
-        self._announce(plan.guessed_batch_s(serial_batch_s, cores), serial_batch_s, counts,
-                       predicted, 0, known=False, spawned=spawned,
-                       steady_with_workers=plan.WORKER_STEADY_GUESS)
+        batch_s = plan.guessed_batch_s(serial_batch_s, cores)
+        # NOTE [ Said after the probes ] (plan.py)
+        probes_s = plan.probes_seconds(batch_s, spawned) if self.limits.max_workers else None
+        self._announce(batch_s, serial_batch_s, counts, predicted, 0, known=False,
+                       spawned=spawned, steady_with_workers=plan.WORKER_STEADY_GUESS,
+                       probes_s=probes_s if probes_s and probes_s <= plan.PROBES_FIRST_S
+                       else None)
 
     def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
                      trials: list[TrialResult]) -> None:
+        """The plan from the cost model, with what the probes already tell: whether the search
+        ends at them (then its confirm step only where they are close) and whether the pick
+        will be measured with threads fetching (child/io_threads.py)."""
+        confirms = plan.CONFIRM_TRIALS
+        if not counts and not self.has_consumer:  # the confirm step compares the probes alone
+            rates = {n: median_rate(group) for n, group in by_workers(trials).items()}
+            confirms = len(close_leaders(rates))
+        serial = [t for t in trials if t.num_workers == 0]
+        fetching = bool(serial) and threads_for(
+            profile.cost_from(serial[0], self.limits.max_workers), self.batch_size) is not None
         self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
                        predicted, len(trials), known=True,
-                       steady=plan.steady_to_tell(t for t in trials if t.phase == "probe"))
+                       steady=plan.steady_to_tell(t for t in trials if t.phase == "probe"),
+                       confirms=confirms, threads_fetching=fetching)
 
     def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
                   counts: list[int], predicted: int, measured: int, known: bool,
                   spawned: int = 0, steady: float = MIN_STEADY_BATCHES,
-                  steady_with_workers: float | None = None) -> None:
+                  steady_with_workers: float | None = None, probes_s: float | None = None,
+                  confirms: int = plan.CONFIRM_TRIALS, threads_fetching: bool = False) -> None:
         """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
-        said."""
+        said; ``probes_s``: the probes' time, said instead of the tune's (NOTE [ Said after
+        the probes ])."""
         self.predicted = predicted
         made = plan.plan_tune(batch_s, serial_batch_s, self.limits.cpu_budget, counts, predicted,
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending(),
-                              steady_with_workers)
+                              steady_with_workers, confirms, threads_fetching)
         made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
+        if probes_s is not None and made.aim_s is None:
+            made = replace(made, estimated_s=made.spent_s + probes_s, probing=True)
         self.plans.append(made)
         self.on_plan(made)
 
@@ -95,10 +116,12 @@ class Planner:
 
     def to_dict(self) -> dict[str, Any] | None:
         """The plans as the document keeps them: the first announced, the last made."""
-        if not self.plans:
+        # (the tune's time as said after the probes, where it waited for them)
+        said = [made for made in self.plans if not made.probing] or self.plans
+        if not said:
             return None
-        return {**self.plans[-1].to_dict(), "announced_s": self.plans[0].estimated_s,
-                "announced_at_most_s": self.plans[0].at_most_s, "text": self.plans[-1].text()}
+        return {**said[-1].to_dict(), "announced_s": said[0].estimated_s,
+                "announced_at_most_s": self.plans[0].at_most_s, "text": said[-1].text()}
 
 
 def epoch_batches(config: LoaderConfig, items: int | None) -> int | None:

@@ -332,17 +332,9 @@ class Tuner:
         scores = {n: s for n in self._measured() if (s := self._score(n)) is not None}
         if len(scores) < 2:
             return
-        leaders = self._leaders(scores) if self.by_rate else self._fed_boundary(scores)
+        leaders = close_leaders(scores) if self.by_rate else self._fed_boundary(scores)
         for n in leaders:
             self._measure(n, "confirm", 1)
-
-    @staticmethod
-    def _leaders(scores: dict[int, float]) -> list[int]:
-        """The two fastest, when the runner-up is close enough for noise to swap them."""
-        best = max(scores.values())
-        close = [n for n, s in scores.items() if s >= best * (1 - CONFIRM_WITHIN)]
-        leaders = sorted(close, key=lambda n: (-scores[n], n))[:2]
-        return leaders if len(leaders) == 2 else []
 
     def _fed_boundary(self, scores: dict[int, float]) -> list[int]:
         """With a consumer the decision is where "fed" begins: the current pick and the count
@@ -357,6 +349,15 @@ class Tuner:
         if pick != least_idle and scores[pick] < best - LESS_IDLE_GAIN / 2:
             return [pick, least_idle]  # the pick sits in the band's upper half
         return []
+
+
+def close_leaders(scores: dict[int, float]) -> list[int]:
+    """The two fastest worker counts, when the runner-up is close enough for noise to swap
+    them (the confirm step re-measures them)."""
+    best = max(scores.values())
+    close = [n for n, s in scores.items() if s >= best * (1 - CONFIRM_WITHIN)]
+    leaders = sorted(close, key=lambda n: (-scores[n], n))[:2]
+    return leaders if len(leaders) == 2 else []
 
 
 def step_works_cpu(one_worker: TrialResult, step_on_cpu: bool) -> bool:
