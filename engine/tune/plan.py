@@ -63,7 +63,8 @@ NOTE [ Said after the probes ]
     where the probes take a few seconds (PROBES_FIRST_S at most, as the first batch's time
     says), the first line says only them and the at most, and the plan after them, from the
     cost model, is the time announced; a tune of slower batches says its plan at once, as
-    before (its probes alone can take minutes).
+    before (its probes alone can take minutes), as does one whose plan the user's limit cuts
+    short (the line says so before the first trial).
 
 NOTE [ The floor ]
 

@@ -87,7 +87,8 @@ class Planner:
         made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
-        if probes_s is not None and made.aim_s is None:
+        # (a plan a limit cuts short is said at once: what it will not reach)
+        if probes_s is not None and made.aim_s is None and not made.cut_short:
             made = replace(made, estimated_s=made.spent_s + probes_s, probing=True)
         self.plans.append(made)
         self.on_plan(made)
