@@ -302,6 +302,16 @@ def test_a_quick_tune_says_its_time_after_the_probes():
     planner.after_probes(profile(0.1), 0, [], probes(1500.0))  # 1 ms of which 0.1 on the CPU
     assert plans[-1].trials == said.trials + plan.IO_THREAD_TRIALS
     assert plans[-1].estimated_s > said.estimated_s
+    # a count that climbs: the end's claim expected only where the model has it faster than
+    # the user's own 0 (audio_like's step fed at 2 workers, 0 twice as fast: 0 kept, no claim)
+    planner.after_probes(profile(1.0), 2, [1, 2, 3], probes(1500.0))
+    no_claim = plans[-1].trials
+    workers_pay = CostProfile(serial_ms=10.0, cycle_ms=10.0, worker_ms=10.0, worker_cpu_ms=10.0,
+                              main_cpu_ms=0.1, step_ms=0.0, step_on_cpu=False, cpu_budget=2.0,
+                              batch_bytes=1e4, startup_s=0.1)
+    assert workers_pay.predict(2) > workers_pay.predict(0)
+    planner.after_probes(workers_pay, 2, [1, 2, 3], probes(1500.0))
+    assert plans[-1].trials == no_claim + 2 * plan.CLAIM_PAIRS
     slow, _, slow_plans = _planner(num_workers=0)
     slow.first(0.5)  # its probes alone take longer: the plan is said at once
     assert not slow_plans[-1].probing

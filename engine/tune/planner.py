@@ -56,8 +56,11 @@ class Planner:
     def after_probes(self, profile: CostProfile, predicted: int, counts: list[int],
                      trials: list[TrialResult]) -> None:
         """The plan from the cost model, with what the probes already tell: whether the search
-        ends at them (then its confirm step only where they are close) and whether the pick
-        will be measured with threads fetching (child/io_threads.py)."""
+        ends at them (then its confirm step only where they are close), whether the pick will
+        be measured with threads fetching (child/io_threads.py), and whether the end's claim is
+        to come (not where the model has the user's own count at least as fast as the one it
+        predicts: audio_like's step fed at 2 workers, its own 0 twice as fast, and the search
+        kept 0; said ~35 s, took 18.5 s)."""
         confirms = plan.CONFIRM_TRIALS
         if not counts and not self.has_consumer:  # the confirm step compares the probes alone
             rates = {n: median_rate(group) for n, group in by_workers(trials).items()}
@@ -68,13 +71,16 @@ class Planner:
         self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
                        predicted, len(trials), known=True,
                        steady=plan.steady_to_tell(t for t in trials if t.phase == "probe"),
-                       confirms=confirms, threads_fetching=fetching)
+                       confirms=confirms, threads_fetching=fetching,
+                       claim_expected=profile.predict(predicted)
+                       > profile.predict(self.base.num_workers))
 
     def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
                   counts: list[int], predicted: int, measured: int, known: bool,
                   spawned: int = 0, steady: float = MIN_STEADY_BATCHES,
                   steady_with_workers: float | None = None, probes_s: float | None = None,
-                  confirms: int = plan.CONFIRM_TRIALS, threads_fetching: bool = False) -> None:
+                  confirms: int = plan.CONFIRM_TRIALS, threads_fetching: bool = False,
+                  claim_expected: bool = True) -> None:
         """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
         said; ``probes_s``: the probes' time, said instead of the tune's (NOTE [ Said after
         the probes ])."""
@@ -83,7 +89,8 @@ class Planner:
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending(),
-                              steady_with_workers, confirms, threads_fetching)
+                              steady_with_workers, confirms, threads_fetching,
+                              claim_expected)
         made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
