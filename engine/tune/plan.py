@@ -239,8 +239,7 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               measured: int, budget_s: float | None, known: bool, spawned: int = 0,
               max_workers: int = 1, steady: float = MIN_STEADY_BATCHES,
               threads_pending: bool = True, steady_with_workers: float | None = None,
-              confirms: int = CONFIRM_TRIALS, threads_fetching: bool = False,
-              claim_expected: bool = True) -> TunePlan:
+              confirms: int = CONFIRM_TRIALS, threads_fetching: bool = False) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
     ``spent_s``; ``spawned``: the freed-memory check's trial is to come (fresh_check_seconds).
@@ -255,12 +254,13 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     with workers settles after, where it differs from ``steady`` (before the probes:
     WORKER_STEADY_GUESS). ``confirms``: the leaders' repeats expected (CONFIRM_TRIALS, or
     what the probes already tell); ``threads_fetching``: the pick is to be measured with
-    threads fetching (IO_THREAD_TRIALS; in the at most whatever this says);
-    ``claim_expected``: False where the model already says the user's own count is at least as
-    fast as ``predicted`` (the search then mostly keeps it: no claim expected, one at most)."""
+    threads fetching (IO_THREAD_TRIALS; in the at most whatever this says). Once ``known``, no
+    claim is expected where the model has the user's own count at least as fast as
+    ``predicted`` (the search then mostly keeps it; one is still in the at most)."""
     counts = list(to_measure)
     # the user's own count expected: no claim at the end
-    claims = predicted != base.num_workers and claim_expected
+    claims = predicted != base.num_workers and (
+        not known or batch_s(predicted) < batch_s(base.num_workers))
 
     def settling(batch_s: float, workers: int, restarts: int = 0, restart_s: float = 0.0,
                  window: float = SEARCH_WINDOW_S) -> float:

@@ -71,16 +71,13 @@ class Planner:
         self._announce(plan.modelled_batch_s(profile), profile.serial_ms / 1000.0, counts,
                        predicted, len(trials), known=True,
                        steady=plan.steady_to_tell(t for t in trials if t.phase == "probe"),
-                       confirms=confirms, threads_fetching=fetching,
-                       claim_expected=profile.predict(predicted)
-                       > profile.predict(self.base.num_workers))
+                       confirms=confirms, threads_fetching=fetching)
 
     def _announce(self, batch_s: Callable[[int], float], serial_batch_s: float,
                   counts: list[int], predicted: int, measured: int, known: bool,
                   spawned: int = 0, steady: float = MIN_STEADY_BATCHES,
                   steady_with_workers: float | None = None, probes_s: float | None = None,
-                  confirms: int = plan.CONFIRM_TRIALS, threads_fetching: bool = False,
-                  claim_expected: bool = True) -> None:
+                  confirms: int = plan.CONFIRM_TRIALS, threads_fetching: bool = False) -> None:
         """The plan made, its at most kept from here (NOTE [ An at most that holds ]), and
         said; ``probes_s``: the probes' time, said instead of the tune's (NOTE [ Said after
         the probes ])."""
@@ -89,8 +86,7 @@ class Planner:
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending(),
-                              steady_with_workers, confirms, threads_fetching,
-                              claim_expected)
+                              steady_with_workers, confirms, threads_fetching)
         made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
