@@ -100,25 +100,32 @@ def test_early_trials_compared_are_the_searchs_of_the_same_setting():
     assert claim.comparable(early, config) == [early[0]]
 
 
-@pytest.mark.host_speed  # the tune's claim against plain loops run after it
-@pytest.mark.slow  # a real tune (~20 s) and plain loops to check it
-def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
-    """The user's settings are measured first, while the store is cold; the search's later
-    trials read it warm. Measured early, the baseline made the pick look 25x faster; at the
-    end, in turn with the pick, the claim is what plain loops on the warm store see."""
+def _tuned(dataset: str) -> dict:
+    """The result document of a real tune of tests/datasets/``dataset`` (4 workers at most)."""
     from dataloader_tuner.run.runner import RunRequest, run_to_completion
-    from tests.datasets import warming_store
-    from tests.real.plain_loop import plain_rate
 
     from .conftest import dataset_path
 
-    handle = run_to_completion(RunRequest(target=dataset_path("warming_store.py"), kind="tune",
+    handle = run_to_completion(RunRequest(target=dataset_path(dataset), kind="tune",
                                           max_workers=4))
     try:
         doc = handle.live.result(handle.state.value).to_dict()
     finally:
         handle.close()
     assert doc["status"] == "ok", doc.get("error")
+    return doc
+
+
+@pytest.mark.host_speed  # the tune's claim against plain loops run after it
+@pytest.mark.slow  # a real tune (~20 s) and plain loops to check it
+def test_a_store_that_warms_while_tuning_does_not_inflate_the_claim():
+    """The user's settings are measured first, while the store is cold; the search's later
+    trials read it warm. Measured early, the baseline made the pick look 25x faster; at the
+    end, in turn with the pick, the claim is what plain loops on the warm store see."""
+    from tests.datasets import warming_store
+    from tests.real.plain_loop import plain_rate
+
+    doc = _tuned("warming_store.py")
     baseline, recommended = doc["baseline"], doc["recommended"]
     drifted = [w for w in doc["warnings"] if w["code"] == "drifted_while_tuning"]
     # 0 workers: cold, then warm. The pick may drift too on a loaded machine; both are said.
@@ -191,7 +198,7 @@ class FakeRunner:
 
 
 def _pairs(runner):
-    from dataloader_tuner.child.tuning import _pairs_at_end
+    from dataloader_tuner.child.claiming import pairs_at_end as _pairs_at_end
     from dataloader_tuner.tune.recommend import Recommendation
     from dataloader_tuner.tune.tuner import TuneOutcome
 
@@ -267,3 +274,132 @@ def test_a_side_that_slowed_while_tuning_leaves_no_claim_unless_both_slowed_alik
     warmed = claim.drifted([trial(2, 3000.0, rate_ci=0.03)], end.base)
     assert warmed is not None and warmed.change > 0 and claim.slowed(end, None, warmed) == end
     assert claim.slowed(end, None, None) == end
+
+
+# NOTE [ A claim from two processes ] (child/claiming.py)
+
+def test_a_claim_the_two_processes_disagree_on_is_not_made_and_shows_each():
+    """The tune's process measured the pick 4x the baseline, a second, fresh one 12x: the
+    pairs' spread (+-50%) is the claim's interval, too wide to claim; each process's figures
+    are said. Where they agree, the claim stands and says it came from two processes."""
+    here = [trial(0, 100.0, rate_ci=0.02), trial(4, 400.0, rate_ci=0.02)]
+    there = [trial(0, 33.0, rate_ci=0.02, second_process=True),
+             trial(4, 400.0, rate_ci=0.02, second_process=True)]
+    result = claim.end_claim([here[0], there[0]], [here[1], there[1]], None)
+    assert result.speedup is None and result.speedup_pct > 40
+    assert ("in two processes: the pick 400 against 100 (4.00x) in the tune's, 400 against 33 "
+            "(12.12x) in a second, fresh one") in result.note
+    agreeing = [trial(0, 98.0, rate_ci=0.02, second_process=True),
+                trial(4, 395.0, rate_ci=0.02, second_process=True)]
+    result = claim.end_claim([here[0], agreeing[0]], [here[1], agreeing[1]], None)
+    assert result.speedup == pytest.approx(397.5 / 99.0)
+    assert "in two processes" in result.to_dict()["claimed_from"]
+    alone = claim.end_claim([here[0]], [here[1]], None)
+    assert alone.to_dict()["claimed_from"].endswith("all in the tune's process")
+
+
+def test_a_second_process_slower_than_the_tune_is_not_drift():
+    """Drift compares one process's minutes: a second process's trials differ by process."""
+    early = [trial(0, 1000.0, rate_ci=0.02)]
+    late = claim.side([trial(0, 1000.0, rate_ci=0.02),
+                       trial(0, 600.0, rate_ci=0.02, second_process=True)], None)
+    assert claim.drifted(early, late) is None
+    late_here = claim.side([trial(0, 600.0, rate_ci=0.02)], None)
+    assert claim.drifted(early, late_here) is not None
+
+
+def test_the_plan_counts_the_second_process_from_the_second_pair():
+    from dataloader_tuner.tune import plan
+
+    base = plan.Baseline(0, False, None)
+    one = plan.claim_seconds(lambda n: 0.01, 2, base, 0.01, 2.0, pairs=1, second_process_s=3.0)
+    assert one == plan.claim_seconds(lambda n: 0.01, 2, base, 0.01, 2.0, pairs=1)
+    two = plan.claim_seconds(lambda n: 0.01, 2, base, 0.01, 2.0, pairs=2, second_process_s=3.0)
+    assert two == pytest.approx(2 * one + 3.0)
+
+
+class FakeSecond:
+    """SecondProcess's face for the end's pairs: ready or not, its trials marked as its."""
+
+    def __init__(self, runner, ready=True):
+        self.runner, self.is_ready, self.asked = runner, ready, []
+
+    def ready(self, pair_s):
+        self.asked.append(pair_s)
+        return self.is_ready
+
+    def measuring(self, config, phase, share_s=None):
+        here = self.runner.measuring(config, phase, share_s)
+        return lambda repeat: dataclasses.replace(here(repeat), second_process=True)
+
+
+def test_every_second_pair_is_measured_in_the_second_process_where_it_is_ready():
+    from dataloader_tuner.child.claiming import pairs_at_end
+    from dataloader_tuner.tune.recommend import Recommendation
+    from dataloader_tuner.tune.tuner import TuneOutcome
+
+    from .test_tuner import limits
+
+    outcome = TuneOutcome([], None, Recommendation({"num_workers": 2}, 1.0, None, ()), limits())
+    rates = {"baseline": [100.0, 102.0, 101.0], "final": [200.0, 203.0, 201.0]}
+    for ready in (True, False):
+        runner = FakeRunner(rates)
+        second = FakeSecond(runner, ready)
+        base, pick, result = pairs_at_end(runner, LoaderConfig(batch_size=16),
+                                          LoaderConfig(batch_size=16, num_workers=2), outcome,
+                                          None, second)
+        assert len(second.asked) == 1  # asked for the second pair only
+        assert [t.second_process for t in base] == [False, ready]
+        assert [t.second_process for t in pick] == [False, ready]
+        assert result.speedup is not None
+
+
+def test_a_second_process_that_fails_leaves_the_pair_to_the_tunes_process():
+    from dataloader_tuner.child.claiming import SecondProcess
+    from dataloader_tuner.errors import RunError
+
+    class Failing(FakeRunner):
+        def measure(self, config, phase, repeat, share_s=None, elsewhere=None):
+            raise RunError("The second process measuring the claim died.",
+                           type="companion_failed")
+
+    runner = Failing({"baseline": [100.0]})
+    second = SecondProcess(None, runner, 0.0)
+    second.companion = ClosedOnce()
+    got = second.measuring(LoaderConfig(batch_size=16), "baseline", None)(1)
+    assert got.samples_per_s == 100.0 and not got.second_process
+    assert second.failure == "The second process measuring the claim died."
+    assert second.companion is None and ClosedOnce.closed == 1
+
+
+class ClosedOnce:
+    closed = 0
+
+    def close(self):
+        ClosedOnce.closed += 1
+
+
+@pytest.mark.host_speed  # sleeps that stand for a process's cost
+@pytest.mark.slow  # a real tune with a second process (~30 s)
+def test_a_tune_claims_nothing_where_a_second_process_measures_another_ratio(monkeypatch):
+    """tests/datasets/process_bound.py: in the tune's process workers speed it up ~4x, in a
+    second, fresh one ~3 times that. Measured in one process the tune claimed ~4x +-5%; now
+    the second pair comes from a second process, the claim is not made, the figures of each
+    are said, and the second process is gone with the tune."""
+    from tests.datasets import process_bound
+
+    from .conftest import live_descendants
+
+    monkeypatch.delenv(process_bound.MARKER)  # the tune's child imports it first
+    doc = _tuned("process_bound.py")
+    baseline = doc["baseline"]
+    assert baseline["speedup"] is None, baseline
+    assert "in two processes" in baseline["speedup_note"], baseline
+    ends = [t for t in doc["trials"] if t["phase"] in ("baseline", "final")]
+    assert sorted(t["second_process"] for t in ends) == [False, False, True, True]
+
+    def ratio(second):
+        rates = {t["phase"]: t["samples_per_s"] for t in ends if t["second_process"] == second}
+        return rates["final"] / rates["baseline"]
+    assert ratio(True) > 2 * ratio(False), ends
+    assert live_descendants() == []

@@ -104,7 +104,7 @@ def test_a_tune_recommends_it_where_plain_loops_confirm_it(tmp_path):
 
 
 def test_a_job_that_keeps_its_order_gets_it_back_even_from_its_own_settings():
-    from dataloader_tuner.child.tuning import _delivery_order
+    from dataloader_tuner.child.claiming import delivery_order as _delivery_order
     from dataloader_tuner.tune.recommend import Recommendation
     from dataloader_tuner.tune.tuner import TuneOutcome
 

@@ -10,6 +10,10 @@ counted for the node's total.
 Companions live for the whole tune (torch is imported once per companion) and take orders
 over a pipe: run these settings, stop and hand back your batch times, exit. They are children
 of the engine's child, in its process group: stopping a run stops them too.
+
+One such interpreter also measures the end's claim in a second process (NOTE [ A claim from
+two processes ], child/claiming.py): told a whole trial, it measures it alone, as the engine's
+child would, and hands back the trial.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.record.columns import BatchColumns
+from dataloader_tuner.record.trials import TrialResult
+from dataloader_tuner.tune.trials import HARD_CAP_S
 
 if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
     from dataloader_tuner.child import measure
@@ -31,9 +37,11 @@ if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
 
 START_TIMEOUT_S = 120.0  # a companion's first batch of a trial (its workers starting)
 LOAD_TIMEOUT_S = 300.0  # a companion loading the target (importing torch and the module)
+OTHER_RANKS = "A companion loader (another rank measured with --local-world-size)"
 
 # What goes over a pipe: (kind, body), the body's type set by the kind ("run": TunedSettings,
-# "rows": (time, samples) per batch, "error": the traceback, else None).
+# "rows": (time, samples) per batch, "trial": TrialOrder one way and TrialResult | None back,
+# "error": the traceback, else None).
 Message = tuple[str, Any]
 
 
@@ -47,17 +55,40 @@ class CompanionRates:
         return own + sum(self.rates)
 
 
+@dataclass(frozen=True)
+class TrialOrder:
+    """A whole trial for a companion to measure alone (child/trial_run.py's measure_trial)."""
+
+    tuned: TunedSettings
+    phase: str
+    repeat: int
+    window: float | None = None
+    limit_s: float | None = None  # a hard cut (the user's limit)
+    share_s: float | None = None  # stop there once the rate has its batches (the aim's share)
+
+
+# measure_trial's face for a TrialOrder: (target, its config, consumer, order) -> the trial
+MeasureAlone = Callable[["ResolvedTarget", "LoaderConfig", "measure.Consumer", TrialOrder],
+                        "TrialResult | None"]
+
+
 class Companions:
     def __init__(self, target: str, settings: dict[str, Any], step_ms: float | None,
-                 count: int) -> None:
-        self.count = count
+                 count: int, who: str = OTHER_RANKS,
+                 beat: Callable[[], None] | None = None, alone: MeasureAlone | None = None
+                 ) -> None:
+        """``who``: what they are, as a failure names them; ``beat``: called about once a
+        second while they load or measure a trial (the child's watchdog: waiting on them is
+        progress while they live); ``alone``: how one measures a whole trial (``trial``), a
+        module's function (it travels to the new interpreter by name)."""
+        self.count, self.who, self.beat = count, who, beat
         context = multiprocessing.get_context("spawn")  # a fresh interpreter, as a rank's
         self.pipes: list[Connection[Message, Message]] = []
         self.processes: list[BaseProcess] = []
         for _ in range(count):
             mine, theirs = context.Pipe()
             process = context.Process(target=companion_main,
-                                      args=(target, settings, step_ms, theirs),
+                                      args=(target, settings, step_ms, theirs, alone),
                                       name="dataloader-tuner-companion")
             process.start()
             theirs.close()
@@ -77,6 +108,15 @@ class Companions:
             pipe.send(("run", tuned))
         for pipe in self.pipes:
             self._expect(pipe, "started", START_TIMEOUT_S)
+
+    def trial(self, order: TrialOrder) -> TrialResult | None:
+        """The first companion measures a whole trial alone (the others idle) and hands it
+        back; None where it reached no steady state."""
+        pipe = self.pipes[0]
+        pipe.send(("trial", order))
+        limit = min(order.limit_s or HARD_CAP_S, HARD_CAP_S)
+        result: TrialResult | None = self._expect(pipe, "trial", START_TIMEOUT_S + limit)
+        return result
 
     def stop(self, window_start: float, window_end: float) -> CompanionRates:
         """Stop them all; each one's samples/s between two ``time.monotonic()`` instants (the
@@ -107,26 +147,35 @@ class Companions:
                 process.join(5)
 
     def _expect(self, pipe: Connection[Message, Message], kind: str, timeout_s: float) -> Any:
-        if not pipe.poll(timeout_s):
-            raise RunError(f"A companion loader (one of the {self.count} other ranks measured "
-                           f"with --local-world-size) did not answer within {timeout_s:g} s.",
+        if not self._answered(pipe, timeout_s):
+            raise RunError(f"{self.who} did not answer within {timeout_s:g} s.",
                            type="companion_failed")
         try:
             got, body = pipe.recv()
         except EOFError:
-            raise RunError("A companion loader (another rank measured with --local-world-size) "
-                           "died.", type="companion_failed") from None
+            raise RunError(f"{self.who} died.", type="companion_failed") from None
         if got == "error":
-            raise RunError(f"A companion loader (another rank measured with "
-                           f"--local-world-size) failed: {body}", type="companion_failed")
+            raise RunError(f"{self.who} failed: {body}", type="companion_failed")
         if got != kind:
-            raise RunError(f"A companion loader answered {got!r} where {kind!r} was due.",
+            raise RunError(f"{self.who} answered {got!r} where {kind!r} was due.",
                            type="companion_failed")
         return body
 
+    def _answered(self, pipe: Connection[Message, Message], timeout_s: float) -> bool:
+        """Whether ``pipe`` has an answer within ``timeout_s``, beating each second meanwhile."""
+        if self.beat is None:
+            return pipe.poll(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not pipe.poll(min(1.0, max(deadline - time.monotonic(), 0.0))):
+            if time.monotonic() >= deadline:
+                return False
+            self.beat()
+        return True
+
 
 def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
-                   pipe: Connection[Message, Message]) -> None:
+                   pipe: Connection[Message, Message], alone: MeasureAlone | None = None
+                   ) -> None:
     """One companion: load the target, then run settings as told until told to exit."""
     import traceback
 
@@ -146,10 +195,14 @@ def companion_main(target: str, settings: dict[str, Any], step_ms: float | None,
         consumer = Consumer.choose(step_ms, resolved.train_step is not None)
         pipe.send(("loaded", None))
         while True:
-            order, tuned = pipe.recv()
-            if order != "run":
+            kind, body = pipe.recv()
+            if kind == "trial" and alone is not None:  # body: a TrialOrder
+                pipe.send(("trial", alone(resolved, body.tuned.applied_to(base), consumer,
+                                          body)))
+                continue
+            if kind != "run":
                 return
-            rows = _run_until_stopped(resolved, tuned.applied_to(base), consumer, pipe,
+            rows = _run_until_stopped(resolved, body.applied_to(base), consumer, pipe,
                                       Measurement)
             if rows is None:  # told to exit mid-trial
                 return

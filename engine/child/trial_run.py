@@ -25,7 +25,7 @@ from dataloader_tuner.instrument.resources import BusiestThread
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.child.companions import Companions
+from dataloader_tuner.child.companions import Companions, TrialOrder
 from dataloader_tuner.tune.plan import FORK_S, SPAWN_S, TimeLimit
 from dataloader_tuner.tune.trials import (HARD_CAP_S, MIN_STEADY_BATCHES, TARGET_CI,
                                          epoch_block, trial_cap_s, trial_from_batches,
@@ -247,11 +247,13 @@ class TrialRunner:
 
     def measure(self, config: LoaderConfig, phase: str, repeat: int = 0, report: bool = True,
                 search: bool = False, share_s: float | None = None,
-                most_steady: int | None = None) -> TrialResult | None:
+                most_steady: int | None = None, elsewhere: Companions | None = None
+                ) -> TrialResult | None:
         """One trial of ``config``; ``share_s``: its share of the time (TimeLimit.share): of a
         user's limit, a hard cut; of the tune's aim, where it stops once its rate has the
         batches it needs (NOTE [ A tune's aim ], plan.py); ``most_steady``: its steady
-        batches at most (TrialClock)."""
+        batches at most (TrialClock); ``elsewhere``: a companion that measures it alone, in
+        its own process (NOTE [ A claim from two processes ], child/claiming.py)."""
         hard = self.time_limit.budget_s is not None
         left = self.time_limit.left()
         if left is not None and left <= start_s(config):
@@ -259,13 +261,19 @@ class TrialRunner:
             # only once a batch comes): none is started
             self.time_limit.reached = True
             return None
-        trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
-                              attempts=self.attempts if search else None,
-                              companions=self.companions,
-                              limit_s=_least(self.time_limit.left(), share_s if hard else None),
-                              share_s=None if hard else share_s,
-                              on_batches=self.on_batches, stacks=self.stacks,
-                              most_steady=most_steady)
+        limit_s = _least(self.time_limit.left(), share_s if hard else None)
+        if elsewhere is not None:
+            trial = elsewhere.trial(TrialOrder(TunedSettings.of(config), phase, repeat,
+                                               limit_s=limit_s,
+                                               share_s=None if hard else share_s))
+            trial = replace(trial, second_process=True) if trial is not None else None
+        else:
+            trial = measure_trial(self.resolved, config, self.consumer, phase, repeat,
+                                  attempts=self.attempts if search else None,
+                                  companions=self.companions, limit_s=limit_s,
+                                  share_s=None if hard else share_s,
+                                  on_batches=self.on_batches, stacks=self.stacks,
+                                  most_steady=most_steady)
         if self.time_limit.left() == 0:  # cut at the limit
             self.time_limit.reached = True
         if trial is not None and report:

@@ -18,11 +18,11 @@ import statistics
 from dataclasses import replace
 from typing import Any, Callable
 
-import torch
 
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
-from dataloader_tuner.tune import claim, order, plan
+from dataloader_tuner.tune import claim, plan
+from dataloader_tuner.child import claiming
 from dataloader_tuner.child.companions import Companions
 from dataloader_tuner.child.dataset_card import dataset_length
 from dataloader_tuner.record.cards import Consumer
@@ -45,7 +45,7 @@ from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
-from dataloader_tuner.tune.planner import Planner, epoch_batches
+from dataloader_tuner.tune.planner import Planner
 
 
 def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
@@ -65,9 +65,14 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     heap_decision = HeapDecision()
     # threads against the cores this rank has (a quota counted), not less the load now
     threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
+    # NOTE [ A claim from two processes ] (claiming.py): not beside a node's companions, whose
+    # contention a trial measured alone would leave out
+    second = (claiming.SecondProcess(request, runner, claiming.started_s(), on_batches)
+              if request.local_world_size == 1 else None)
     planner = Planner(config, limits, has_consumer, time_limit, on_plan,
                       fresh_check=heap_decision.available,
-                      threads_pending=lambda: not threads_decision.decided)
+                      threads_pending=lambda: not threads_decision.decided,
+                      second_process_s=second.load_s if second is not None else 0.0)
     threads_of: dict[int, int | None] = {}  # a worker count stays on its first trial's setting
     seen: set[int] = set()  # the counts measured: under a limit, those left share it
 
@@ -129,25 +134,27 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                               threads_decision.recommend(outcome.recommendation, pick), pick))
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
-        final, outcome = _delivery_order(runner, final, outcome, request.keep_order)
+        final, outcome = claiming.delivery_order(runner, final, outcome, request.keep_order)
         if claim.same_settings(final, config):
-            outcome = _measure_final(runner, config, outcome)
-            baseline = _baseline(runner, config, outcome, source)
+            outcome = claiming.measure_final(runner, config, outcome)
+            baseline = claiming.own_baseline(runner, config, outcome, source)
         else:
-            outcome, baseline = _claim_at_end(runner, config, final, outcome, source,
-                                              limits.dataset_length)
+            outcome, baseline = claiming.claim_at_end(runner, config, final, outcome, source,
+                                                      limits.dataset_length, second)
     finally:
+        if second is not None:
+            second.close()
         if companions is not None:
             companions.close()
     document = tune_document(outcome, baseline, config, time_limit.spent(),
                              snippet_names(resolved, config))
     stacks = runner.stacks.summary()
     cached = (measure_cached(runner, final) if runner.time_limit.fits(
-        GATHER_S + _estimated_s(outcome, final)) else None)
+        GATHER_S + claiming.estimated_s(outcome, final)) else None)
     cost = tune_cost(outcome)
     threads = threads_for(cost, final.batch_size) if cost is not None else None
     threaded = (measure_threaded(runner, final, threads) if threads and runner.time_limit.fits(
-        plan.IO_THREAD_TRIALS * _estimated_s(outcome, final)) else None)
+        plan.IO_THREAD_TRIALS * claiming.estimated_s(outcome, final)) else None)
     return {**document, "plan": planner.to_dict(), "stacks": stacks,
             **tune_ceiling(outcome, cost, stacks, final.num_workers, cached,
                            (threads, threaded) if threads and threaded else None),
@@ -197,179 +204,6 @@ def tune_ceiling(outcome: TuneOutcome, cost: BatchCost | None, stacks: dict[str,
                           outcome.limits.gpu_available, first)
 
 
-def _estimated_s(outcome: TuneOutcome, config: LoaderConfig) -> float:
-    """One trial of ``config`` as the plan estimates it (0 when nothing tells)."""
-    profile = outcome.profile
-    if profile is None:
-        return 0.0
-    return plan.modelled_trial_seconds(profile, config.num_workers)
-
-
-def _measure_final(runner: TrialRunner, config: LoaderConfig, outcome: TuneOutcome
-                   ) -> TuneOutcome:
-    """Measure the recommendation with all its settings when the search did not (a deeper
-    prefetch, workers restarted each epoch): the outcome, expecting what that measured."""
-    rec = outcome.recommendation
-    final = recommended_config(config, rec.kwargs)
-    if not final.num_workers or any(t.key == final.tuned_key and t.phase != "baseline"
-                                    for t in outcome.trials):
-        return outcome  # the search measured exactly these settings
-    if not runner.time_limit.fits(_estimated_s(outcome, final)):
-        return outcome
-    trial = runner.measure(final, "final")
-    if trial is None:
-        return outcome
-    remeasured = replace(
-        rec, expected_samples_per_s=trial.samples_per_s,
-        uncertainty_pct=100.0 * trial.rate_ci if trial.rate_ci is not None else None,
-        conclusive=trial.conclusive,
-        reasons=rec.reasons + (f"Measured again with all the recommended settings: "
-                               f"{trial.samples_per_s:.0f} samples/s; that is the figure "
-                               "expected.",))
-    return replace(outcome, trials=[*outcome.trials, trial], recommendation=remeasured)
-
-
-def _delivery_order(runner: TrialRunner, final: LoaderConfig, outcome: TuneOutcome,
-                    keep_order: bool) -> tuple[LoaderConfig, TuneOutcome]:
-    """The pick measured in order and out of order in turn where its batches' tail says that
-    could pay (NOTE [ Out-of-order delivery ], order.py); in_order=False kept when faster."""
-    rec = outcome.recommendation
-    if keep_order and not final.in_order:  # the job's own in_order=False, overruled by it
-        rec = replace(rec, kwargs={**rec.kwargs, "in_order": True}, reasons=(
-            *rec.reasons, "in_order=True: you asked to keep the batches in order."))
-        return final.replace(in_order=True), replace(outcome, recommendation=rec)
-    # The pick's worker count as the search measured it (a batch's time in a worker does not
-    # depend on the prefetch depth)
-    at_pick = [t for t in outcome.trials if t.num_workers == final.num_workers
-               and t.phase not in claim.OUTSIDE_SEARCH]
-    try_it, why_not = order.worth_trying(at_pick, final, keep_order, torch.__version__)
-    if try_it and not runner.time_limit.fits(
-            2 * claim.CLAIM_PAIRS * _estimated_s(outcome, final)):
-        try_it, why_not = False, ("in_order=False was not tried: your time limit left no "
-                                  "room to measure it.")
-    if not try_it:
-        if why_not:
-            outcome = replace(outcome, recommendation=replace(rec, reasons=(*rec.reasons,
-                                                                             why_not)))
-        return final, outcome
-    unordered_config = final.replace(in_order=False)
-    ordered, unordered = claim.alternate(runner.measuring(final, "in_order"),
-                                         runner.measuring(unordered_config, "out_of_order"))
-    chosen, reason = order.decide(ordered, unordered)
-    kwargs = {**rec.kwargs, "in_order": False} if chosen else rec.kwargs
-    rec = replace(rec, kwargs=kwargs, reasons=(*rec.reasons, reason))
-    trials = [*outcome.trials, *(t for t in ordered + unordered if t is not None)]
-    return (unordered_config if chosen else final), replace(outcome, trials=trials,
-                                                            recommendation=rec)
-
-
-def _pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
-                  outcome: TuneOutcome, epoch_items: int | None
-                  ) -> tuple[list[TrialResult | None], list[TrialResult | None], claim.Claim]:
-    """The user's settings and the pick in turn, CLAIM_PAIRS pairs, and more (up to
-    MAX_CLAIM_PAIRS) while the claim is wider than CLAIM_WITHIN_PCT: each pair only where the
-    user's time limit leaves room for it."""
-    profile = outcome.profile
-    pair_s = 0.0
-    if profile is not None:
-        base = plan.Baseline(config.num_workers, config.persistent_workers,
-                             epoch_batches(config, epoch_items))
-        pair_s = plan.claim_seconds(plan.modelled_batch_s(profile), final.num_workers, base,
-                                    profile.serial_ms / 1000.0, outcome.limits.cpu_budget,
-                                    pairs=1)
-    time_limit = runner.time_limit
-    time_limit.claiming()  # NOTE [ A tune's aim ] (plan.py): the time kept for it
-    base_trials: list[TrialResult | None] = []
-    pick_trials: list[TrialResult | None] = []
-    result = claim.end_claim(base_trials, pick_trials, epoch_items)
-    while len(pick_trials) < claim.MAX_CLAIM_PAIRS:
-        if len(pick_trials) >= claim.CLAIM_PAIRS and not result.too_wide:
-            break
-        # too wide: more only where they could narrow it (NOTE [ Pairs that cannot narrow a
-        # claim ]); a too-wide claim had every trial measured
-        if len(pick_trials) >= claim.CLAIM_PAIRS and not claim.can_narrow(
-                result.base.trials if result.base else [],
-                result.pick.trials if result.pick else [], epoch_items):
-            break
-        if not time_limit.fits(pair_s, must=not pick_trials):
-            break
-        # under the aim, each trial of the pair its half of what is left
-        half = None if time_limit.aim_s is None else (time_limit.aim_left() or 0.0) / 2
-        more_base, more_pick = claim.alternate(runner.measuring(config, "baseline", half),
-                                               runner.measuring(final, "final", half), pairs=1,
-                                               first=len(pick_trials))
-        base_trials += more_base
-        pick_trials += more_pick
-        result = claim.end_claim(base_trials, pick_trials, epoch_items)
-    return base_trials, pick_trials, result
-
-
-def _claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
-                  outcome: TuneOutcome, source: str, epoch_items: int | None
-                  ) -> tuple[TuneOutcome, dict[str, Any]]:
-    """The user's settings and the pick measured in turn at the end of the tune; the claim and
-    the pick's expected rate come from those trials only (NOTE [ Claims from the end of the
-    tune ])."""
-    base_trials, pick_trials, result = _pairs_at_end(runner, config, final, outcome,
-                                                     epoch_items)
-    rec, early = outcome.recommendation, outcome.trials
-    warnings = list(rec.warnings)
-    reasons = list(rec.reasons)
-    if result.pick is not None and result.base is not None:
-        drifts = []
-        for who, late, trial_config in (("The pick", result.pick, final),
-                                        (f"Your settings ({source})", result.base, config)):
-            found = claim.drifted(claim.comparable(early, trial_config), late)
-            if found is not None:
-                warnings.append(claim.drift_warning(found, who))
-            drifts.append(found)
-        reasons.append(claim.end_reason(result, source))
-        rec = replace(rec, expected_samples_per_s=result.pick.rate,
-                      uncertainty_pct=result.pick.uncertainty_pct,
-                      conclusive=all(t.conclusive for t in result.pick.trials))
-        cap = outcome.limits.memory_max_workers
-        if result.slower and (cap is None or config.num_workers <= cap):
-            # The end measured the user's settings faster (and they fit in memory): kept.
-            reasons.insert(0, claim.keep_reason(result, source))
-            rec = replace(rec, kwargs=own_kwargs(config),
-                          expected_samples_per_s=result.base.rate,
-                          uncertainty_pct=result.base.uncertainty_pct,
-                          conclusive=all(t.conclusive for t in result.base.trials))
-            result = result.kept()
-        else:  # NOTE [ A side that slowed while tuning ] (claim.py)
-            result = claim.slowed(result, *drifts)
-    rec = replace(rec, reasons=tuple(reasons), warnings=tuple(warnings))
-    trials = [*early, *(t for t in base_trials + pick_trials if t is not None)]
-    base = result.base
-    idles = [t.consumer_idle_frac for t in base.trials if t.consumer_idle_frac is not None] \
-        if base is not None else []
-    baseline = {
-        "source": source,
-        "config": config.to_json_dict(),
-        # as measured; the claim charges each side its start-up per epoch (claim.py)
-        "samples_per_s": base.measured_rate if base is not None else None,
-        "charged_samples_per_s": base.rate if base is not None else None,
-        "consumer_idle_frac": statistics.median(idles) if idles else None,
-        **result.to_dict(),
-    }
-    return replace(outcome, trials=trials, recommendation=rec), baseline
-
-
-def own_kwargs(config: LoaderConfig) -> dict[str, int | bool | None]:
-    """The tuned settings of ``config`` as a recommendation states them (recommend.py)."""
-    kwargs: dict[str, int | bool | None] = {"batch_size": config.batch_size,
-                                            "num_workers": config.num_workers,
-                                            "pin_memory": config.pin_memory}
-    if config.num_workers:
-        kwargs["persistent_workers"] = config.persistent_workers
-        kwargs["prefetch_factor"] = config.prefetch_factor
-        if config.worker_threads is not None:
-            kwargs["worker_threads"] = config.worker_threads
-        if config.keep_freed_memory:
-            kwargs["keep_freed_memory"] = True
-    return kwargs
-
-
 def no_steady_state_error(attempts: list[str], config: LoaderConfig) -> RunError:
     hint = ("the module's batch_sampler makes the batches" if config.batch_sampler is not None
             else "batch_size=None: each item the dataset yields is taken as a whole batch"
@@ -390,27 +224,6 @@ def _baseline_source(resolved: ResolvedTarget, request: RunRequest) -> str:
     if resolved.dataloader_kwargs:
         return "the module's dataloader_kwargs"
     return "DataLoader's defaults (num_workers=0; the module declares no dataloader_kwargs)"
-
-
-def _baseline(runner: TrialRunner, config: LoaderConfig, outcome: TuneOutcome, source: str
-              ) -> dict[str, Any]:
-    """The baseline when the pick is the settings the run started from: measured (unless a
-    search trial already measured exactly those settings), and no speedup claimed."""
-    same = [t for t in outcome.trials if t.key == config.tuned_key and t.phase != "prewarm"]
-    trial = same[0] if same else (
-        runner.measure(config, "baseline")
-        if runner.time_limit.fits(_estimated_s(outcome, config)) else None)
-    if trial is not None and not same:
-        outcome.trials.append(trial)
-    return {
-        "source": source,
-        "config": config.to_json_dict(),
-        "samples_per_s": trial.samples_per_s if trial else None,
-        "consumer_idle_frac": trial.consumer_idle_frac if trial else None,
-        # two trials of one setting differ by noise only: no speedup to claim
-        "speedup": 1.0, "speedup_pct": outcome.recommendation.uncertainty_pct,
-        "speedup_note": "the recommendation is the settings you already have",
-    }
 
 
 def tune_document(outcome: TuneOutcome, baseline: dict[str, Any], config: LoaderConfig,

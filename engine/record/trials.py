@@ -60,6 +60,8 @@ class TrialResult:
     # the main process's busiest thread's CPU per batch: what one batch at a time costs where
     # threads beside the loop's work too (instrument/resources.py's BusiestThread)
     main_thread_cpu_ms: float | None = None
+    # measured in a second, fresh process, not the tune's (NOTE [ A claim from two processes ])
+    second_process: bool = False
 
     @property
     def ms_per_batch(self) -> float:

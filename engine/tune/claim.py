@@ -188,7 +188,26 @@ class Claim:
                 "speedup_note": self.note,
                 "claimed_from": (f"{len(self.pick.trials)} trials of the pick alternating with "
                                  f"{len(self.base.trials)} of the baseline at the end of the tune"
+                                 f"{processes_text(self.base, self.pick)}"
                                  if self.pick and self.base else None)}
+
+
+def processes_text(base: Side, pick: Side) -> str:
+    """Which processes measured the pairs (NOTE [ A claim from two processes ],
+    child/claiming.py), and each one's figures where both did."""
+    second = [t for t in base.trials + pick.trials if t.second_process]
+    if not second:
+        return ", all in the tune's process"
+    rates = []
+    for elsewhere in (False, True):
+        sides = [statistics.fmean(t.samples_per_s for t in s.trials
+                                  if t.second_process == elsewhere) for s in (pick, base)
+                 if any(t.second_process == elsewhere for t in s.trials)]
+        if len(sides) < 2:
+            return f", {len(second)} of them in a second, fresh process"
+        rates.append(f"{sides[0]:.0f} against {sides[1]:.0f} ({sides[0] / sides[1]:.2f}x)")
+    return (f", in two processes: the pick {rates[0]} in the tune's, {rates[1]} in a "
+            "second, fresh one")
 
 
 def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
@@ -215,9 +234,11 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
     if pct is not None and pct > CLAIM_WITHIN_PCT:
         return Claim(None, pct, f"no speedup is claimed: the pick measured {pick_side.rate:.0f} "
                      f"samples/s against {base_side.rate:.0f} ({ratio:.2f}x) over "
-                     f"{len(pick_side.trials)} trials each in turn, but that ratio is known only "
-                     f"to ±{pct:.0f}%, too loosely to act on (the machine's load or the data's "
-                     "speed varied); verify it with Apply", base_side, pick_side, ratio)
+                     f"{len(pick_side.trials)} trials each in turn"
+                     f"{processes_text(base_side, pick_side)}, but that ratio is known only "
+                     f"to ±{pct:.0f}%, too loosely to act on (the machine's load, the data's "
+                     "speed or the process varied); verify it with Apply", base_side, pick_side,
+                     ratio)
     return Claim(ratio, pct, None, base_side, pick_side, ratio)
 
 
@@ -273,8 +294,10 @@ class Drift:
 def drifted(early: list[TrialResult], late: Side) -> Drift | None:
     """``late``'s rate against the same setting's ``early`` trials, where they disagree beyond
     their noise and by DRIFT_MIN at least."""
-    # A late window that paid a restart the search's never did is slower by start-up, not drift.
-    late_trials = [t for t in late.trials if not paid_restart(t)]
+    # A late window that paid a restart the search's never did is slower by start-up, not
+    # drift; one of a second process differs by its process (NOTE [ A claim from two
+    # processes ], child/claiming.py), not by the minute.
+    late_trials = [t for t in late.trials if not paid_restart(t) and not t.second_process]
     if not early or not late_trials:
         return None
     before = statistics.median(t.samples_per_s for t in early)
@@ -369,7 +392,8 @@ def end_reason(result: Claim, source: str) -> str:
     """The reason line that says where the claim comes from, and any start-up it charged."""
     assert result.pick is not None and result.base is not None
     text = (f"Measured at the end of the tune, in turn with {source} "
-            f"({len(result.pick.trials)} trials each): {result.pick.rate:.0f} samples/s "
+            f"({len(result.pick.trials)} trials each"
+            f"{processes_text(result.base, result.pick)}): {result.pick.rate:.0f} samples/s "
             f"against {result.base.rate:.0f}")
     charged = [f"{who} {s.startup_s:.2f} s of worker start-up per epoch "
                f"({s.measured_rate:.0f} samples/s as measured)"

@@ -196,18 +196,20 @@ IO_THREAD_TRIALS = 2
 def claim_seconds(batch_s: Callable[[int], float], pick: int, base: Baseline,
                   serial_batch_s: float, cores: float, pairs: int = CLAIM_PAIRS,
                   trial: TrialTime = trial_seconds,
-                  steady: float = MIN_STEADY_BATCHES) -> float:
-    """The end's claim: the pick and the user's settings, ``pairs`` trials each. Workers
-    restarted each epoch pay their start again at every epoch the trial crosses (of
-    ``steady`` batches after its warm-up)."""
+                  steady: float = MIN_STEADY_BATCHES, second_process_s: float = 0.0) -> float:
+    """The end's claim: the pick and the user's settings, ``pairs`` trials each, and from the
+    second pair on the load of a second process (``second_process_s``: NOTE [ A claim from
+    two processes ], child/claiming.py). Workers restarted each epoch pay their start again at
+    every epoch the trial crosses (of ``steady`` batches after its warm-up)."""
     n = base.num_workers
     restarts, restart_s = 0, 0.0
     if n and not base.persistent_workers and base.epoch_batches:
         restarts = math.ceil((warmup_batches(n, 2) + steady) / base.epoch_batches)
         # every worker makes its first batch at once on the cores there are
         restart_s = FORK_S + serial_batch_s * max(n / max(cores, 1.0), 1.0)
-    return pairs * (trial(batch_s(pick), pick, 0, 0.0, window=CLAIM_WINDOW_S)
-                    + trial(batch_s(n), n, restarts, restart_s, window=CLAIM_WINDOW_S))
+    return (second_process_s * (pairs > 1)
+            + pairs * (trial(batch_s(pick), pick, 0, 0.0, window=CLAIM_WINDOW_S)
+                       + trial(batch_s(n), n, restarts, restart_s, window=CLAIM_WINDOW_S)))
 
 
 def floor_seconds(batch_s: Callable[[int], float], predicted: int, base: Baseline,
@@ -239,7 +241,8 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
               measured: int, budget_s: float | None, known: bool, spawned: int = 0,
               max_workers: int = 1, steady: float = MIN_STEADY_BATCHES,
               threads_pending: bool = True, steady_with_workers: float | None = None,
-              confirms: int = CONFIRM_TRIALS, threads_fetching: bool = False) -> TunePlan:
+              confirms: int = CONFIRM_TRIALS, threads_fetching: bool = False,
+              second_process_s: float = 0.0) -> TunePlan:
     """The tune from here: ``to_measure`` the search's counts not measured yet, ``predicted``
     the count it confirms and compares with ``base`` at its end; ``measured`` trials so far in
     ``spent_s``; ``spawned``: the freed-memory check's trial is to come (fresh_check_seconds).
@@ -254,7 +257,8 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
     with workers settles after, where it differs from ``steady`` (before the probes:
     WORKER_STEADY_GUESS). ``confirms``: the leaders' repeats expected (CONFIRM_TRIALS, or
     what the probes already tell); ``threads_fetching``: the pick is to be measured with
-    threads fetching (IO_THREAD_TRIALS; in the at most whatever this says). Once ``known``, no
+    threads fetching (IO_THREAD_TRIALS; in the at most whatever this says);
+    ``second_process_s``: the load of the claim's second process (claim_seconds). Once ``known``, no
     claim is expected where the model has the user's own count at least as fast as
     ``predicted`` (the search then mostly keeps it; one is still in the at most)."""
     counts = list(to_measure)
@@ -272,7 +276,7 @@ def plan_tune(batch_s: Callable[[int], float], serial_batch_s: float, cores: flo
                   + spawned * fresh_check_seconds(batch_s(1)))
         at_pick = trial(batch_s(predicted), predicted, 0, 0.0)
         end = claim_seconds(batch_s, predicted, base, serial_batch_s, cores, pairs,
-                            trial, steady) if pairs else 0.0
+                            trial, steady, second_process_s) if pairs else 0.0
         # the pick over samples held in RAM (child/cached.py): making them, then a trial
         cache = min(CACHE_GATHER_S, CACHE_BATCHES * serial_batch_s) + CACHE_TRIALS * at_pick
         if trial is capped_trial_seconds:

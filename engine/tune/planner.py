@@ -25,11 +25,14 @@ class Planner:
     def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
                  time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
                  fresh_check: bool = False,
-                 threads_pending: Callable[[], bool] = lambda: True) -> None:
+                 threads_pending: Callable[[], bool] = lambda: True,
+                 second_process_s: float = 0.0) -> None:
         """``fresh_check``: the first trial with workers is measured again in fresh workers
         (NOTE [ Deciding freed memory during the search ]), one short trial at 1 worker;
-        ``threads_pending()``: the threads decision may still run its trials (thread_pools.py)."""
+        ``threads_pending()``: the threads decision may still run its trials (thread_pools.py);
+        ``second_process_s``: the load of the claim's second process (plan.claim_seconds)."""
         self.limits, self.has_consumer, self.fresh_check = limits, has_consumer, fresh_check
+        self.second_process_s = second_process_s
         self.threads_pending = threads_pending
         self.time_limit, self.on_plan = time_limit, on_plan
         self.base = plan.Baseline(config.num_workers, config.persistent_workers,
@@ -86,7 +89,8 @@ class Planner:
                               self.base, self.time_limit.spent(), measured,
                               self.time_limit.budget_s, known, spawned,
                               self.limits.max_workers, steady, self.threads_pending(),
-                              steady_with_workers, confirms, threads_fetching)
+                              steady_with_workers, confirms, threads_fetching,
+                              self.second_process_s)
         made = self._aimed(made, batch_s, serial_batch_s, predicted, spawned)
         at_most = self.time_limit.promise(made.at_most_s or made.estimated_s, serial_batch_s)
         made = replace(made, at_most_s=at_most)  # (an estimate past it: "cut short" said)
