@@ -31,7 +31,7 @@ import torch
 
 from dataloader_tuner.child.companions import Companions, TrialOrder
 from dataloader_tuner.child.target import ResolvedTarget
-from dataloader_tuner.child.trial_run import TrialRunner, measure_trial
+from dataloader_tuner.child.trial_run import PREWARM_S, TrialRunner, measure_trial
 from dataloader_tuner.record.cards import Consumer
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.errors import RunError
@@ -45,11 +45,23 @@ from dataloader_tuner.tune.tuner import TuneOutcome
 SECOND_PROCESS = "The second process measuring the claim (a fresh interpreter)"
 
 
+_warmed: list[bool] = []  # (in the second process) its untimed pass is done
+
+
 def measure_alone(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                   order: TrialOrder) -> TrialResult | None:
-    """A claim's trial in the second process, as the tune's own are measured."""
+    """A claim's trial in the second process, as the tune's own are measured: its first after
+    an untimed pass, as the tune's first probe (TrialRunner.first_batch_s: a fresh process's
+    first batches pay for page faults, allocator growth and lazy imports)."""
+    started, limit_s = time.monotonic(), order.limit_s
+    if not _warmed:
+        measure_trial(resolved, config, consumer, "prewarm", 0, window=PREWARM_S,
+                      limit_s=limit_s)
+        _warmed.append(True)
+        if limit_s is not None:  # (the user's limit holds for both)
+            limit_s = max(limit_s - (time.monotonic() - started), 0.001)
     return measure_trial(resolved, config, consumer, order.phase, order.repeat,
-                         window=order.window, limit_s=order.limit_s, share_s=order.share_s)
+                         window=order.window, limit_s=limit_s, share_s=order.share_s)
 
 
 def started_s() -> float:
