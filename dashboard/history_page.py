@@ -8,7 +8,7 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, StoredRun
-from dataloader_tuner.ui import chrome_trace
+from dataloader_tuner.ui import chrome_trace, settle_dead_runs
 
 from . import charts, views
 from .shared import get_jobs
@@ -67,7 +67,7 @@ def render() -> None:
     store = get_jobs().store
     st.title("Run history")
     st.caption(f"Every run is saved as it goes in `{store.path}`.")
-    store.mark_lost_runs()
+    settle_dead_runs(store)  # NOTE [ Runs ended without a word ] (engine/run/settle.py)
     runs = store.list_runs(500)
     if not runs:
         st.info("No runs saved yet. Start one on the Live page, or run "

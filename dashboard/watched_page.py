@@ -8,7 +8,8 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, RunStore, StoredRun
-from dataloader_tuner.ui import InPlaceDecision, LiveRun, TrialRecord, spends_most_in
+from dataloader_tuner.ui import (InPlaceDecision, LiveRun, TrialRecord, settle_dead_runs,
+                                 spends_most_in)
 
 from . import job_board, views
 from .shared import get_jobs
@@ -158,7 +159,7 @@ def render() -> None:
     st.title("Training jobs")
     st.caption("Add one line to your training script, `loader = watch(loader, name=\"train\")` "
                "(`from dataloader_tuner import watch`), and its loaders appear here while it trains.")
-    store.mark_lost_runs()
+    settle_dead_runs(store)  # NOTE [ Runs ended without a word ] (engine/run/settle.py)
     board = job_board.read_board(store)
     st.fragment(_watch_for_changes, run_every=WATCH_S)(store.statuses("watch"))
     if not board.runs:

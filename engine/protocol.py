@@ -16,6 +16,7 @@ NOTE [ Engine process protocol ]
     <------------------------------------------ Batches  packed rows (wire.py) every 0.25 s
     <------------------------------------------ LateTimings  GPU times resolved after their rows
     Windows  fast batches' rows, folded here (record/windows.py)
+    EpochEnded  a watched epoch ran out, written at once (run/settle.py)
     <------------------------------------------ Resources  CPU/memory per process every 0.5 s
     <------------------------------------------ WarningCaught  a warning the child caught
     <------------------------------------------ Overdue  a batch late, who holds it (stalls.py)
@@ -210,6 +211,18 @@ class Epoch:
 
 
 @dataclass(frozen=True)
+class EpochEnded:
+    """A watched epoch ran out, its last batch taken (NOTE [ Runs ended without a word ],
+    run/settle.py): a job whose process is ended right after, without exit handlers, still
+    ends finished."""
+
+    kind: ClassVar[str] = "epoch_ended"
+    epoch: int
+    t: float
+    batches: int  # the run's batches taken by then (the next one's seq)
+
+
+@dataclass(frozen=True)
 class Probe:
     """What a worker's first fetch revealed: the random generators it drew from, its thread
     pools (first_fetch.first_fetch_probe)."""
@@ -322,10 +335,10 @@ def _label(key: str) -> int | str:
         return key
 
 
-Event = Union[Ready, Batches, Windows, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
-              WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished]
+Event = Union[Ready, Batches, Windows, LateTimings, Resources, Epoch, EpochEnded, Probe, Profiled,
+              Labels, WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished]
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Ready, Batches, Windows, LateTimings, Resources, Epoch, Probe, Profiled, Labels,
+    Ready, Batches, Windows, LateTimings, Resources, Epoch, EpochEnded, Probe, Profiled, Labels,
     WarningCaught, Overdue, Plan, Measured, Tuned, Error, Finished)}
 
 

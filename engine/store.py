@@ -273,11 +273,14 @@ class RunStore:
                 conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?",
                              (time.time(), run_id))
 
-    def finish_run(self, run_id: int, status: str, result: Result, error: dict | None) -> None:
+    def finish_run(self, run_id: int, status: str, result: Result, error: dict | None,
+                   ended_at: float | None = None) -> None:
+        """``ended_at``: when it ended (None: now)."""
         with self._conn() as conn:
             conn.execute("UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, "
                          "error_json = ? WHERE id = ?",
-                         (status, time.time(), json.dumps(result.to_dict(), default=str),
+                         (status, ended_at or time.time(),
+                          json.dumps(result.to_dict(), default=str),
                           json.dumps(error) if error else None, run_id))
 
     # -- reading ---------------------------------------------------------------------------
@@ -312,6 +315,14 @@ class RunStore:
             query = f"SELECT * FROM ({query} DESC LIMIT {int(last)}) ORDER BY seq"
         return [BatchRecord.from_row(_typed_batch_row(tuple(r)))
                 for r in self._conn().execute(query, (run_id,))]
+
+    def last_seq(self, run_id: int) -> int | None:
+        """The number of the run's last batch written, as a row or in a window (None: none)."""
+        return self._conn().execute(
+            "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM batches WHERE run_id = ? "
+            "UNION ALL SELECT first_seq + batches - 1 FROM (SELECT first_seq, batches FROM "
+            "batch_windows WHERE run_id = ? ORDER BY first_seq DESC LIMIT 1))",
+            (run_id, run_id)).fetchone()[0]
 
     def windows(self, run_id: int, since_seq: int = 0) -> list[BatchWindow]:
         """The run's windows holding batch ``since_seq`` or later, in order (most runs: none)."""

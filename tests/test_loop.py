@@ -147,3 +147,23 @@ def test_a_steady_epoch_brackets_each_wait_with_the_gpu_s_events():
                                                                  for i in range(3)])))) == [0, 1, 2]
     assert calls[:6] == ["asking", 0, "asking", 1, "asking", 2]
     assert ledger.resolved_gaps == [(0, 0.5), (1, 0.5), (2, 0.5)]
+
+
+def test_an_epoch_that_runs_out_is_told_with_its_last_batch_emitted_and_one_cut_is_not():
+    """NOTE [ Runs ended without a word ] (run/settle.py): the end is said once every batch of
+    the epoch went out; a loop that breaks off has not ended its epoch."""
+    rows: list = []
+    told: list = []
+    ledger = BatchLedger(time.monotonic(), lambda *a: None, lambda *a: None)
+    loop = TimedLoop(ledger, rows.append,
+                     ran_out=lambda epoch, seconds: told.append((epoch, len(rows), seconds)))
+
+    def batches(n):
+        return BatchSource(iter([(i, (0, 0, 1)) for i in range(n)]))
+
+    assert len(list(loop.epoch(ledger.new_epoch(), batches(4)))) == 4
+    assert [(epoch, emitted) for epoch, emitted, _ in told] == [(0, 4)] and told[0][2] >= 0
+    cut = loop.epoch(ledger.new_epoch(), batches(4))
+    next(cut)
+    cut.close()  # the loop broke off
+    assert len(told) == 1

@@ -36,6 +36,7 @@ EXAMPLES = [
     protocol.LateTimings(gaps=[[3, 1.5]], copies=[[3, 0.25, None]]),
     protocol.Resources(t=0.5, procs=[{"pid": 7, "role": "main", "rss_mb": 90.0}]),
     protocol.Epoch(epoch=1, t=2.0, startup_s=0.1),
+    protocol.EpochEnded(epoch=1, t=9.5, batches=64),
     protocol.Probe(pid=8, worker_id=0, probe={"rng_used": {}}),
     protocol.Profiled(pid=8, worker_id=0, sampled=[["main", [["/d.py", 3, "D.__getitem__", 5]], 0.01, 0.012, 2]]),
     protocol.Labels({0: 880, 9: 40}, "dataset"),

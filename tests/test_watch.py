@@ -400,8 +400,8 @@ def test_a_job_that_dies_of_an_exception_ends_its_run_as_an_error(db_path):
 
 
 def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, capsys):
-    """The history fails after a flush's rows went in but before its end (the resource sample):
-    nothing of that flush is kept, and the retry writes each batch once."""
+    """The history fails after a flush's rows went in, before the flush's end: nothing of that
+    flush is kept, and the retry writes each batch once."""
     import dataloader_tuner.store as store_module
 
     watched = watch(shuffled(0), name="retry", db=db_path)
@@ -410,7 +410,7 @@ def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, ca
 
     def flaky(conn, run_id, event):
         real(conn, run_id, event)
-        if failing["on"] and type(event).__name__ == "Resources":
+        if failing["on"] and type(event).__name__ == "Batches":
             raise sqlite3.OperationalError("database is locked")
 
     monkeypatch.setattr(store_module, "_write_event", flaky)

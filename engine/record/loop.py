@@ -119,10 +119,13 @@ class TimedLoop:
     batch, in order ]). ``step_times``: what the loop measured around the last batch's step on a GPU
     (h2d_ms, other_ms, gap_ms), set before it asks for the next."""
 
-    __slots__ = ("ledger", "emit", "ahead", "step_times")
+    __slots__ = ("ledger", "emit", "ahead", "step_times", "ran_out")
 
-    def __init__(self, ledger: BatchLedger, emit: Emit, ahead: bool = False) -> None:
-        self.ledger, self.emit, self.ahead = ledger, emit, ahead
+    def __init__(self, ledger: BatchLedger, emit: Emit, ahead: bool = False,
+                 ran_out: Callable[[int, float], None] | None = None) -> None:
+        """``ran_out(epoch, seconds)``: told when an epoch ran out, its last batch emitted,
+        with how long it took."""
+        self.ledger, self.emit, self.ahead, self.ran_out = ledger, emit, ahead, ran_out
         self.step_times: tuple[float | None, float | None, float | None] = NO_STEP_TIMES
 
     def epoch(self, mark: EpochMark, source: BatchSource) -> Generator[Any, None, None]:
@@ -201,6 +204,8 @@ class TimedLoop:
         finally:
             source.close()
             handover.end(clock() if ran_out else None)
+            if ran_out and self.ran_out is not None:
+                self.ran_out(epoch, clock() - mark.start)
 
 
 class ColumnLoop:

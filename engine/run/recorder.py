@@ -10,7 +10,8 @@ a resource sample every RESOURCES_EVERY flushes. Nothing here may stop the measu
 that fails is reported once on stderr, its events are kept for the next flush, and rows beyond
 MAX_BACKLOG are dropped, oldest first, while the sink stays unwritable.
 
-One thread waking every FLUSH_S, which also runs the owner's ``on_tick`` (the child's
+One thread waking every FLUSH_S (and at once where a watched epoch ran out: NOTE [ Runs ended
+without a word ], run/settle.py), which also runs the owner's ``on_tick`` (the child's
 watchdog), not one per duty: with the cores saturated by workers, each extra wake-up of this
 process delays the main thread handing out indices, which costs the pipeline more than the
 wake-up's own CPU time.
@@ -38,6 +39,15 @@ FLUSH_S = 0.25  # rows reach their sink at least this often
 RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s
 MAX_BACKLOG = 100_000  # rows kept for a retry while the sink cannot be written
 RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_report.py)
+SAY_NOW_AFTER_S = 1.0  # an epoch this long has its end written by the job's thread itself
+
+
+class Wakes:
+    """What wakes the writer thread before FLUSH_S is up: the run's end (``stop``), or an
+    epoch's (``soon``: write now, nothing held back)."""
+
+    def __init__(self) -> None:
+        self.stop, self.soon = threading.Event(), threading.Event()
 
 
 class Recorder:
@@ -72,7 +82,7 @@ class Recorder:
         self.windowed = (WindowedRows(windows_after, t0) if windows_after is not None
                          else None)
         self._written_seq = -1  # the last batch row written: a late timing waits for its row
-        self._stop = threading.Event()
+        self._wakes = Wakes()
         self._lock = threading.Lock()  # one flush at a time (the thread's, or stop's)
         self._failed = False
         self._sampler: ResourceSampler | None = None
@@ -92,6 +102,18 @@ class Recorder:
 
     def epoch_began(self, epoch: int, start: float, startup_s: float) -> None:
         self.events.append(protocol.Epoch(epoch, start, startup_s))
+
+    def epoch_ended(self, epoch: int, seconds: float) -> None:
+        """The epoch ran out after ``seconds``: said, and everything written now (the job's
+        process may be ended next, without exit handlers: NOTE [ Runs ended without a
+        word ], run/settle.py); here where the epoch took SAY_NOW_AFTER_S (the write's
+        milliseconds are nothing to it), else by the thread, woken at once."""
+        self.events.append(protocol.EpochEnded(epoch, time.monotonic() - self.t0,
+                                               self.ledger.seq))
+        if seconds >= SAY_NOW_AFTER_S and self._thread is not None and not self._wakes.stop.is_set():
+            self.flush(last=True)
+        else:
+            self._wakes.soon.set()
 
     def profiled(self, pid: int, worker_id: int, sampled: list) -> None:
         self.events.append(protocol.Profiled(pid, worker_id, sampled))
@@ -113,7 +135,12 @@ class Recorder:
             except Exception:  # noqa: BLE001
                 self.report_failure()
         flushes = 0
-        while not self._stop.wait(FLUSH_S):
+        while True:
+            self._wakes.soon.wait(FLUSH_S)
+            if self._wakes.stop.is_set():
+                return
+            everything = self._wakes.soon.is_set()
+            self._wakes.soon.clear()
             if on_tick is not None and on_tick():
                 return
             if not self.streaming:
@@ -121,10 +148,11 @@ class Recorder:
             if self._sampler is None:
                 self._sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
             flushes += 1
-            self.flush(sample=flushes % RESOURCES_EVERY == 0)
+            self.flush(sample=flushes % RESOURCES_EVERY == 0, last=everything)
 
     def flush(self, sample: bool = False, last: bool = False) -> None:
-        """Write what has accumulated; ``last``: the run ends, nothing is held back."""
+        """Write what has accumulated; ``last``: nothing is held back (the run ends, or an
+        epoch ran out)."""
         with self._lock:
             # A slice now and a delete once written, each atomic under the GIL while the
             # measuring thread appends: a failed write is retried at the next flush.
@@ -215,13 +243,14 @@ class Recorder:
     def sleep_unless_stopped(self, seconds: float) -> None:
         """On the thread: sleep ``seconds``, cut short by stop() (a run that ends while its
         Ready still watches the machine's load does not wait for that)."""
-        self._stop.wait(seconds)
+        self._wakes.stop.wait(seconds)
 
     def stop(self, sample: bool = True) -> None:
         """End the thread and write what is left (idempotent)."""
-        if self._stop.is_set():
+        if self._wakes.stop.is_set():
             return
-        self._stop.set()
+        self._wakes.stop.set()
+        self._wakes.soon.set()  # the thread wakes to see it
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(5.0)

@@ -93,10 +93,17 @@ class HistorySink:
     def finish(self, status: str, elapsed_s: float, error: dict | None) -> ProfileResult:
         """End the run and return its result, summarised from what was written (not kept in
         memory while training: the training thread never pays for the summary's bookkeeping)."""
-        self.store.record_event(self.run_id, protocol.Finished(
-            "error" if status == "error" else "done", elapsed_s))
-        live = LiveRun.stored(self.store, self.run_id, KEPT_BATCHES)
-        result = replace(live.profile_result(status), run_id=self.run_id,
-                         error=EngineError.from_dict(error) if error else None)
-        self.store.finish_run(self.run_id, status, result, error)
-        return result
+        return finish_stored(self.store, self.run_id, status, elapsed_s, error)
+
+
+def finish_stored(store: RunStore, run_id: int, status: str, elapsed_s: float,
+                  error: dict | None, ended_at: float | None = None) -> ProfileResult:
+    """End a run its writer measured: its result summarised from what the history has of it
+    (``ended_at``: when it ended, None: now)."""
+    store.record_event(run_id, protocol.Finished("error" if status == "error" else "done",
+                                                 elapsed_s))
+    live = LiveRun.stored(store, run_id, KEPT_BATCHES)
+    result = replace(live.profile_result(status), run_id=run_id,
+                     error=EngineError.from_dict(error) if error else None)
+    store.finish_run(run_id, status, result, error, ended_at)
+    return result

@@ -146,7 +146,8 @@ class WatchedLoader:
         self.recorder = Recorder(self.history, t0, gaps=StepGaps.create(),
                                  own_workers_only=True, keep_recent=True,
                                  windows_after=self.config.warmup_batches)
-        self.loop = TimedLoop(self.recorder.ledger, self.recorder.taken.append, ahead)
+        self.loop = TimedLoop(self.recorder.ledger, self.recorder.taken.append, ahead,
+                              ran_out=self.recorder.epoch_ended)
         self._ended: tuple[ProfileResult | None] | None = None  # (its result,) once it ended
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from dataloader_tuner.cli.args import EXIT_OK, add_db, add_json, print_json
+from dataloader_tuner.run.settle import settle_dead_runs
 from dataloader_tuner.store import RunStore
 
 NAME = "runs"
@@ -20,7 +21,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     store = RunStore(args.db)
-    store.mark_lost_runs()  # a watched job killed outright never said it ended
+    settle_dead_runs(store)  # a watched job killed outright never said it ended
     saved = store.list_runs(args.limit)
     if args.json:
         print_json({"status": "ok", "db": store.path, "runs": [r.to_dict() for r in saved]})
