@@ -99,10 +99,8 @@ def job_views(store: RunStore, board: Board, now: float | None = None) -> list[S
     recent = _recent(store, [run.id for ranks in from_runs.values() for run in ranks],
                      RANK_WINDOW_BATCHES)
     for key, ranks in from_runs.items():
-        latest = [(run.heartbeat_at or run.started_at, summary_from_batches(
-            run.label or "loader", _place(run), run.host or "", run.pid or 0, run.status,
-            (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at,
-            *recent[run.id])) for run in ranks]
+        latest = [(run.heartbeat_at or run.started_at, _own_summary(run, recent[run.id]))
+                  for run in ranks]
         shown.append(ShownJob(
             key, _place(ranks[0])["world_size"],
             job_view(latest, now, any(run.status == "running" for run in ranks)),
@@ -134,6 +132,8 @@ def _gathered(store: RunStore, ranks: list[StoredRun], now: float
         if not latest:
             continue
         collecting = gatherer.status == "running"
+        if not collecting:
+            latest = _finals_from_runs(store, latest, ranks)
         # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
         seen_at = now if collecting else max(
             [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])
@@ -145,6 +145,30 @@ def _gathered(store: RunStore, ranks: list[StoredRun], now: float
                 f"Gathered by rank 0 (run #{gatherer.id}) through the job's own "
                 "torch.distributed store: every rank reports every 2 s, on every node.")
     return None
+
+
+def _finals_from_runs(store: RunStore, latest: list[tuple[float, RankSummary]],
+                      ranks: list[StoredRun]) -> list[tuple[float, RankSummary]]:
+    """Rank 0's last view, a rank's report that was not its final one replaced by its own run
+    in this history, where that run has ended (NOTE [ Runs ended without a word ]: Ray Train
+    ends every rank at once, before their final reports reach rank 0)."""
+    ended = {_place(run)["rank"]: run for run in ranks if run.status != "running"}
+    partial = [summary.rank for _, summary in latest
+               if summary.status == "running" and summary.rank in ended]
+    if not partial:
+        return latest
+    recent = _recent(store, [ended[rank].id for rank in partial], RANK_WINDOW_BATCHES)
+    finals = {rank: (ended[rank].ended_at or ended[rank].started_at,
+                     _own_summary(ended[rank], recent[ended[rank].id])) for rank in partial}
+    return [finals.get(summary.rank, (at, summary)) for at, summary in latest]
+
+
+def _own_summary(run: StoredRun, recent: tuple[list[BatchRecord], list[BatchWindow]]
+                 ) -> RankSummary:
+    """A rank's summary from its own run in this history (its ``recent`` rows and windows)."""
+    return summary_from_batches(
+        run.label or "loader", _place(run), run.host or "", run.pid or 0, run.status,
+        (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at, *recent)
 
 
 def request_tune(store: RunStore, run: StoredRun) -> list[int]:

@@ -123,3 +123,41 @@ def test_the_page_opens_on_the_newest_job_s_first_loader(tmp_path):
     other = _watched(store, label="train")  # a second job, in another process
     store._conn().execute("UPDATE runs SET pid = pid + 1 WHERE id = ?", (other,))
     assert job_board.read_board(store).shown_first() == other
+
+
+def test_rank_0_s_last_view_takes_a_rank_s_final_figures_from_its_own_run_here(tmp_path):
+    """Ray Train ends every rank at once: rank 0 last heard rank 1 at 20 of its 40 batches,
+    starved. Rank 1's own run in this history ended (NOTE [ Runs ended without a word ]):
+    its final figures replace that report, and no rank is named from the partial one. A rank
+    whose run is not here (another node) keeps its last report, and is not compared."""
+    from dataloader_tuner.analyse.ranks import RankSummary
+
+    from .test_rank_view import report
+
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    runs = [_watched(store, "train", _rank(rank)) for rank in (0, 1)]
+    for run_id in runs:
+        store.finish_run(run_id, "ok", LiveRun.stored(store, run_id).result("ok"), None)
+    rank0 = report(0, status="ok", batches=40, world_size=2, rate=800.0,
+                   wait=LiveRun.stored(store, runs[0]).result("ok").consumer_idle_frac)
+    partial = report(1, status="running", batches=20, world_size=2, rate=400.0, wait=0.6)
+    store.record_rank_reports(runs[0], [(100.0, rank0), (99.0, partial)])
+    board = job_board.read_board(store)
+    (job,) = job_board.job_views(store, board)
+    shown = {state.summary.rank: state for state in job.view.ranks}
+    assert shown[1].summary.batches == 40 and shown[1].state == "finished"
+    assert "Gathered by rank 0" in job.source
+    assert job.view.straggler is None  # the two alike, once both are final
+    # Rank 1 elsewhere (its run not in this history): its report kept, and compared with none.
+    store2 = RunStore(str(tmp_path / "node0.sqlite"))
+    alone = _watched(store2, "train", _rank(0))
+    store2.finish_run(alone, "ok", LiveRun.stored(store2, alone).result("ok"), None)
+    ended = store2.get_run(alone).ended_at
+    store2.record_rank_reports(alone, [(ended, rank0), (ended - 1.0, partial)])
+    other = RunStore(str(tmp_path / "node0.sqlite"))
+    (job,) = job_board.job_views(other, job_board.read_board(other))
+    shown = {state.summary.rank: state for state in job.view.ranks}
+    assert shown[1].summary.batches == 20 and shown[1].state == "running"
+    assert "no final report reached it" in shown[1].note
+    assert job.view.straggler is None  # (the partial report, compared: "starved")
+    assert isinstance(shown[1].summary, RankSummary)

@@ -370,10 +370,16 @@ class JobView:
 def job_view(latest: Sequence[tuple[float, RankSummary]], now: float, collecting: bool,
              series: Mapping[int, Sequence[RankSummary]] | None = None,
              stalled_s: float = STALLED_S) -> JobView:
-    """``latest``: each rank's last report with when it was received (rank_states)."""
+    """``latest``: each rank's last report with when it was received (rank_states). Once the
+    gathering stopped, a rank still running then (no final report reached rank 0) is compared
+    with no other: its report is of a moment before its end (Ray Train ends every rank at
+    once: one rank's report at 32 of its 64 batches named it the straggler). A rank lost long
+    before is, by its last report: how it ran until it died."""
     summaries = [s for _, s in latest]
-    return JobView(rank_states(latest, now, collecting, stalled_s), node_loads(summaries),
-                   slowest_rank(summaries, series, stalled_s), job_stages(summaries))
+    states = rank_states(latest, now, collecting, stalled_s)
+    compared = [state.summary for state in states if collecting or state.state != "running"]
+    return JobView(states, node_loads(summaries), slowest_rank(compared, series, stalled_s),
+                   job_stages(summaries))
 
 
 def summary_from_batches(loader: str, rank: dict[str, Any], host: str, pid: int, status: str,
