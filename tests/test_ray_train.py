@@ -63,12 +63,16 @@ def test_a_ray_train_job_s_runs_end_finished_with_every_batch(db_path):
 
 
 @pytest.mark.slow
-def test_a_ray_train_job_through_prepare_data_loader_ends_finished(db_path):
+def test_a_ray_train_job_through_prepare_data_loader_is_watched_inside_its_workers(db_path):
     """Ray's guide has the loop call prepare_data_loader, which hands back Ray's own
-    DataLoader subclass: its runs end finished with every batch too (its workers' side is
-    issue 63's item 1)."""
+    DataLoader subclass iterating the loader it was given, one batch ahead: that loader is
+    watched inside Ray's object (attach.py), its workers' rows too (before, the loop's side
+    only), and the runs end finished with every batch."""
     loops = _ray_job(db_path, "0.01", "--prepare")
     store = RunStore(db_path)
     runs = {run.rank["rank"]: run for run in _settled(store, 2)}
-    assert [runs[loop["rank"]].result.batches for loop in loops] == [32, 32]
-    assert {run.status for run in runs.values()} == {"ok"}
+    for loop in loops:
+        run = runs[loop["rank"]]
+        assert run.status == "ok" and run.framework == "Ray Train", run
+        assert run.result.batches == loop["batches"] == 32 and run.result.epochs == 2
+        assert {w["id"] for w in run.result.workers} == {0}

@@ -1,7 +1,7 @@
 """Watching a DataLoader inside the object the job, or its trainer, already holds.
 
 A trainer builds and keeps its own loader object: accelerate's ``DataLoaderShard`` around a
-plain DataLoader (the Hugging Face Trainer's too), Lightning's loaders inside its
+plain DataLoader (the Hugging Face Trainer's too), Ray Train's ``_WrappedDataLoader`` around one, Lightning's loaders inside its
 ``CombinedLoader``, a user's DataLoader subclass. Wrapping one would hand the trainer something
 else. Instead the watcher takes over the one step of ``DataLoader.__iter__`` that makes the
 iterator, ``_get_iterator``, on that instance only: what the object or its wrapper does around
@@ -23,15 +23,39 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
+from dataloader_tuner.watcher.frameworks import ACCELERATE, RAY_TRAIN
+
 GET_ITERATOR = "_get_iterator"
 
 
+# Where a wrapper keeps the plain DataLoader it iterates one batch ahead of the loop, and whose
+# wrapper that is: accelerate's DataLoaderShard and DataLoaderDispatcher, and Ray Train's
+# prepare_data_loader (its _WrappedDataLoader, a DataLoader subclass moving each batch to the
+# device as it asks for the next).
+WRAPPED_AS = {"base_dataloader": ACCELERATE, "_dataloader": RAY_TRAIN}
+
+
 def inner_loader(wrapper: Any) -> DataLoader | None:
-    """The plain DataLoader a wrapper iterates, where it keeps one: accelerate's
-    DataLoaderShard and DataLoaderDispatcher hold it as ``base_dataloader`` (a StatefulDataLoader
-    there is not plain: not taken)."""
-    inner = getattr(wrapper, "__dict__", {}).get("base_dataloader")
-    return inner if type(inner) is DataLoader else None
+    """The plain DataLoader a wrapper iterates, where it keeps one (WRAPPED_AS; a
+    StatefulDataLoader there is not plain: not taken)."""
+    found = _wrapped(wrapper)
+    return found[0] if found is not None else None
+
+
+def wrapper_framework(wrapper: Any) -> str | None:
+    """The trainer whose wrapper this is (WRAPPED_AS), or None."""
+    found = _wrapped(wrapper)
+    return found[1] if found is not None else None
+
+
+def _wrapped(wrapper: Any) -> tuple[DataLoader, str] | None:
+    held = getattr(wrapper, "__dict__", {})
+    for key, framework in WRAPPED_AS.items():
+        inner = held.get(key)
+        if type(inner) is DataLoader and (key == "base_dataloader"
+                                          or isinstance(wrapper, DataLoader)):
+            return inner, framework
+    return None
 
 
 def attach_blocker(loader: Any) -> str | None:

@@ -9,6 +9,7 @@ from dataloader_tuner.config import LoaderConfig
 HF_TRAINER = "Hugging Face Trainer"
 ACCELERATE = "accelerate"
 LIGHTNING = "Lightning"
+RAY_TRAIN = "Ray Train"
 
 # TrainingArguments' field for each DataLoader setting the tuner recommends.
 TRAINING_ARGUMENTS = {"num_workers": "dataloader_num_workers",

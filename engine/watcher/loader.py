@@ -38,7 +38,8 @@ from dataloader_tuner.tune.in_place import Search
 from dataloader_tuner.tune.in_place_trial import Clock
 from dataloader_tuner.watcher import frameworks, shutdown
 from dataloader_tuner.watcher.checks import PeriodicChecks, say as _say
-from dataloader_tuner.watcher.attach import attach, attach_blocker, detach, inner_loader
+from dataloader_tuner.watcher.attach import (attach, attach_blocker, detach, inner_loader,
+                                             wrapper_framework)
 from dataloader_tuner.watcher.job_report import RankReporter
 from dataloader_tuner.watcher.rank_identity import RankIdentity, rank_identity
 from dataloader_tuner.watcher.rebuild import config_of
@@ -85,7 +86,8 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
     samples and order as the sampler drew them; the chosen settings are printed and saved to
     ``settings_out`` (default ``dataloader-tuner-NAME.json`` in the working folder).
 
-    accelerate's prepared loader (``watch(accelerator.prepare(loader))``) and a DataLoader
+    accelerate's prepared loader (``watch(accelerator.prepare(loader))``), Ray Train's
+    (``watch(ray.train.torch.prepare_data_loader(loader))``) and a DataLoader
     subclass that takes its batches from DataLoader's own iterator are watched inside their own
     object, which is returned as it is (attach.py): what they add around iteration stays
     theirs. ``search_clock``: what the in-place search reads its durations on (tests give a
@@ -99,8 +101,7 @@ def watch(loader: DataLoader, name: str | None = None, db: str | None = None,
         watched = WatchedLoader(inner if inner is not None else loader, name, RunStore(db),
                                 tune=tune, max_workers=max_workers, settings_out=settings_out,
                                 search_clock=search_clock, in_place=in_place,
-                                ahead=inner is not None,
-                                framework=frameworks.ACCELERATE if inner is not None else None)
+                                ahead=inner is not None, framework=wrapper_framework(loader))
         return loader if in_place else watched
     except Exception as exc:  # noqa: BLE001 - e.g. an unwritable history: train unwatched
         _say(f"{name or 'loader'}: not watched ({type(exc).__name__}: {exc}); training goes "
