@@ -248,10 +248,25 @@ class TunedEpoch(BatchSource):
             return iter(with_probes(loader, kwargs))
 
 
+def not_rebuilt_reason(loader: DataLoader) -> str:
+    """Why a loader the watcher could not rebuild with probes cannot be switched either: what a
+    switch would break in its class."""
+    name = type(loader).__name__
+    if type(loader) is DataLoader:
+        return "the loader could not be rebuilt with probes"
+    if callable(getattr(loader, "state_dict", None)):
+        return (f"{name} keeps its iterator's place for state_dict() and load_state_dict() (a "
+                "checkpoint resumes from it): a switch of workers would hand the loop batches "
+                f"from an iterator {name} does not know, so a checkpoint taken after it would "
+                "resume at the wrong batch; tune it offline (dataloader-tuner tune) instead")
+    return (f"{name} is a DataLoader subclass that makes its own iterators: a switch of workers "
+            f"would leave out what {name} does around them")
+
+
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:
     """Why this loader cannot be tuned in place, or None."""
     if probed is None:
-        return "the loader is not a plain DataLoader"
+        return not_rebuilt_reason(loader)
     if isinstance(loader.dataset, IterableDataset):
         return ("an IterableDataset decides its own order and how it splits across workers: a "
                 "switch could repeat or skip samples")
