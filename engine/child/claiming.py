@@ -80,13 +80,17 @@ class SecondProcess:
         self.request, self.runner, self.load_s, self.beat = request, runner, load_s, beat
         self.companion: Companions | None = None
         self.failure: str | None = None  # why it could not measure, once it could not
+        self.unmeasured: str | None = None  # why a pair due there was not measured there
         self.used = False  # a trial of the claim was measured there
 
     def ready(self, pair_s: float) -> bool:
-        """Started (now, where not yet) if the time left fits its load and a pair."""
+        """Started (now, where not yet) if the user's limit leaves room for its load and a
+        pair (the tune's aim does not stop it: a claim needs it)."""
         if self.companion is not None:
             return True
-        if self.failure is not None or not self.runner.time_limit.fits(self.load_s + pair_s):
+        if self.failure is not None or not self.runner.time_limit.fits(self.load_s + pair_s,
+                                                                       must=True):
+            self.unmeasured = self.failure or "your time limit left no room for it"
             return False
         request = self.request
         try:
@@ -217,7 +221,8 @@ def pairs_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
                 result.base.trials if result.base else [],
                 result.pick.trials if result.pick else [], epoch_items):
             break
-        if not time_limit.fits(pair_s, must=not pick_trials):
+        # (the claim's pairs, one in each process, run even where the search spent the aim)
+        if not time_limit.fits(pair_s, must=len(pick_trials) < claim.CLAIM_PAIRS):
             break
         where: TrialRunner | SecondProcess = runner
         if second is not None and len(pick_trials) % 2 == 1 and second.ready(pair_s):
@@ -241,12 +246,12 @@ def claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
     tune ])."""
     base_trials, pick_trials, result = pairs_at_end(runner, config, final, outcome,
                                                     epoch_items, second)
+    if second is not None and not second.used:  # NOTE [ A claim from two processes ]
+        result = claim.one_process(result, second.failure or second.unmeasured
+                                   or "no second pair was measured")
     rec, early = outcome.recommendation, outcome.trials
     warnings = list(rec.warnings)
     reasons = list(rec.reasons)
-    if second is not None and second.failure is not None:
-        reasons.append(f"The claim's pairs were measured in the tune's process only: "
-                       f"{second.failure}")
     if result.pick is not None and result.base is not None:
         drifts = []
         for who, late, trial_config in (("The pick", result.pick, final),

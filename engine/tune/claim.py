@@ -242,6 +242,19 @@ def end_claim(base: list[TrialResult | None], pick: list[TrialResult | None],
     return Claim(ratio, pct, None, base_side, pick_side, ratio)
 
 
+def one_process(result: Claim, why: str) -> Claim:
+    """The claim where no pair was measured in a second process (NOTE [ A claim from two
+    processes ], child/claiming.py): the spread between processes unknown, none is made."""
+    if result.speedup is None or result.base is None or result.pick is None:
+        return result
+    return Claim(None, result.speedup_pct, f"no speedup is claimed: the pick measured "
+                 f"{result.pick.rate:.0f} samples/s against {result.base.rate:.0f} "
+                 f"({result.ratio:.2f}x) in the tune's process only ({why}), and a plain loop "
+                 "runs in a process of its own: a claim needs a pair from a second process to "
+                 "know how far processes differ; verify it with Apply", result.base,
+                 result.pick, result.ratio)
+
+
 def can_narrow(base: list[TrialResult], pick: list[TrialResult], epoch_items: int | None,
                pairs: int = MAX_CLAIM_PAIRS) -> bool:
     """Whether ``pairs`` pairs could make a claim the pairs so far know too loosely (NOTE [
