@@ -238,16 +238,14 @@ def test_a_time_limit_spent_leaves_no_claim_and_says_why():
     assert "time limit left no room" in result.note and runner.time_limit.reached
 
 
-def test_under_the_aim_the_claim_has_its_two_pairs_and_more_only_within_it():
-    """NOTE [ A tune's aim ]: the claim's two pairs (one from each process: NOTE [ A claim from
-    two processes ]) run even where the search spent the aim, each trial its half of what is
-    left; a claim too wide gets more pairs only within it. (Given one pair there, audio
-    features with a CPU step claimed 1.69x +-4% where plain loops measured 1.35x.)"""
+def test_under_the_aim_the_claim_has_its_first_pair_and_more_only_within_it():
+    """NOTE [ A tune's aim ]: the claim's first pair runs even where the search spent the aim,
+    each trial its half of what is left; a claim too wide gets more pairs only within it."""
     loose = {"baseline": [100.0, 101.0, 100.0, 101.0], "final": [200.0, 201.0, 200.0, 201.0]}
     spent = FakeRunner(loose, rate_ci=0.12)
     spent.time_limit.aim(0.0, claim_reserve_s=0.0)
     base, pick, result = _pairs(spent)
-    assert len(base) == len(pick) == 2 and result.speedup is None  # +-12%: not claimed
+    assert len(base) == len(pick) == 1 and result.speedup is None  # +-17%: not claimed
     assert spent.time_limit.aimed and not spent.time_limit.reached
     room = FakeRunner(loose, rate_ci=0.12)
     room.time_limit.aim(60.0, claim_reserve_s=20.0)
@@ -351,9 +349,9 @@ def test_every_second_pair_is_measured_in_the_second_process_where_it_is_ready()
                                           LoaderConfig(batch_size=16, num_workers=2), outcome,
                                           None, second)
         assert len(second.asked) == 1  # asked for the second pair only
-        assert [t.second_process for t in base] == [False, ready]
-        assert [t.second_process for t in pick] == [False, ready]
-        assert result.speedup is not None
+        # (not ready: no pair here instead, which could not make a claim)
+        assert [t.second_process for t in base] == [False, True][:1 + ready]
+        assert [t.second_process for t in pick] == [False, True][:1 + ready]
 
 
 def test_a_second_process_that_fails_leaves_the_pair_to_the_tunes_process():

@@ -42,18 +42,19 @@ NOTE [ A tune's aim ]
 
     Without a limit a tune aims at AIM_S (about a minute and a half), or, where batches are so
     slow that each count it must see (0 and 1 worker, the predicted count, the freed-memory
-    check's fresh trial) and the end's claim (two pairs, the second in a second process: NOTE
-    [ A claim from two processes ], child/claiming.py) need more, at that, each for
+    check's fresh trial) and one pair of the end's claim need more, at that, each for
     MIN_STEADY_BATCHES. Its plan to the end (every neighbour, repeat and check, each trial to
     the spread it measured) took 4-5 minutes on
     ImageNet-style JPEGs at ~1 s a batch, where a search sharing 60 s picked the grid's best
     (issue 62). The aim is not a limit: the counts the tune must see share it (less the time
     kept for the claim), each trial stopping at its share once it has the batches a rate needs
     (a trial cut before them is too short to believe); other trials (neighbours, repeats, the
-    checks) run only where they fit in what is left of it; the claim then has its two pairs
+    checks) run only where they fit in what is left of it; the claim then has its first pair
     whatever is left, each trial stopping at half of it the same way, and more pairs only
-    within the aim (audio features with a CPU step at ~1 s a batch, given one pair under the
-    aim, claimed 1.69x +-4% where plain loops in fresh processes measured 1.35x). Its at most is twice the aim (AIM_AT_MOST), kept as every at most is (NOTE [ An at
+    within the aim. A claim whose second pair did not fit is not made (NOTE [ A claim from two
+    processes ], child/claiming.py): audio features with a CPU step at ~1 s a batch, one pair
+    under the aim, claimed 1.69x +-4% where plain loops in fresh processes measured 1.35x; run
+    to both pairs, the tune took 273 s where it had taken 172, to claim nothing (+-16%). Its at most is twice the aim (AIM_AT_MOST), kept as every at most is (NOTE [ An at
     most that holds ]). A user's --budget-s replaces the aim, as a hard limit.
 
 NOTE [ Said after the probes ]

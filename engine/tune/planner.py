@@ -107,11 +107,9 @@ class Planner:
         ``spawned``: the freed-memory check's trial is still to come (1 worker, fresh)."""
         if self.time_limit.budget_s is not None:
             return made
-        # (both pairs of the claim, one in a second process: NOTE [ A claim from two
-        # processes ], child/claiming.py)
         reserve = (plan.claim_seconds(batch_s, predicted, self.base, serial_batch_s,
-                                      self.limits.cpu_budget, trial=plan.settled_trial_seconds,
-                                      second_process_s=self.second_process_s)
+                                      self.limits.cpu_budget, pairs=1,
+                                      trial=plan.settled_trial_seconds)
                    if predicted != self.base.num_workers else 0.0)
         # each count it must see for the batches a rate needs, whatever the spread said
         least = plan.floor_seconds(batch_s, predicted, self.base, self.limits.max_workers) \
