@@ -158,9 +158,9 @@ def _finals_from_runs(store: RunStore, latest: list[tuple[float, RankSummary]],
     if not partial:
         return latest
     recent = _recent(store, [ended[rank].id for rank in partial], RANK_WINDOW_BATCHES)
-    finals = {rank: (ended[rank].ended_at or ended[rank].started_at,
-                     _own_summary(ended[rank], recent[ended[rank].id])) for rank in partial}
-    return [finals.get(summary.rank, (at, summary)) for at, summary in latest]
+    # (received when rank 0 last heard it: the view's end and the others' states stay so)
+    finals = {rank: _own_summary(ended[rank], recent[ended[rank].id]) for rank in partial}
+    return [(at, finals.get(summary.rank, summary)) for at, summary in latest]
 
 
 def _own_summary(run: StoredRun, recent: tuple[list[BatchRecord], list[BatchWindow]]

@@ -251,11 +251,11 @@ class RunStore:
                 gone = not _alive(row["pid"], row["started_at"]) and now - last > 5.0
             else:
                 gone = now - last > LOST_AFTER_S
-            if gone:
-                lost.append(row["id"])
+            if gone:  # (one reader marks it: another at once finds it marked)
                 with self._conn() as conn:
-                    conn.execute("UPDATE runs SET status = 'lost', ended_at = ? WHERE id = ? "
-                                 "AND status = 'running'", (last, row["id"]))
+                    if conn.execute("UPDATE runs SET status = 'lost', ended_at = ? WHERE id = ? "
+                                    "AND status = 'running'", (last, row["id"])).rowcount:
+                        lost.append(row["id"])
         return lost
 
     def record_event(self, run_id: int, event: protocol.Event) -> None:

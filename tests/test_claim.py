@@ -354,22 +354,25 @@ def test_every_second_pair_is_measured_in_the_second_process_where_it_is_ready()
         assert [t.second_process for t in pick] == [False, True][:1 + ready]
 
 
-def test_a_second_process_that_fails_leaves_the_pair_to_the_tunes_process():
+def test_a_second_process_that_fails_measures_nothing_more_and_is_closed():
+    """A pair half from each process would compare the processes: a trial the second process
+    fails is not measured here instead; its failure's first line is the claim's reason."""
     from dataloader_tuner.child.claiming import SecondProcess
     from dataloader_tuner.errors import RunError
 
     class Failing(FakeRunner):
         def measure(self, config, phase, repeat, share_s=None, elsewhere=None):
-            raise RunError("The second process measuring the claim died.",
+            raise RunError("The second process measuring the claim died.\nTraceback ...",
                            type="companion_failed")
 
     runner = Failing({"baseline": [100.0]})
     second = SecondProcess(None, runner, 0.0)
     second.companion = ClosedOnce()
-    got = second.measuring(LoaderConfig(batch_size=16), "baseline", None)(1)
-    assert got.samples_per_s == 100.0 and not got.second_process
+    assert second.measuring(LoaderConfig(batch_size=16), "baseline", None)(1) is None
+    assert runner.phases == [] and not second.used  # nothing measured in the tune's process
     assert second.failure == "The second process measuring the claim died."
     assert second.companion is None and ClosedOnce.closed == 1
+    assert not second.ready(1.0)  # and not started again
 
 
 class ClosedOnce:

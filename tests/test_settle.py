@@ -16,8 +16,8 @@ from dataloader_tuner.run.settle import settle_dead_runs
 
 from .conftest import ROOT
 
-# Epochs of 16 batches of ~70 ms: over a second each, so each one's end is written by the
-# loop's own thread as it runs out. The process then dies of SIGKILL, no handler run.
+# Epochs of 16 batches of ~70 ms. The process dies of SIGKILL, no handler run, 0.1 s after its
+# loop (right after its fourth epoch's fifth batch and a second, with ``extra``).
 ENDED_OUTRIGHT = """
 import os, signal, sys, threading, time
 from torch.utils.data import DataLoader
@@ -42,6 +42,8 @@ def train():
             if taken == extra:
                 break
         time.sleep(1.0)  # its batches written (the recorder's flushes)
+    else:  # the epoch's end is written by the writer thread, woken at once; a launcher takes
+        time.sleep(0.1)  # longer than this to end the process (Ray: seconds)
     os.kill(os.getpid(), signal.SIGKILL)
 
 if where == "thread":  # as Ray Train runs the training function: off the main thread

@@ -61,8 +61,11 @@ def measure_alone(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
         measure_trial(resolved, config, consumer, "prewarm", 0, window=PREWARM_S,
                       limit_s=limit_s)
         _warmed.append(True)
-        if limit_s is not None:  # (the user's limit holds for both)
-            limit_s = max(limit_s - (time.monotonic() - started), 0.001)
+        if limit_s is not None:  # (the user's limit holds for both: none left, no trial)
+            warmed_s = time.monotonic() - started
+            if limit_s <= 2 * warmed_s:
+                return None
+            limit_s -= warmed_s
     return measure_trial(resolved, config, consumer, order.phase, order.repeat,
                          window=order.window, limit_s=limit_s, share_s=order.share_s)
 
@@ -99,25 +102,25 @@ class SecondProcess:
                                         who=SECOND_PROCESS, beat=self.beat,
                                         alone=measure_alone)
         except RunError as exc:
-            self.failure = exc.message
+            self.failure = self.unmeasured = exc.message.splitlines()[0]
         return self.companion is not None
 
     def measuring(self, config: LoaderConfig, phase: str, share_s: float | None
                   ) -> Callable[[int], TrialResult | None]:
-        """As TrialRunner.measuring, the trial measured there; here where it failed."""
-        here = self.runner.measuring(config, phase, share_s)
-
+        """As TrialRunner.measuring, the trial measured there (None once it failed: a pair
+        half from each process would compare the processes, not the settings)."""
         def measure(repeat: int) -> TrialResult | None:
-            if self.companion is not None:
-                try:
-                    trial = self.runner.measure(config, phase, repeat, share_s=share_s,
-                                                elsewhere=self.companion)
-                    self.used = True
-                    return trial
-                except RunError as exc:
-                    self.failure = exc.message
-                    self.close()
-            return here(repeat)
+            if self.companion is None:
+                return None
+            try:
+                trial = self.runner.measure(config, phase, repeat, share_s=share_s,
+                                            elsewhere=self.companion)
+            except RunError as exc:
+                self.failure = exc.message.splitlines()[0]  # (its traceback: not a reason)
+                self.close()
+                return None
+            self.used = self.used or trial is not None
+            return trial
         return measure
 
     def close(self) -> None:
@@ -248,8 +251,13 @@ def claim_at_end(runner: TrialRunner, config: LoaderConfig, final: LoaderConfig,
     tune ])."""
     base_trials, pick_trials, result = pairs_at_end(runner, config, final, outcome,
                                                     epoch_items, second)
-    if second is not None and not second.used:  # NOTE [ A claim from two processes ]
-        result = claim.one_process(result, second.failure or second.unmeasured
+    # NOTE [ A claim from two processes ]
+    if second is not None and second.failure is not None:
+        result = claim.Claim(None, None, "no speedup is claimed: "
+                             + second.failure[:1].lower() + second.failure[1:],
+                             result.base, result.pick, result.ratio)
+    elif second is not None and not second.used:
+        result = claim.one_process(result, second.unmeasured
                                    or "the time left had room for one pair: a longer "
                                    "--budget-s measures a second")
     rec, early = outcome.recommendation, outcome.trials

@@ -122,9 +122,8 @@ class TimedLoop:
     __slots__ = ("ledger", "emit", "ahead", "step_times", "ran_out")
 
     def __init__(self, ledger: BatchLedger, emit: Emit, ahead: bool = False,
-                 ran_out: Callable[[int, float], None] | None = None) -> None:
-        """``ran_out(epoch, seconds)``: told when an epoch ran out, its last batch emitted,
-        with how long it took."""
+                 ran_out: Callable[[int], None] | None = None) -> None:
+        """``ran_out(epoch)``: told when an epoch ran out, its last batch emitted."""
         self.ledger, self.emit, self.ahead, self.ran_out = ledger, emit, ahead, ran_out
         self.step_times: tuple[float | None, float | None, float | None] = NO_STEP_TIMES
 
@@ -205,7 +204,7 @@ class TimedLoop:
             source.close()
             handover.end(clock() if ran_out else None)
             if ran_out and self.ran_out is not None:
-                self.ran_out(epoch, clock() - mark.start)
+                self.ran_out(epoch)
 
 
 class ColumnLoop:

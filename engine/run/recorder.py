@@ -39,7 +39,6 @@ FLUSH_S = 0.25  # rows reach their sink at least this often
 RESOURCES_EVERY = 2  # flushes: a resource sample every 0.5 s
 MAX_BACKLOG = 100_000  # rows kept for a retry while the sink cannot be written
 RECENT_ROWS = 2000  # the rows a rank's report to its job is figured from (job_report.py)
-SAY_NOW_AFTER_S = 1.0  # an epoch this long has its end written by the job's thread itself
 
 
 class Wakes:
@@ -103,17 +102,14 @@ class Recorder:
     def epoch_began(self, epoch: int, start: float, startup_s: float) -> None:
         self.events.append(protocol.Epoch(epoch, start, startup_s))
 
-    def epoch_ended(self, epoch: int, seconds: float) -> None:
-        """The epoch ran out after ``seconds``: said, and everything written now (the job's
-        process may be ended next, without exit handlers: NOTE [ Runs ended without a
-        word ], run/settle.py); here where the epoch took SAY_NOW_AFTER_S (the write's
-        milliseconds are nothing to it), else by the thread, woken at once."""
+    def epoch_ended(self, epoch: int) -> None:
+        """The epoch ran out: said, and everything written at once by the thread, woken (the
+        job's process may be ended next, without exit handlers: NOTE [ Runs ended without a
+        word ], run/settle.py). Not written here: a SIGTERM handler ending the run on this
+        thread in the middle of that write would wait for the write's lock forever."""
         self.events.append(protocol.EpochEnded(epoch, time.monotonic() - self.t0,
                                                self.ledger.seq))
-        if seconds >= SAY_NOW_AFTER_S and self._thread is not None and not self._wakes.stop.is_set():
-            self.flush(last=True)
-        else:
-            self._wakes.soon.set()
+        self._wakes.soon.set()
 
     def profiled(self, pid: int, worker_id: int, sampled: list) -> None:
         self.events.append(protocol.Profiled(pid, worker_id, sampled))
@@ -139,8 +135,10 @@ class Recorder:
             self._wakes.soon.wait(FLUSH_S)
             if self._wakes.stop.is_set():
                 return
+            # (cleared only when read set: one set after the read wakes the next round)
             everything = self._wakes.soon.is_set()
-            self._wakes.soon.clear()
+            if everything:
+                self._wakes.soon.clear()
             if on_tick is not None and on_tick():
                 return
             if not self.streaming:
