@@ -238,8 +238,9 @@ def test_a_tune_with_a_time_limit_keeps_to_it_and_says_what_it_did_not_reach(db_
 def test_a_tune_of_slow_batches_takes_the_time_it_aims_at(db_path):
     """NOTE [ A tune's aim ]: ~1 s batches that wait (more workers pay up to the 4 allowed):
     the whole plan is minutes; the tune says the time it aims at and its whole plan's, takes
-    what it said (within 25%), measures the count its model predicts and claims a speedup
-    from its claim's one pair; what it left out, a reason says."""
+    what it said (within 25%), measures the count its model predicts, and from its claim's
+    one pair, in the tune's process only, states the figures without a claim (NOTE [ A claim
+    from two processes ]); what it left out, a reason says."""
     result = cli("tune", dataset_path("second_batches.py"), "--max-workers", "4", "--json",
                  db=db_path)
     assert result.returncode == 0, result.stderr
@@ -250,8 +251,12 @@ def test_a_tune_of_slow_batches_takes_the_time_it_aims_at(db_path):
     assert 0.75 < doc["tuning_seconds"] / made["announced_s"] < 1.25, (doc["tuning_seconds"],
                                                                        made)
     assert made["predicted_workers"] == 4 and doc["recommended"]["num_workers"] == 4
-    assert doc["baseline"]["speedup"] is not None and doc["baseline"]["speedup"] > 2.5, \
-        doc["baseline"]
+    baseline = doc["baseline"]
+    if baseline["speedup"] is None:  # one pair: the second did not fit in the aim
+        found = re.search(r"\(([\d.]+)x\) in the tune's process only", baseline["speedup_note"])
+        assert found and float(found.group(1)) > 2.5, baseline
+    else:  # both pairs fitted, one in each process
+        assert baseline["speedup"] > 2.5 and "in two processes" in baseline["claimed_from"]
     assert not any("time limit" in r for r in doc["reasons"]), doc["reasons"]
     # the predicted count's neighbour measured, or its absence said
     measured = {t["num_workers"] for t in doc["trials"]}
