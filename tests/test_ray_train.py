@@ -17,6 +17,7 @@ from dataloader_tuner.dashboard import job_board
 from dataloader_tuner.run.settle import settle_dead_runs
 
 from .conftest import ROOT
+from .jobs import reap_orphans
 
 pytest.importorskip("ray.train.torch")  # requirements-test.txt installs it: CI runs these
 
@@ -24,11 +25,16 @@ JOB = os.path.join(ROOT, "tests", "trainers", "ray_train_job.py")
 
 
 def _ray_job(db_path: str, *args: str) -> list[dict]:
+    """The job's loops as it printed them, once Ray's own processes have ended: its actors
+    outlive the driver by a moment and, orphaned, are handed to this process (the suite's
+    subreaper once an engine ran here), which reaps them as init would outside the suite."""
+    before = {p.pid for p in psutil.Process().children()}
     done = subprocess.run([sys.executable, JOB, db_path, *args], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=ROOT, GLOO_SOCKET_IFNAME="lo",
                                    OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    reap_orphans(before, timeout=60)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
