@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from dataloader_tuner import RunStore
+from dataloader_tuner import RunStore, watch
 
 from .conftest import ROOT
 
@@ -40,8 +40,9 @@ print(json.dumps(seen))
 """
 
 
-def _job(db_path: str, state: str, mode: str, *more: str) -> tuple[list[int], str]:
-    done = subprocess.run([sys.executable, "-c", RESUMABLE, db_path, state, mode, *more],
+def _job(db_path: str, state: str, mode: str, *more: str, program: str = RESUMABLE
+         ) -> tuple[list[int], str]:
+    done = subprocess.run([sys.executable, "-c", program, db_path, state, mode, *more],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -71,9 +72,28 @@ def test_tuning_a_stateful_loader_in_place_is_off_and_says_what_would_break(db_p
                                                                             tmp_path):
     seen, said = _job(db_path, str(tmp_path / "loader.pt"), "take", "--tune")
     assert len(seen) == 37
-    assert ("tuning in place is off: StatefulDataLoader keeps its iterator's place for "
-            "state_dict() and load_state_dict()") in said, said
-    assert "resume at the wrong batch" in said
+    assert ("tuning in place is off: StatefulDataLoader's state_dict() records num_workers, "
+            "and its load_state_dict() takes only a state of the same count") in said, said
+    assert "would not load in your script as written" in said
+
+
+def test_what_the_reason_says_breaks_does_break_in_torchdata():
+    """A state taken at 2 workers does not load into the same loader at 1 (the switch the
+    in-place search would make): the reason above is torchdata's own rule."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def made(workers: int) -> StatefulDataLoader:
+        return StatefulDataLoader(list(range(20)), batch_size=2, num_workers=workers)
+
+    taken = made(2)
+    iterator = iter(taken)
+    next(iterator)
+    state = taken.state_dict()
+    del iterator
+    switched = made(1)
+    switched.load_state_dict(state)
+    with pytest.raises(AssertionError):
+        next(iter(switched))
 
 
 def test_a_subclass_without_state_is_told_apart_from_a_plain_loader():
@@ -86,3 +106,107 @@ def test_a_subclass_without_state_is_told_apart_from_a_plain_loader():
     assert not_rebuilt_reason(Mine([1, 2])).startswith(
         "Mine is a DataLoader subclass that makes its own iterators")
     assert "could not be rebuilt" in not_rebuilt_reason(torch.utils.data.DataLoader([1]))
+
+
+# The same checkpoint over a Dataset class of its own (a real fetch: ~3 ms a sample), its
+# workers probed on the loader's instance; resumed watched or not. argv: as RESUMABLE's, plus
+# watched|plain for the resume.
+PROBED = """
+import json, sys, time, torch
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from dataloader_tuner import watch
+
+class Slow(Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return i
+
+db, state, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+loader = StatefulDataLoader(Slow(), batch_size=4, shuffle=True, num_workers=2,
+                            generator=torch.Generator().manual_seed(7))
+if mode == "resume":
+    loader.load_state_dict(torch.load(state, weights_only=False))
+watched = watch(loader, name="train", db=db) if "plain" not in sys.argv else loader
+seen = []
+for batch in watched:
+    seen.extend(int(i) for i in batch)
+    if mode == "take" and len(seen) == 40:
+        torch.save(watched.state_dict(), state)
+        break
+assert loader.collate_fn.__name__ == "default_collate", loader.collate_fn  # as it was set
+if watched is not loader:
+    watched.close()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # three processes, each with torch and 2 workers
+def test_a_stateful_loader_is_watched_inside_its_workers_and_resumes_exactly(db_path, tmp_path):
+    """Its workers' rows and the fetch inside them, as a plain DataLoader's (before: the loop's
+    side only); a checkpoint taken while watched resumes with exactly the batches left, in a
+    process that watches it and in one that does not."""
+    state = str(tmp_path / "loader.pt")
+    first, _ = _job(db_path, state, "take", program=PROBED)
+    watched_rest, _ = _job(db_path, state, "resume", program=PROBED)
+    plain_rest, _ = _job(db_path, state, "resume", "plain", program=PROBED)
+    assert len(first) == 40 and watched_rest == plain_rest and len(plain_rest) == 60
+    assert sorted(first + plain_rest) == list(range(100))
+    runs = sorted(RunStore(db_path).list_runs(), key=lambda run: run.id)
+    assert [run.result.batches for run in runs] == [10, 15]
+    for run in runs:
+        result = run.result
+        assert {w["id"] for w in result.workers} == {0, 1}, result.workers
+        assert all(w["batches"] > 0 for w in result.workers)
+        # 4 samples of ~3 ms each: the fetch is timed inside the workers, apart from collate
+        assert result.per_batch["fetch_ms"] >= 10, result.per_batch
+        assert result.per_batch["collate_ms"] < result.per_batch["fetch_ms"]
+        assert "leading dimension" not in result.counting["samples"]
+
+
+@pytest.mark.slow  # 2 s: the batch holding sample 40 takes 1.6 s
+def test_a_stateful_loaders_late_batch_is_named_with_its_worker_and_stack(db_path):
+    """As a plain DataLoader's (tests/test_stalls.py): the worker making a late batch and where
+    its stack is; its sample indices are the subclass's sampler's, not read."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from tests.datasets.slow_indices import SlowOnAFew
+
+    loader = watch(StatefulDataLoader(SlowOnAFew(), batch_size=4, num_workers=2), name="train",
+                   db=db_path)
+    seen = [int(batch[0, 0]) for batch in loader]
+    result = loader.close()
+    assert seen == list(range(0, 200, 4))
+    late = {w.code: w for w in result.warnings}["overdue_batch"]
+    (batch,) = late.evidence["batches"]
+    assert batch["seq"] == 10 and batch["worker_id"] == 0 and batch["took_s"] >= 1.5
+    assert "slow_indices.py" in late.evidence["stack"] and "__getitem__" in late.evidence["stack"]
+
+
+def test_accelerates_stateful_loader_is_watched_and_resumes_exactly(db_path):
+    """accelerate's use_stateful_dataloader shard stands in for the StatefulDataLoader it holds
+    without being a DataLoader (before: "not watched", an AttributeError): it is watched from
+    the loop's side, says why, and a checkpoint taken while watched resumes exactly."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True))
+
+    def prepared():
+        return accelerator.prepare(torch.utils.data.DataLoader(list(range(40)), batch_size=4))
+
+    watched = watch(prepared(), name="shard", db=db_path)
+    assert watched.unprobed_reason.startswith("DataLoaderShard makes its own iterators")
+    seen = []
+    for batch in watched:
+        seen += batch.tolist()
+        if len(seen) == 16:
+            state = watched.state_dict()
+            break
+    assert watched.close().batches == 4
+    resumed = prepared()
+    resumed.load_state_dict(state)
+    assert seen + [int(i) for batch in resumed for i in batch] == list(range(40))

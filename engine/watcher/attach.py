@@ -66,6 +66,9 @@ def attach_blocker(loader: Any) -> str | None:
     if not isinstance(loader, DataLoader):
         return f"{type(loader).__name__} is not a DataLoader"
     cls = type(loader)
+    if not issubclass(cls, DataLoader):  # accelerate's stateful DataLoaderShard: a stand-in
+        return (f"{cls.__name__} stands in for the {type(loader.__class__).__name__} it holds "
+                "without being a DataLoader: its own iterators are not the watcher's to make")
     if getattr(cls, GET_ITERATOR) is not getattr(DataLoader, GET_ITERATOR):
         return (f"{cls.__name__} defines its own {GET_ITERATOR}: its batches may not come "
                 "from DataLoader's iterator")

@@ -1,5 +1,6 @@
 """The iterators a watched loader's epochs run: its probed copy's (rebuild.py: each batch comes
-with where and how it was made), or, where the loader could not be probed, its own."""
+with where and how it was made), a subclass's own made with the probes set on its instance
+(own_iterators.py), or, where the loader could not be probed, its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from dataloader_tuner.instrument import first_fetch, threads
 from dataloader_tuner.record.loop import stop_workers
+from dataloader_tuner.watcher.own_iterators import ProbedOnInstance, probe_on_instance
 from dataloader_tuner.watcher.rebuild import instrumented
 
 
@@ -18,7 +20,10 @@ class EpochIterators:
         """``in_place``: the loader stays the job's (or its trainer's) own object, its
         iterators the watcher's (attach.py)."""
         self.loader, self.in_place = loader, in_place
-        self.probed, self.unprobed_reason = instrumented(loader, any_class=in_place)
+        self.probed: DataLoader | None = None
+        self.on_instance: ProbedOnInstance | None = None
+        self.unprobed_reason: str | None = None
+        self._probe(loader)
         self.init_fn_copied = loader.worker_init_fn  # the one the probed copy runs
         self.own: Any = None  # in place and not probed: the loader's own persistent iterator
         # The probed copy whose workers are being probed, where its probes start in the
@@ -39,8 +44,9 @@ class EpochIterators:
         the worker ids whose probes the recorder has read."""
         copy = self.probed
         if copy is None:
-            self.current = self._own_iterator()
-            return self.current, False
+            on_instance = self.on_instance
+            self.current = on_instance.iterator() if on_instance else self._own_iterator()
+            return self.current, on_instance is not None
         self._probe_once(copy, probed_workers)
         self.current = iter(copy)
         self.probes_inherited = _inherited(copy)  # what this epoch's workers were forked with
@@ -49,7 +55,7 @@ class EpochIterators:
     def copy_again(self) -> None:
         """The probed copy made again from the loader as it is now."""
         self.stop_kept()  # workers it kept between epochs end with it
-        self.probed, self.unprobed_reason = instrumented(self.loader, any_class=self.in_place)
+        self._probe(self.loader)
         self.init_fn_copied = self.loader.worker_init_fn
 
     def follow(self, loader: DataLoader) -> None:
@@ -60,6 +66,14 @@ class EpochIterators:
     def adopt(self, chosen: DataLoader) -> None:
         """Epochs from now on run ``chosen`` (a tuned copy of the loader), probed."""
         self.probed = instrumented(chosen)[0] or self.probed
+
+    def _probe(self, loader: DataLoader) -> None:
+        """A probed copy of ``loader``, or probes for a subclass's own iterators, or why not."""
+        self.probed, self.unprobed_reason = instrumented(loader, any_class=self.in_place)
+        self.on_instance = None
+        if (self.probed is None and isinstance(loader, DataLoader)
+                and type(loader) is not DataLoader and not self.in_place):
+            self.on_instance, self.unprobed_reason = probe_on_instance(loader)
 
     def stop_kept(self) -> None:
         """The probed copy's workers, kept between epochs (persistent_workers), end now."""

@@ -7,6 +7,7 @@ across a node's ranks tune/node.py's; this module runs it on the job's own batch
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from typing import Any, Callable, Iterator
@@ -254,6 +255,12 @@ def not_rebuilt_reason(loader: DataLoader) -> str:
     name = type(loader).__name__
     if type(loader) is DataLoader:
         return "the loader could not be rebuilt with probes"
+    if _torchdata_stateful(loader):
+        return (f"{name}'s state_dict() records num_workers, and its load_state_dict() takes "
+                "only a state of the same count (torchdata asserts it): a checkpoint taken "
+                "after a switch of workers would not load in your script as written, nor one "
+                "taken before it in the switched loader; tune it offline (dataloader-tuner "
+                "tune) and set the count in your script")
     if callable(getattr(loader, "state_dict", None)):
         return (f"{name} keeps its iterator's place for state_dict() and load_state_dict() (a "
                 "checkpoint resumes from it): a switch of workers would hand the loop batches "
@@ -261,6 +268,12 @@ def not_rebuilt_reason(loader: DataLoader) -> str:
                 "resume at the wrong batch; tune it offline (dataloader-tuner tune) instead")
     return (f"{name} is a DataLoader subclass that makes its own iterators: a switch of workers "
             f"would leave out what {name} does around them")
+
+
+def _torchdata_stateful(loader: DataLoader) -> bool:
+    """Whether ``loader`` is torchdata's StatefulDataLoader (torchdata imported by the job)."""
+    module = sys.modules.get("torchdata.stateful_dataloader.stateful_dataloader")
+    return module is not None and isinstance(loader, module.StatefulDataLoader)
 
 
 def in_place_blocker(loader: DataLoader, probed: DataLoader | None) -> str | None:
