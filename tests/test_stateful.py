@@ -210,3 +210,51 @@ def test_accelerates_stateful_loader_is_watched_and_resumes_exactly(db_path):
     resumed = prepared()
     resumed.load_state_dict(state)
     assert seen + [int(i) for batch in resumed for i in batch] == list(range(40))
+
+
+# An IterableDataset that keeps its place, checkpointed after 16 of its 48 items and resumed;
+# argv: DB STATE take|resume SHAPE watched|plain
+STREAM = """
+import json, sys, torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+from dataloader_tuner import watch
+from tests.datasets import resumable_streams
+
+db, state, mode, shape, how = sys.argv[1:6]
+loader = StatefulDataLoader(getattr(resumable_streams, shape)(), batch_size=4, num_workers=2)
+if mode == "resume":
+    loader.load_state_dict(torch.load(state, weights_only=False))
+watched = watch(loader, name=mode, db=db) if how == "watched" else loader
+seen = []
+for batch in watched:
+    seen.extend(int(i) for i in batch)
+    if mode == "take" and len(seen) == 16:
+        torch.save(watched.state_dict(), state)
+        break
+if watched is not loader:
+    watched.close()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # four processes, each with torch and 2 workers
+@pytest.mark.parametrize("shape", ["OwnIterator", "GeneratorIter"])
+def test_a_stateful_stream_is_timed_inside_its_workers_and_keeps_its_place(db_path, tmp_path,
+                                                                          shape):
+    """Its items timed as its workers pull them (the iterator the loader saves stays the
+    user's object: own_iterators.py), and a checkpoint resumes exactly as without watch()."""
+    def job(mode: str, how: str, state: str) -> list[int]:
+        return _job(db_path, state, mode, shape, how, program=STREAM)[0]
+
+    plain = [job("take", "plain", str(tmp_path / "p.pt")),
+             job("resume", "plain", str(tmp_path / "p.pt"))]
+    assert sorted(plain[0] + plain[1]) == list(range(48)) and len(plain[0]) == 16
+    watched_state = str(tmp_path / "w.pt")
+    assert job("take", "watched", watched_state) == plain[0]
+    assert job("resume", "watched", watched_state) == plain[1]
+    assert job("resume", "plain", watched_state) == plain[1]
+    for run in RunStore(db_path).list_runs():
+        result = run.result
+        assert {w["id"] for w in result.workers} == {0, 1}, result.workers
+        assert result.per_batch["fetch_ms"] >= 6, result.per_batch  # 4 items of ~2 ms
+        assert "leading dimension" not in result.counting["samples"]

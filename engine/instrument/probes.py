@@ -280,27 +280,7 @@ class TimedIterableDataset(IterableDataset):
     def __iter__(self):
         probing = _timer.first_fetch_here() and self.probe_first
         before = rng_state(self.inner) if probing else None
-        iterator = iter(self.inner)
-        timer = _timer
-        count = 0
-        while True:
-            # Only the items of a batch whose making is timed (TIME_EVERY): the collate drops
-            # the others' times unread. Its count does not move while its items are pulled.
-            timed = timer.made % timer.timed_every == 0
-            start = timer.begin() if timed else 0.0
-            try:
-                item = next(iterator)
-            except StopIteration:
-                return
-            except Exception as exc:
-                add_note(exc, f"while iterating, after {count} items from this process")
-                raise
-            if timed:
-                timer.add(start, clock())
-            if probing:
-                _timer.probe, probing = first_fetch_probe(before, rng_state(self.inner)), False
-            count += 1
-            yield item
+        yield from timed_items(iter(self.inner), self.inner, before)
 
     def __len__(self) -> int:
         # Raises TypeError like the original when there is no length.
@@ -316,6 +296,32 @@ class TimedIterableDataset(IterableDataset):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
+
+
+def timed_items(iterator: Iterator[Any], source: Any, before: dict[str, str] | None
+                ) -> Iterator[Any]:
+    """``iterator``'s items, each timed as the worker pulls it; ``before``: ``source``'s random
+    generators before its first item, where this process's first fetch is probed (else None)."""
+    timer = _timer
+    count = 0
+    while True:
+        # Only the items of a batch whose making is timed (TIME_EVERY): the collate drops
+        # the others' times unread. Its count does not move while its items are pulled.
+        timed = timer.made % timer.timed_every == 0
+        start = timer.begin() if timed else 0.0
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            add_note(exc, f"while iterating, after {count} items from this process")
+            raise
+        if timed:
+            timer.add(start, clock())
+        if before is not None:
+            timer.probe, before = first_fetch_probe(before, rng_state(source)), None
+        count += 1
+        yield item
 
 
 class RecordingBatchSampler(Sampler):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from dataloader_tuner.instrument.own_iterators import TimedFetchInit, can_time_fetch
 from dataloader_tuner.instrument.probes import timed_collate
@@ -49,9 +49,6 @@ def probe_on_instance(loader: DataLoader) -> tuple[ProbedOnInstance | None, str 
         return None, (f"{name} makes its own iterators, and at 0 workers its batches in your "
                       f"loop's process: their fetch and collate are inside the loop's wait; "
                       f"{LOOP_SIDE}")
-    if isinstance(loader.dataset, IterableDataset):
-        return None, (f"{name} makes its own iterators over an IterableDataset, whose iterator's "
-                      f"state it keeps: its items are not timed inside its workers; {LOOP_SIDE}")
     if loader.batch_sampler is None:
         return None, (f"{name} makes its own iterators and batch_size=None: its workers' "
                       f"fetches are not timed; {LOOP_SIDE}")
