@@ -345,6 +345,42 @@ def test_a_job_stopped_with_sigterm_ends_its_run_as_stopped(db_path):
     assert psutil.wait_procs(workers, timeout=10)[1] == []  # its workers went too
 
 
+DONE_THEN_SAVING = """
+import sys, time
+from torch.utils.data import DataLoader
+from dataloader_tuner import watch
+loader = watch(DataLoader(list(range(64)), batch_size=8, num_workers=2), name="train",
+               db=sys.argv[1])
+for epoch in range(2):
+    for batch in loader:
+        time.sleep(0.01)
+print("trained", flush=True)
+time.sleep(120)  # saving, uploading: the launcher's SIGTERM comes after the loop is done
+"""
+
+
+@pytest.mark.slow
+def test_a_job_ended_by_sigterm_after_its_loop_is_done_is_recorded_finished(db_path):
+    """Slurm and Kubernetes send SIGTERM when a job's time is up, however far it got: a loop
+    whose every epoch ran out had finished, and its run ends "ok" with every batch (before:
+    "stopped"); the process still dies of the signal."""
+    store = RunStore(db_path)
+    job = subprocess.Popen([sys.executable, "-c", DONE_THEN_SAVING, db_path], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert job.stdout.readline().strip() == "trained"
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+    assert job.returncode == -signal.SIGTERM
+    (run,) = store.list_runs()
+    assert run.status == "ok" and run.result.batches == 16 and run.result.epochs == 2
+
+
 BLOCKED_IN_C = """
 import ctypes, sys
 from torch.utils.data import DataLoader

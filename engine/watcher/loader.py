@@ -148,7 +148,8 @@ class WatchedLoader:
                                  own_workers_only=True, keep_recent=True,
                                  windows_after=self.config.warmup_batches)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.taken.append, ahead,
-                              ran_out=self.recorder.epoch_ended)
+                              ran_out=self._ran_out)
+        self._last_ran_out: int | None = None  # the latest epoch that ran out
         self._ended: tuple[ProfileResult | None] | None = None  # (its result,) once it ended
         # Under torchrun, this rank's loader is reported to the job as a whole (rank 0 gathers).
         # Its name in the job's store: the same on every rank (the same script watches its
@@ -274,6 +275,15 @@ class WatchedLoader:
         result = copies.copy(self.ledger.seq - 1, batch, device, non_blocking)
         self.recorder.copies.extend(copies.resolved())
         return result
+
+    def _ran_out(self, epoch: int) -> None:
+        self._last_ran_out = epoch
+        self.recorder.epoch_ended(epoch)
+
+    def ended_whole(self) -> bool:
+        """Whether every epoch the loop started ran out: a SIGTERM now ends a loop that had
+        done what it asked of the loader (shutdown.py)."""
+        return self.ledger.epochs > 0 and self._last_ran_out == self.ledger.epochs - 1
 
     def close(self, status: str = "ok", error: dict | None = None):
         """End the run now (else it ends when the program exits); returns its ProfileResult."""

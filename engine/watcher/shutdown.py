@@ -1,7 +1,7 @@
 """How a watched job's runs end with the job: each registered run is ended at exit ("error" with
-the exception the script died of, else "ok"), and on SIGTERM "stopped" before the signal takes
-its course (NOTE [ Ending watched runs on SIGTERM ]). A watched loader registers itself and
-ends through ``closing``.
+the exception the script died of, else "ok"), and on SIGTERM "stopped" (or "ok", its loop's
+epochs all run out) before the signal takes its course (NOTE [ Ending watched runs on
+SIGTERM ]). A watched loader registers itself and ends through ``closing``.
 
 NOTE [ Ending watched runs on SIGTERM ]
 
@@ -9,7 +9,11 @@ NOTE [ Ending watched runs on SIGTERM ]
     a job, and ``kill``). Python's default dies on the spot, without atexit, leaving runs to be
     marked lost later. Where the job has no SIGTERM handler of its own, the watched runs end
     "stopped" (written, and reported to the job), then the signal takes its default course. A
-    job that sets its own handler later replaces this one.
+    job that sets its own handler later replaces this one. A run whose loop had finished every
+    epoch it started ends "ok" instead, with its result: a launcher that ends a job once its
+    loop is done ends it so (Slurm's SIGTERM then SIGKILL after KillWait, Kubernetes' after
+    terminationGracePeriodSeconds, when the script goes on saving or uploading), and so does
+    a job preempted between epochs, whose every epoch is whole. Mid-epoch, it is "stopped".
 
     Python runs a handler only when the main thread is back in the interpreter: a rank blocked
     in a C call (a collective waiting for a dead peer) would not die until torchrun's SIGKILL,
@@ -34,6 +38,8 @@ from dataloader_tuner.errors import RunError
 
 class Closable(Protocol):
     def close(self, status: str = "ok", error: dict | None = None) -> Any: ...
+
+    def ended_whole(self) -> bool: ...
 
 
 _watched: list[Closable] = []  # ended at exit, in order
@@ -137,7 +143,10 @@ def _end_all_as(status: str, error: dict | None = None) -> None:
 
 
 def _stop_all() -> None:
-    _end_all_as("stopped")
+    """SIGTERM: each run "stopped", or "ok" where every epoch its loop started ran out (see
+    the NOTE)."""
+    for watched in list(_watched):
+        watched.close("ok" if watched.ended_whole() else "stopped")
 
 
 def _die_of_sigterm() -> None:
