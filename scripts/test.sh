@@ -5,5 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -r requirements-test.txt
+# litdata (tests/test_litdata.py) without its declared torchvision, whose PyPI wheel pulls a
+# newer CUDA torch: it imports boto3 only (requirements-test.txt)
+python3 -m pip install -q --no-deps litdata==0.2.76
 python3 -m pip install -q --no-deps -e .
 python3 -m pytest "$@"

@@ -258,3 +258,27 @@ def test_a_stateful_stream_is_timed_inside_its_workers_and_keeps_its_place(db_pa
         assert {w["id"] for w in result.workers} == {0, 1}, result.workers
         assert result.per_batch["fetch_ms"] >= 6, result.per_batch  # 4 items of ~2 ms
         assert "leading dimension" not in result.counting["samples"]
+
+
+def test_probes_on_a_lazy_subclass_stay_set_until_its_iterator_is_made():
+    """A subclass whose __iter__ is a generator (litdata's) makes its iterator at the first
+    next(): the probes are set until then, and put back there, or when the epoch ends
+    without it (own_iterators.py)."""
+    from torch.utils.data._utils.collate import default_collate
+
+    from dataloader_tuner.watcher.own_iterators import ProbedOnInstance
+
+    class Lazy(torch.utils.data.DataLoader):
+        def __iter__(self):
+            yield from super().__iter__()
+
+    loader = Lazy(list(range(6)), batch_size=2)
+    probes = ProbedOnInstance(loader)
+    batches = probes.iterator()
+    assert loader.collate_fn is not default_collate  # not made yet
+    batch, meta = next(batches)
+    assert batch.tolist() == [0, 1] and meta.samples == 2
+    assert loader.collate_fn is default_collate and loader.worker_init_fn is None
+    probes.iterator()  # never started...
+    probes.put_back()  # ...and its epoch over
+    assert loader.collate_fn is default_collate

@@ -81,6 +81,12 @@ class EpochIterators:
             stop_workers(getattr(self.probed, "_iterator", None))
             self.probed._iterator = None
 
+    def epoch_closed(self) -> None:
+        """An epoch ended or was broken off: a subclass's own attributes are its own again,
+        where its iterator was never started (own_iterators.py)."""
+        if self.on_instance is not None:
+            self.on_instance.put_back()
+
     def kept(self, iterator: Any) -> bool:
         """Whether ``iterator`` is one a loader keeps for its next epoch (persistent workers):
         the probed copy's, or the job's own loader's where it could not be probed."""

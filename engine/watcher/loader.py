@@ -392,6 +392,7 @@ class _WatchedEpoch(BatchSource):
     def close(self) -> None:
         # A loop that breaks off frees its workers with the generator, as before.
         iterators, iterator = self.watched.iterators, self.iterator
+        iterators.epoch_closed()
         if iterators.current is iterator:
             iterators.current = None
         if not iterators.kept(iterator):  # (its workers are gone already if it ran out)

@@ -4,7 +4,8 @@ makes its own iterators ], instrument/own_iterators.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import inspect
+from typing import Any, Generator, Iterator
 
 from torch.utils.data import DataLoader
 
@@ -12,10 +13,16 @@ from dataloader_tuner.instrument.own_iterators import TimedFetchInit, can_time_f
 from dataloader_tuner.instrument.probes import timed_collate
 
 LOOP_SIDE = "the watcher times your loop's side (waits, steps, samples)"
-# Classes whose __iter__ and _get_iterator hand their iterator's batches on untouched: a
-# subclass's own __iter__ may read or change each batch, which would then be the probes' pair.
-UNTOUCHED_BATCHES = ("torch.utils.data.dataloader.DataLoader",
-                     "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader")
+# Classes whose __iter__ and _get_iterator hand their iterator's batches on untouched (for
+# datasets of the class named, where they do only for those): a subclass's own __iter__ may
+# read or change each batch, which would then be the probes' pair.
+UNTOUCHED_BATCHES: dict[str, str | None] = {
+    "torch.utils.data.dataloader.DataLoader": None,
+    "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader": None,
+    # litdata unpacks its Combined and Parallel datasets' batches; a StreamingDataset's it
+    # yields as they come (counting them for its state_dict)
+    "litdata.streaming.dataloader.StreamingDataLoader": "litdata.streaming.dataset.StreamingDataset",
+}
 
 
 class ProbedOnInstance:
@@ -24,24 +31,50 @@ class ProbedOnInstance:
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
+        self.own: tuple[Any, Any] | None = None  # the loader's collate_fn, worker_init_fn
 
     def iterator(self) -> Iterator[Any]:
-        """``iter(loader)``, as the subclass makes it, with the probes for its workers."""
+        """``iter(loader)``, as the subclass makes it, with the probes for its workers. A
+        subclass whose ``__iter__`` is a generator (litdata's) makes its iterator at the first
+        ``next()``: the probes stay set until then."""
         loader = self.loader
-        collate_fn, init_fn = loader.collate_fn, loader.worker_init_fn
-        loader.collate_fn = timed_collate(collate_fn, auto_collation=True)
-        loader.worker_init_fn = TimedFetchInit(init_fn)
+        self.put_back()  # (an earlier epoch's, never started)
+        self.own = (loader.collate_fn, loader.worker_init_fn)
+        loader.collate_fn = timed_collate(self.own[0], auto_collation=True)
+        loader.worker_init_fn = TimedFetchInit(self.own[1])
         try:
-            return iter(loader)
-        finally:  # the iterator keeps them; the loader reads as the user set it
-            loader.collate_fn, loader.worker_init_fn = collate_fn, init_fn
+            made = iter(loader)
+        except BaseException:
+            self.put_back()
+            raise
+        if not inspect.isgenerator(made):
+            self.put_back()  # the iterator keeps them; the loader reads as the user set it
+            return made
+        return self._put_back_once_made(made)
+
+    def _put_back_once_made(self, batches: Generator[Any, None, None]
+                            ) -> Generator[Any, None, None]:
+        try:
+            first = next(batches)
+        except StopIteration:
+            return
+        finally:
+            self.put_back()
+        yield first
+        yield from batches
+
+    def put_back(self) -> None:
+        """The loader's own collate_fn and worker_init_fn again."""
+        if self.own is not None:
+            self.loader.collate_fn, self.loader.worker_init_fn = self.own
+            self.own = None
 
 
 def probe_on_instance(loader: DataLoader) -> tuple[ProbedOnInstance | None, str | None]:
     """(the probes, None), or (None, which part cannot be measured and why)."""
     name = type(loader).__name__
     changer = next((method for method in ("__iter__", "_get_iterator")
-                    if _defined_by(type(loader), method) not in UNTOUCHED_BATCHES), None)
+                    if not _untouched(_defined_by(type(loader), method), loader.dataset)), None)
     if changer is not None:
         return None, (f"{name} makes its own iterators with its own {changer}, which may read "
                       f"or change each batch: its workers are not probed; {LOOP_SIDE}")
@@ -62,7 +95,18 @@ def probe_on_instance(loader: DataLoader) -> tuple[ProbedOnInstance | None, str 
     return ProbedOnInstance(loader), None
 
 
+def _untouched(owner: str, dataset: Any) -> bool:
+    """Whether ``owner``'s method hands on the batches of ``dataset`` untouched."""
+    if owner not in UNTOUCHED_BATCHES:
+        return False
+    needs = UNTOUCHED_BATCHES[owner]
+    return needs is None or any(_path(cls) == needs for cls in type(dataset).__mro__)
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _defined_by(cls: type, method: str) -> str:
     """The class in ``cls``'s MRO that defines ``method``, as module.name."""
-    owner = next(klass for klass in cls.__mro__ if method in vars(klass))
-    return f"{owner.__module__}.{owner.__qualname__}"
+    return _path(next(klass for klass in cls.__mro__ if method in vars(klass)))
