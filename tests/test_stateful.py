@@ -2,10 +2,12 @@
 checkpoint taken mid-epoch while watched resumes in a fresh process with exactly the batches
 left, and tuning in place, which its state forbids, says so naming it."""
 
+import gc
 import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -185,79 +187,68 @@ def test_a_stateful_loaders_late_batch_is_named_with_its_worker_and_stack(db_pat
     assert "slow_indices.py" in late.evidence["stack"] and "__getitem__" in late.evidence["stack"]
 
 
-def test_accelerates_stateful_loader_is_watched_and_resumes_exactly(db_path):
-    """accelerate's use_stateful_dataloader shard stands in for the StatefulDataLoader it holds
-    without being a DataLoader (before: "not watched", an AttributeError): it is watched from
-    the loop's side, says why, and a checkpoint taken while watched resumes exactly."""
+class Numbered(torch.utils.data.Dataset):
+    """Sample i is 8 copies of i (a class of its own: a list's cannot be timed in workers)."""
+
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, index):
+        return torch.full((8,), float(index))
+
+
+def _shard_epochs(db_path: str | None) -> tuple[list[int], list[int], list[int], Any]:
+    """accelerate's stateful shard of Numbered, 2 workers, shuffled: an epoch, 80 samples of
+    the next and a checkpoint, and what a fresh shard loaded from it gives; watched where
+    ``db_path`` is given (the run's result returned too)."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
+
+    from dataloader_tuner.watcher.shutdown import _watched
 
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         use_stateful_dataloader=True))
 
     def prepared():
-        return accelerator.prepare(torch.utils.data.DataLoader(list(range(40)), batch_size=4))
+        return accelerator.prepare(torch.utils.data.DataLoader(
+            Numbered(), batch_size=4, num_workers=2, shuffle=True,
+            generator=torch.Generator().manual_seed(3)))
 
-    watched = watch(prepared(), name="shard", db=db_path)
-    assert watched.unprobed_reason.startswith("DataLoaderShard makes its own iterators")
-    seen = []
-    for batch in watched:
-        seen += batch.tolist()
-        if len(seen) == 16:
-            state = watched.state_dict()
+    shard = prepared()
+    if db_path is not None:
+        assert watch(shard, name="shard", db=db_path) is shard  # the job keeps its shard
+    first = [int(sample[0]) for batch in shard for sample in batch]
+    seen: list[int] = []
+    for batch in shard:
+        seen += [int(sample[0]) for sample in batch]
+        if len(seen) == 80:
+            state = shard.state_dict()
             break
-    assert watched.close().batches == 4
+    result = _watched[-1].close() if db_path is not None else None
+    assert "__iter__" not in shard.base_dataloader.__dict__  # its own again
     resumed = prepared()
     resumed.load_state_dict(state)
-    assert seen + [int(i) for batch in resumed for i in batch] == list(range(40))
+    rest = [int(sample[0]) for batch in resumed for sample in batch]
+    del shard, resumed
+    gc.collect()  # (the broken-off epoch's workers end with its loader)
+    return first, seen, rest, result
 
 
-# An IterableDataset that keeps its place, checkpointed after 16 of its 48 items and resumed;
-# argv: DB STATE take|resume SHAPE watched|plain
-STREAM = """
-import json, sys, torch
-from torchdata.stateful_dataloader import StatefulDataLoader
-from dataloader_tuner import watch
-from tests.datasets import resumable_streams
-
-db, state, mode, shape, how = sys.argv[1:6]
-loader = StatefulDataLoader(getattr(resumable_streams, shape)(), batch_size=4, num_workers=2)
-if mode == "resume":
-    loader.load_state_dict(torch.load(state, weights_only=False))
-watched = watch(loader, name=mode, db=db) if how == "watched" else loader
-seen = []
-for batch in watched:
-    seen.extend(int(i) for i in batch)
-    if mode == "take" and len(seen) == 16:
-        torch.save(watched.state_dict(), state)
-        break
-if watched is not loader:
-    watched.close()
-print(json.dumps(seen))
-"""
-
-
-@pytest.mark.slow  # four processes, each with torch and 2 workers
-@pytest.mark.parametrize("shape", ["OwnIterator", "GeneratorIter"])
-def test_a_stateful_stream_is_timed_inside_its_workers_and_keeps_its_place(db_path, tmp_path,
-                                                                          shape):
-    """Its items timed as its workers pull them (the iterator the loader saves stays the
-    user's object: own_iterators.py), and a checkpoint resumes exactly as without watch()."""
-    def job(mode: str, how: str, state: str) -> list[int]:
-        return _job(db_path, state, mode, shape, how, program=STREAM)[0]
-
-    plain = [job("take", "plain", str(tmp_path / "p.pt")),
-             job("resume", "plain", str(tmp_path / "p.pt"))]
-    assert sorted(plain[0] + plain[1]) == list(range(48)) and len(plain[0]) == 16
-    watched_state = str(tmp_path / "w.pt")
-    assert job("take", "watched", watched_state) == plain[0]
-    assert job("resume", "watched", watched_state) == plain[1]
-    assert job("resume", "plain", watched_state) == plain[1]
-    for run in RunStore(db_path).list_runs():
-        result = run.result
-        assert {w["id"] for w in result.workers} == {0, 1}, result.workers
-        assert result.per_batch["fetch_ms"] >= 6, result.per_batch  # 4 items of ~2 ms
-        assert "leading dimension" not in result.counting["samples"]
+@pytest.mark.slow  # four shards of 2 workers
+def test_accelerates_stateful_loader_is_watched_inside_its_workers_and_resumes_exactly(
+        db_path):
+    """accelerate's use_stateful_dataloader shard stands in for the StatefulDataLoader it holds
+    without being a DataLoader (before: "not watched", an AttributeError). It is watched inside
+    its own object, asking the StatefulDataLoader for each epoch through an ``__iter__`` set on
+    it (attach.py): the workers' rows come from the epochs made with the probes (not the first:
+    the shard made that one's iterator for state_dict() when it was made), and the batches, the
+    checkpoint and what resumes from it are those of the shard unwatched."""
+    *plain, _ = _shard_epochs(None)
+    *watched, result = _shard_epochs(db_path)
+    assert watched == plain and len(plain[0]) == 200 and len(plain[2]) == 120
+    assert result.epochs == 2 and {w["id"] for w in result.workers} == {0, 1}
+    assert sum(w["batches"] for w in result.workers) >= 20  # the second epoch's
+    assert result.per_batch["fetch_ms"] is not None
 
 
 def test_probes_on_a_lazy_subclass_stay_set_until_its_iterator_is_made():
@@ -274,8 +265,8 @@ def test_probes_on_a_lazy_subclass_stay_set_until_its_iterator_is_made():
 
     loader = Lazy(list(range(6)), batch_size=2)
     probes = ProbedOnInstance(loader)
-    batches = probes.iterator()
-    assert loader.collate_fn is not default_collate  # not made yet
+    batches, probed = probes.iterator()
+    assert probed and loader.collate_fn is not default_collate  # not made yet
     batch, meta = next(batches)
     assert batch.tolist() == [0, 1] and meta.samples == 2
     assert loader.collate_fn is default_collate and loader.worker_init_fn is None

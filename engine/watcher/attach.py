@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader
 
 from dataloader_tuner.watcher.frameworks import ACCELERATE, RAY_TRAIN
+from dataloader_tuner.watcher.own_iterators import probe_on_instance
 
 GET_ITERATOR = "_get_iterator"
 
@@ -55,7 +56,16 @@ def _wrapped(wrapper: Any) -> tuple[DataLoader, str] | None:
         if type(inner) is DataLoader and (key == "base_dataloader"
                                           or isinstance(wrapper, DataLoader)):
             return inner, framework
+        if key == "base_dataloader" and isinstance(inner, DataLoader) and _asks_by_iter(inner):
+            return inner, framework
     return None
+
+
+def _asks_by_iter(inner: DataLoader) -> bool:
+    """accelerate's use_stateful_dataloader shard holds a StatefulDataLoader and asks it for
+    each epoch with ``base_dataloader.__iter__()``: watched inside it through an ``__iter__``
+    set on that instance (attach), its own iterators made with the probes (own_iterators.py)."""
+    return type(inner) is not DataLoader and probe_on_instance(inner)[0] is not None
 
 
 def attach_blocker(loader: Any) -> str | None:
@@ -120,7 +130,12 @@ class MeasuredIterator:
 
 
 def attach(loader: DataLoader, epoch: Callable[[], Iterator[Any]]) -> None:
-    """From now on ``iter(loader)`` runs ``epoch()`` (attach_blocker said it may)."""
+    """From now on ``iter(loader)`` runs ``epoch()`` (attach_blocker said it may); for a
+    subclass making its own iterators, held by accelerate's stateful shard, ``loader.__iter__()``
+    (_asks_by_iter)."""
+    if attach_blocker(loader) is not None:
+        loader.__iter__ = epoch  # type: ignore[method-assign,assignment]  # (the shard's call)
+        return
     # Set on the instance (DataLoader forbids only its sampling attributes after construction).
     def measured() -> Any:  # (DataLoader types it as its own iterator class)
         return MeasuredIterator(loader, epoch)
@@ -132,6 +147,7 @@ def attach(loader: DataLoader, epoch: Callable[[], Iterator[Any]]) -> None:
 def detach(loader: DataLoader) -> None:
     """The loader's own iterators again (the run ended)."""
     loader.__dict__.pop(GET_ITERATOR, None)
+    loader.__dict__.pop("__iter__", None)
     if isinstance(loader.__dict__.get("_iterator"), MeasuredIterator):
         loader._iterator = None
 

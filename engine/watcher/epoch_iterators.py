@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from dataloader_tuner.instrument import first_fetch, threads
 from dataloader_tuner.record.loop import stop_workers
+from dataloader_tuner.watcher.attach import attach_blocker
 from dataloader_tuner.watcher.own_iterators import ProbedOnInstance, probe_on_instance
 from dataloader_tuner.watcher.rebuild import instrumented
 
@@ -44,9 +45,12 @@ class EpochIterators:
         the worker ids whose probes the recorder has read."""
         copy = self.probed
         if copy is None:
-            on_instance = self.on_instance
-            self.current = on_instance.iterator() if on_instance else self._own_iterator()
-            return self.current, on_instance is not None
+            probed = False
+            if self.on_instance is not None:
+                self.current, probed = self.on_instance.iterator()
+            else:
+                self.current = self._own_iterator()
+            return self.current, probed
         self._probe_once(copy, probed_workers)
         self.current = iter(copy)
         self.probes_inherited = _inherited(copy)  # what this epoch's workers were forked with
@@ -68,12 +72,18 @@ class EpochIterators:
         self.probed = instrumented(chosen)[0] or self.probed
 
     def _probe(self, loader: DataLoader) -> None:
-        """A probed copy of ``loader``, or probes for a subclass's own iterators, or why not."""
-        self.probed, self.unprobed_reason = instrumented(loader, any_class=self.in_place)
-        self.on_instance = None
-        if (self.probed is None and isinstance(loader, DataLoader)
-                and type(loader) is not DataLoader and not self.in_place):
+        """A probed copy of ``loader``, or probes for a subclass's own iterators (one not
+        watched in place, or held by accelerate's stateful shard: attach.py), or why not."""
+        self.probed, self.on_instance = None, None
+        if self._own_iterators(loader):
             self.on_instance, self.unprobed_reason = probe_on_instance(loader)
+        else:
+            self.probed, self.unprobed_reason = instrumented(loader, any_class=self.in_place)
+
+    def _own_iterators(self, loader: DataLoader) -> bool:
+        """Whether ``loader`` is a subclass whose own iterators its epochs run."""
+        return (isinstance(loader, DataLoader) and type(loader) is not DataLoader
+                and (not self.in_place or attach_blocker(loader) is not None))
 
     def stop_kept(self) -> None:
         """The probed copy's workers, kept between epochs (persistent_workers), end now."""
@@ -116,6 +126,8 @@ class EpochIterators:
         loader = self.loader
         if not self.in_place:
             return iter(loader)
+        if self._own_iterators(loader):  # (its __iter__ is the watcher's on the instance)
+            return type(loader).__iter__(loader)
         if not (loader.persistent_workers and loader.num_workers > 0):
             return DataLoader._get_iterator(loader)
         if self.own is None:

@@ -33,24 +33,26 @@ class ProbedOnInstance:
         self.loader = loader
         self.own: tuple[Any, Any] | None = None  # the loader's collate_fn, worker_init_fn
 
-    def iterator(self) -> Iterator[Any]:
-        """``iter(loader)``, as the subclass makes it, with the probes for its workers. A
-        subclass whose ``__iter__`` is a generator (litdata's) makes its iterator at the first
-        ``next()``: the probes stay set until then."""
+    def iterator(self) -> tuple[Iterator[Any], bool]:
+        """``iter(loader)``, as the subclass makes it, with the probes for its workers, and
+        whether it was made with them: a StatefulDataLoader asked for its ``state_dict()``
+        before its first epoch (accelerate's shard does, when made) made that epoch's iterator
+        then, and it runs unprobed. A subclass whose ``__iter__`` is a generator (litdata's)
+        makes its iterator at the first ``next()``: the probes stay set until then."""
         loader = self.loader
         self.put_back()  # (an earlier epoch's, never started)
         self.own = (loader.collate_fn, loader.worker_init_fn)
-        loader.collate_fn = timed_collate(self.own[0], auto_collation=True)
+        collate = loader.collate_fn = timed_collate(self.own[0], auto_collation=True)
         loader.worker_init_fn = TimedFetchInit(self.own[1])
         try:
             made = iter(loader)
         except BaseException:
             self.put_back()
             raise
-        if not inspect.isgenerator(made):
-            self.put_back()  # the iterator keeps them; the loader reads as the user set it
-            return made
-        return self._put_back_once_made(made)
+        if inspect.isgenerator(made):
+            return self._put_back_once_made(made), True
+        self.put_back()  # the iterator keeps them; the loader reads as the user set it
+        return made, getattr(made, "_collate_fn", collate) is collate
 
     def _put_back_once_made(self, batches: Generator[Any, None, None]
                             ) -> Generator[Any, None, None]:
