@@ -273,3 +273,59 @@ def test_probes_on_a_lazy_subclass_stay_set_until_its_iterator_is_made():
     probes.iterator()  # never started...
     probes.put_back()  # ...and its epoch over
     assert loader.collate_fn is default_collate
+
+
+class ResumableDataLoader(torch.utils.data.DataLoader):
+    """Many repositories' own: counts the batches it yields on top of DataLoader's iterator
+    (MosaicML streaming's StreamingDataLoader does the same) and skips as many on resume."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skip = self.yielded = 0
+
+    def __iter__(self):
+        self.yielded, skip, self.skip = self.skip, self.skip, 0
+        for position, batch in enumerate(super().__iter__()):
+            if position >= skip:
+                self.yielded += 1
+                yield batch
+
+    def state_dict(self):
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state):
+        self.skip = state["yielded"]
+
+
+@pytest.mark.slow  # four loaders of 2 workers
+def test_a_repositorys_resumable_loader_is_watched_in_place_and_resumes_exactly(db_path):
+    """Its __iter__ takes DataLoader's batches (super().__iter__()): watched inside its own
+    object, its workers' rows recorded, and its count, checkpoint and resume as unwatched."""
+    def epochs(watched: bool) -> tuple[list[int], list[int], Any]:
+        def made():
+            return ResumableDataLoader(Numbered(), batch_size=4, num_workers=2, shuffle=True,
+                                       generator=torch.Generator().manual_seed(5))
+
+        loader = made()
+        if watched:
+            assert watch(loader, name="resumable", db=db_path) is loader
+        seen: list[int] = []
+        for batch in loader:
+            seen += [int(sample[0]) for sample in batch]
+            if len(seen) == 60:
+                state = loader.state_dict()
+                break
+        from dataloader_tuner.watcher.shutdown import _watched
+
+        result = _watched[-1].close() if watched else None
+        resumed = made()
+        resumed.load_state_dict(state)
+        rest = [int(sample[0]) for batch in resumed for sample in batch]
+        del loader, resumed
+        gc.collect()
+        return seen, rest, result
+
+    *plain, _ = epochs(False)
+    *watched, result = epochs(True)
+    assert watched == plain and sorted(plain[0] + plain[1]) == list(range(200))
+    assert {w["id"] for w in result.workers} == {0, 1} and result.batches == 15
