@@ -62,6 +62,9 @@ def _run_view(run_id: int) -> None:
     views.headline(result)
     st.caption("Input wait is the real one: the time your training loop spent in next(), "
                "against the time between batches (your step).")
+    untimed = (result.counting or {}).get("workers")
+    if untimed:  # its workers could not be probed: which part is not measured, and why
+        st.caption(f"Not timed inside its workers: {untimed}.")
     views.run_charts(result, live.batches, key=f"watched-{run_id}", windows=live.windows)
     views.where_time_goes(views.sampled_of(result), key=f"watched-{run_id}",
                           name=f"watched {run.label or 'loader'} in {job_board.job_of(run)}")

@@ -334,6 +334,23 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     assert saved.ceiling is None or saved.ceiling["sentence"] in texts(at)
 
 
+def test_a_watched_loader_whose_workers_are_not_timed_says_which_part_and_why(app_env, capfd):
+    """A StatefulDataLoader over a list (a builtin: its workers' copies cannot be timed) with 2
+    workers: the job's output and its page say what is not measured, and why."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from dataloader_tuner import watch
+
+    watched = watch(stateful.StatefulDataLoader(list(range(40)), batch_size=4, num_workers=2),
+                    name="train", db=app_env)
+    assert [len(batch) for batch in watched] == [4] * 10
+    watched.close()
+    why = "StatefulDataLoader makes its own iterators, and its dataset (a list) cannot be timed"
+    assert f"train: not timed inside its workers: {why}" in capfd.readouterr().err
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    assert not at.exception
+    assert f"Not timed inside its workers: {why}" in texts(at)
+
+
 def test_tune_this_job_asks_the_running_job_to_tune_in_place(app_env, monkeypatch, tmp_path):
     from torch.utils.data import DataLoader
 

@@ -173,6 +173,8 @@ class WatchedLoader:
                          if self.rank else None)
         if in_place:
             attach(loader, self.__iter__)
+        if self.unprobed_reason and self.config.num_workers:  # (said on the page too)
+            _say(f"{self.name}: not timed inside its workers: {self.unprobed_reason}")
         if tune:
             self._start_tuning()
         self.copies = CopyTimes.create()  # None without CUDA
@@ -353,7 +355,7 @@ class WatchedLoader:
         counting = counting_rules(self.config)
         if self.unprobed_reason:
             counting = {"samples": "the leading dimension of each batch (" + self.unprobed_reason
-                        + ")", "bytes": "not read"}
+                        + ")", "bytes": "not read", "workers": self.unprobed_reason}
         machine = system.snapshot(gpu.gpu_info(), wait=self.recorder.sleep_unless_stopped)
         self.checks.shm_at_start = machine.shm
         return protocol.Ready(
