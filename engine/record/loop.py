@@ -29,7 +29,11 @@ NOTE [ One batch, in order ]
     unwatched. Held here, the batch was freed inside the job's next batch's next() (a worker's
     batch unmaps its shared memory: ~1.4 ms for 6 MB, ~4 ms for 19 MB), outside the timed
     wait: Lightning's profiler timed ~1.4 ms a batch more fetching than the tool's wait (65 ms
-    an epoch with 19 MB batches), and the job held two batches at once.
+    an epoch with 19 MB batches), and the job held two batches at once. The one exception: a
+    large batch the loop still holds when it asks for the next (it will let go of it when it
+    binds the next one's tensors, in its own clock's wait) is held from then until the loop
+    asks again, and freed inside that wait (NOTE [ A batch freed where the loop's clock has
+    it ], freed.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import time
 from threading import get_ident
 from typing import Any, Callable, Generator, Iterator
 
+from dataloader_tuner.record import freed
+from dataloader_tuner.record.freed import FREED_BYTES
 from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns, column_meta
 from dataloader_tuner.record.ledger import NEXT_WINDOW, BatchLedger, EpochMark
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
@@ -149,6 +155,10 @@ class TimedLoop:
         iterator, window = source.iterator, NEXT_WINDOW
         gaps, resolved_gaps = ledger.gaps, ledger.resolved_gaps  # (GPU events: a CUDA job's)
         t_back: float | None = None  # (set: the epoch's first batch has been taken)
+        # (the batch the loop holds, and the one before it that the loop let go of, held here:
+        # freed inside the next wait, NOTE [ A batch freed where the loop's clock has it ])
+        followed: tuple = ()
+        _kept: tuple = ()  # (held, never read)
         ran_out = False
         try:
             while True:
@@ -157,6 +167,7 @@ class TimedLoop:
                         gaps.asking()
                     window.thread = ident = get_ident()
                     ledger.asking_since = window.since = t_request = t_back
+                    _kept = freed.held(followed) if followed else ()  # (the last freed)
                     try:
                         item = next(iterator)
                     except StopIteration:
@@ -184,6 +195,11 @@ class TimedLoop:
                             continue
                         raise
                 batch, meta = unpack(item) if unpack is not None else item
+                # (a large batch the loop may free in its next wait is followed: its size read
+                # where its making was timed; untimed batches are fast ones)
+                nbytes = meta[7] if meta.__class__ is not tuple else None  # type: ignore[misc]
+                followed = (freed.watch(batch) if steady and nbytes is not None
+                            and nbytes >= FREED_BYTES else ())
                 # Held by nothing here while the loop has it: the loop's reference is the
                 # batch's last (NOTE [ One batch, in order ])
                 held, item, batch = [batch], None, None
