@@ -12,8 +12,8 @@ import psutil
 import streamlit as st
 
 from dataloader_tuner import EngineError, ProfileResult
-from dataloader_tuner.ui import (BatchLog, BatchRecord, BatchWindow, Diagnostic, SystemSnapshot,
-                                 busy_timeline, counting_text, fmt, sampled_basis,
+from dataloader_tuner.ui import (LOOP_TIME, BatchLog, BatchRecord, BatchWindow, Diagnostic,
+                                 SystemSnapshot, busy_timeline, counting_text, fmt, sampled_basis,
                                  speedscope_document, startup_text, windows_text)
 
 from . import charts
@@ -62,7 +62,8 @@ def headline(result: ProfileResult) -> None:
     cols[4].metric("input wait", fmt(wait * 100 if wait is not None else None, ".1f", " %"),
                    help="The share of the loop's time spent waiting for data, each epoch's "
                         "start-up included (iter() starting the workers, then their first "
-                        "batch), as a loop timing its own data wait sees it.")
+                        f"batch), as a loop timing its own data wait sees it. The loop's time: "
+                        f"{LOOP_TIME}.")
     verdict = result.input_bound
     cols[5].metric("input-bound?", verdict.split()[0] if verdict else "n/a",
                    help="TensorBoard's input-pipeline-analyzer thresholds: waiting under 5 % is "

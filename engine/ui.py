@@ -7,7 +7,7 @@ from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url,
                                      new_token, tokens_match)
 from dataloader_tuner.analyse.diagnostic import Diagnostic
-from dataloader_tuner.analyse.metrics import busy_timeline, epoch_starts
+from dataloader_tuner.analyse.metrics import LOOP_TIME, busy_timeline, epoch_starts
 from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
                                             spends_most_in, window_figures)
 from dataloader_tuner.analyse.shm import shm_check
@@ -37,7 +37,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     # what a run's pages show
     "BatchRecord", "timed", "Diagnostic", "SystemSnapshot", "TrialRecord", "InPlaceDecision",
-    "busy_timeline", "epoch_starts", "chrome_trace", "counting_text", "fmt", "shm_check",
+    "busy_timeline", "epoch_starts", "LOOP_TIME", "chrome_trace", "counting_text", "fmt", "shm_check",
     "speedup_text", "startup_text", "speedscope_document", "sampled_basis",
     # fast batches kept in windows (record/windows.py)
     "BatchLog", "BatchWindow", "windows_text", "latest_stretch",

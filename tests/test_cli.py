@@ -45,6 +45,8 @@ def test_profile_text_and_the_runs_listing(db_path):
     result = cli("profile", dataset_path("with_step.py"), "--seconds", "1", db=db_path)
     assert result.returncode == 0, result.stderr
     assert "samples/s" in result.stdout and "input wait: " in result.stdout
+    # (what the share is of: its denominator said, issue 66)
+    assert "s: each epoch from its iter() to its last batch's step" in result.stdout
     assert "epoch start-up: " in result.stdout and "steady state: the loop waited" in result.stdout
     assert ("host-to-device copy: p50 " if GPU else "GPU: not measured: ") in result.stdout
     listing = cli("runs", "--json", db=db_path)

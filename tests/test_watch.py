@@ -188,6 +188,7 @@ def test_input_wait_agrees_with_a_loop_that_times_its_own_data_wait(db_path, wor
     wait = result.input_wait
     assert wait["share"] == pytest.approx(own, abs=0.02)
     assert wait["epochs_started"] == 3 and result.epochs == 3
+    assert wait["loop_is"].startswith("each epoch from its iter() to its last batch's step")
     if workers:  # three start-ups of 0.3 s each, against ~0.1 s of steps per epoch
         assert wait["startup_first_s"] >= 0.3 and wait["startup_share"] > 0.5
         assert result.input_bound == "highly input-bound"

@@ -197,6 +197,11 @@ def consumer_idle_fraction(batches: Sequence[BatchRecord],
     return min(waited / steady.seconds, 1.0)
 
 
+# What the headline's denominator, the loop's time, is (said in results, the CLI and the page)
+LOOP_TIME = ("each epoch from its iter() to its last batch's step: waits plus steps; the time "
+             "between epochs (validation, checkpoints) in neither")
+
+
 @dataclass(frozen=True)
 class InputWait:
     """The loop's wait for data as the loop lives it: every batch's wait in ``next()`` (an
@@ -217,10 +222,11 @@ class InputWait:
     def startup_share(self) -> float:
         return sum(self.startup_s) / self.loop_s if self.loop_s > 0 else 0.0
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> dict[str, float | int | str | None]:
         later = self.startup_s[1:]
         return {
             "share": self.share,
+            "loop_is": LOOP_TIME,
             "startup_share": self.startup_share,
             "waited_s": self.waited_s,
             "loop_s": self.loop_s,

@@ -6,6 +6,7 @@ import os
 from typing import Any, Sequence
 
 from dataloader_tuner.analyse.diagnostic import seconds_text
+from dataloader_tuner.analyse.metrics import LOOP_TIME
 from dataloader_tuner.analyse.results import ProfileResult
 
 
@@ -34,8 +35,10 @@ def profile_text(result: ProfileResult) -> str:
     if result.counting:
         lines.append(counting_text(result.counting))
     if result.input_wait is not None:
-        lines.append(f"input wait: {result.input_wait['share']:.1%} of the loop's time, epoch "
-                     f"start-ups included ({result.input_bound})")
+        wait = result.input_wait
+        lines.append(f"input wait: {wait['share']:.1%} of the loop's time "
+                     f"({fmt(wait['waited_s'], '.1f', ' s')} of {fmt(wait['loop_s'], '.1f', ' s')}:"
+                     f" {LOOP_TIME}), epoch start-ups included ({result.input_bound})")
         startup = startup_text(result.input_wait)
         if startup:
             lines.append(f"epoch start-up: {startup}")
