@@ -8,7 +8,8 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, StoredRun
-from dataloader_tuner.ui import chrome_trace, settle_dead_runs
+from dataloader_tuner.ui import (HISTORY_MAX_GB_ENV, HistoryLimits, chrome_trace,
+                                 history_size_text, settle_dead_runs)
 
 from . import charts, views
 from .shared import get_jobs
@@ -63,10 +64,20 @@ def _side(run: StoredRun, side: str) -> None:
                                   name=f"run {run.id}: {run.target}")
 
 
+def _size_text(path: str) -> str:
+    """The history's size and its limits, or why they cannot be read (a bad limit set)."""
+    try:
+        return history_size_text(path, HistoryLimits.from_env())
+    except ValueError as exc:
+        return str(exc)
+
+
 def render() -> None:
     store = get_jobs().store
     st.title("Run history")
-    st.caption(f"Every run is saved as it goes in `{store.path}`.")
+    st.caption(f"Every run is saved as it goes in `{store.path}`. "
+               f"{_size_text(store.path)}: `dataloader-tuner runs --prune` keeps it there "
+               f"(`--max-gb`, `--max-days`, or ${HISTORY_MAX_GB_ENV}).")
     settle_dead_runs(store)  # NOTE [ Runs ended without a word ] (engine/run/settle.py)
     runs = store.list_runs(500)
     if not runs:

@@ -22,6 +22,9 @@ from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
 from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
+from dataloader_tuner.run.retention import MAX_GB_ENV as HISTORY_MAX_GB_ENV
+from dataloader_tuner.run.retention import Limits as HistoryLimits
+from dataloader_tuner.run.retention import size_text as history_size_text
 from dataloader_tuner.run.settle import settle_dead_runs
 from dataloader_tuner.run.verify import Verification, check_claim
 from dataloader_tuner.settings import DEFAULT_BATCH_SIZE
@@ -32,7 +35,7 @@ __all__ = [
     "TOKEN_ENV", "NO_TOKEN_ENV", "TOKEN_QUERY", "new_token", "tokens_match", "dashboard_url",
     # starting and following runs from the Live page
     "Inspection", "RunHandle", "inspect_target", "LiveRun", "Verification", "check_claim",
-    "settle_dead_runs",
+    "settle_dead_runs", "HistoryLimits", "history_size_text", "HISTORY_MAX_GB_ENV",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "DEFAULT_BATCH_SIZE",
     # what a run's pages show

@@ -1,0 +1,116 @@
+"""The history kept within its limits (NOTE [ Keeping the history within its limits ],
+engine/run/retention.py): runs deleted with everything they hold, never a running one, pruned
+by age and by size, and the space handed back to the file system; real SQLite, real runs."""
+
+import json
+import sqlite3
+import time
+
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+from dataloader_tuner import RunStore, watch
+from dataloader_tuner.run import retention
+
+from .test_cli import cli
+
+
+class Samples(Dataset):
+    """1 ms a sample: batches slow enough to keep a row each (not folded into windows)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(0.001)
+        return index
+
+
+def _watched_runs(db_path: str, count: int, batches: int = 64) -> list[int]:
+    """``count`` finished watched runs of ``batches`` batches each (rows, events, resources)."""
+    ids = []
+    for n in range(count):
+        watched = watch(DataLoader(Samples(4 * batches), batch_size=4), name=f"run{n}",
+                        db=db_path)
+        for _batch in watched:
+            pass
+        watched.close()
+        ids.append(watched.run_id)
+    return ids
+
+
+def _rows(db_path: str, run_id: int) -> dict[str, int]:
+    with sqlite3.connect(db_path) as conn:
+        return {table: conn.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?",
+                                    (run_id,)).fetchone()[0]
+                for table in ("batches", "run_events", "resources", "batch_windows")}
+
+
+def _intact(db_path: str) -> bool:
+    with sqlite3.connect(db_path) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_deleted_run_takes_its_rows_and_events_and_a_running_one_is_refused(db_path):
+    first, second, third = _watched_runs(db_path, 3)
+    assert _rows(db_path, second)["batches"] == 64 and _rows(db_path, second)["run_events"]
+    running = RunStore(db_path).create_run("watch", "job.py", {})
+    with pytest.raises(retention.RunningRun, match=f"run {running} is still running"):
+        retention.delete_runs(db_path, [second, running])
+    assert {run.id for run in RunStore(db_path).list_runs()} == {first, second, third, running}
+    with pytest.raises(KeyError, match="no run 99"):
+        retention.delete_runs(db_path, [99])
+    done = retention.delete_runs(db_path, [second])
+    assert done.deleted == (second,) and done.given_back and done.bytes_after < done.bytes_before
+    assert {run.id for run in RunStore(db_path).list_runs()} == {first, third, running}
+    assert set(_rows(db_path, second).values()) == {0}
+    assert _rows(db_path, first)["batches"] == 64 and _intact(db_path)
+
+
+def test_a_prune_deletes_by_age_then_oldest_first_by_size_and_gives_the_space_back(db_path):
+    ids = _watched_runs(db_path, 4, batches=150)
+    running = RunStore(db_path).create_run("watch", "job.py", {})
+    long_ago = time.time() - 200 * retention.DAY_S
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET ended_at = ? WHERE id = ?", (long_ago, ids[1]))
+    by_age = retention.prune(db_path, retention.Limits(None, 180 * retention.DAY_S))
+    assert by_age.deleted == (ids[1],)  # the old one only, whatever its place
+    file_before = retention.file_bytes(db_path)
+    used = retention.used_bytes(db_path)
+    # Room for about half of what is there: the oldest finished go first
+    by_size = retention.prune(db_path, retention.Limits(used * 0.6, None))
+    assert by_size.deleted[0] == ids[0] and ids[3] not in by_size.deleted
+    assert by_size.bytes_after <= used * 0.6
+    assert retention.file_bytes(db_path) < file_before  # handed back to the file system
+    everything = retention.prune(db_path, retention.Limits(1, None))  # room for nothing
+    assert running not in everything.deleted
+    assert [run.id for run in RunStore(db_path).list_runs()] == [running] and _intact(db_path)
+
+
+def test_the_limits_come_from_the_command_line_the_environment_or_the_defaults(monkeypatch):
+    monkeypatch.delenv(retention.MAX_GB_ENV, raising=False)
+    monkeypatch.delenv(retention.MAX_DAYS_ENV, raising=False)
+    assert retention.Limits.from_env().text() == "4 GB, runs 180 days"
+    monkeypatch.setenv(retention.MAX_GB_ENV, "0.5")
+    monkeypatch.setenv(retention.MAX_DAYS_ENV, "0")
+    assert retention.Limits.from_env().text() == "0.5 GB, no age limit"
+    assert retention.Limits.from_env(max_gb=2).max_bytes == 2 * retention.GB
+    monkeypatch.setenv(retention.MAX_GB_ENV, "two")
+    with pytest.raises(ValueError, match="DLTUNER_HISTORY_MAX_GB='two' is not a number"):
+        retention.Limits.from_env()
+
+
+def test_runs_delete_and_prune_from_the_command_line(db_path):
+    first, second = _watched_runs(db_path, 2)
+    refused = cli("runs", "--delete", "99", db=db_path)
+    assert refused.returncode == 2 and "no run 99 in" in refused.stdout
+    deleted = cli("runs", "--delete", str(first), "--json", db=db_path)
+    assert deleted.returncode == 0, deleted.stderr
+    assert json.loads(deleted.stdout)["deleted"] == [first]
+    kept = cli("runs", "--prune", "--max-gb", "1", "--max-days", "30", db=db_path)
+    assert kept.returncode == 0 and "deleted 0 run(s) (none)" in kept.stdout
+    assert "limits: 1 GB, runs 30 days" in kept.stdout
+    assert [run.id for run in RunStore(db_path).list_runs()] == [second]
