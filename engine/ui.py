@@ -22,12 +22,12 @@ from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
 from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
-from dataloader_tuner.run.retention import MAX_GB_ENV as HISTORY_MAX_GB_ENV
-from dataloader_tuner.run.retention import Limits as HistoryLimits
-from dataloader_tuner.run.retention import size_text as history_size_text
 from dataloader_tuner.run.settle import settle_dead_runs
 from dataloader_tuner.run.verify import Verification, check_claim
 from dataloader_tuner.settings import DEFAULT_BATCH_SIZE
+from dataloader_tuner.store.retention import MAX_GB_ENV as HISTORY_MAX_GB_ENV
+from dataloader_tuner.store.retention import Limits as HistoryLimits
+from dataloader_tuner.store.retention import size_text as history_size_text
 from dataloader_tuner.system import SystemSnapshot
 
 __all__ = [

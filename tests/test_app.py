@@ -197,7 +197,7 @@ def test_a_tune_says_its_ceiling_what_would_raise_it_and_where_its_time_went(app
 def test_history_page_empty_then_compares_and_exports(app_env):
     at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
     assert not at.exception and "No runs saved yet" in at.info[0].value
-    # its size and its limits, and how to keep it there (run/retention.py)
+    # its size and its limits, and how to keep it there (store/retention.py)
     assert " MB of its 4 GB limit; runs are kept 180 days after they end" in texts(at)
     store = RunStore(app_env)
     for workers in (0, 1):

@@ -1,5 +1,5 @@
 """The history kept within its limits (NOTE [ Keeping the history within its limits ],
-engine/run/retention.py): runs deleted with everything they hold, never a running one, pruned
+engine/store/retention.py): runs deleted with everything they hold, never a running one, pruned
 by age and by size, and the space handed back to the file system; real SQLite, real runs."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner import RunStore, watch
-from dataloader_tuner.run import retention
+from dataloader_tuner.store import retention
 
 from .test_cli import cli
 

@@ -1,8 +1,9 @@
 """A Lightning fit with its own clock on: ``Trainer(profiler="simple")`` times each fetch of
 the training loop (``[_TrainingEpochLoop].train_dataloader_next``). 3 epochs of 8 batches of
 16 image-sized samples (3 MB a batch, made by 2 workers), watched by the one callback. Prints,
-as JSON, Lightning's time of each fetch and the tool's wait of each batch, by batch number.
-argv: DB [--persistent]"""
+as JSON, Lightning's time of each fetch and the tool's wait of each batch, by batch number, and
+each epoch's ``iter()`` of Lightning's fetcher (where its workers start), which its profiler
+leaves out: timed here around the fetcher's own ``__iter__``. argv: DB [--persistent]"""
 
 import json
 import sys
@@ -11,6 +12,8 @@ import time
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from lightning.pytorch.loops import fetchers
 
 from dataloader_tuner import RunStore
 from dataloader_tuner.lightning import WatchLoaders
@@ -52,7 +55,21 @@ class Data(L.LightningDataModule):
                           persistent_workers=self.persistent)
 
 
+ITERS_S: list[float] = []  # each call of the training fetcher's iter(), in order
+
+
+def timed_iter(original):
+    def __iter__(self):
+        started = time.monotonic()
+        try:
+            return original(self)
+        finally:
+            ITERS_S.append(time.monotonic() - started)
+    return __iter__
+
+
 def main() -> None:
+    fetchers._PrefetchDataFetcher.__iter__ = timed_iter(fetchers._PrefetchDataFetcher.__iter__)
     db = sys.argv[1]
     trainer = L.Trainer(max_epochs=EPOCHS, profiler="simple", callbacks=[WatchLoaders(db=db)],
                         accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -64,7 +81,7 @@ def main() -> None:
     print(json.dumps({
         "lightning_s": list(trainer.profiler.recorded_durations[FETCH]),
         "tool_s": [row.wait_s for row in sorted(store.batches(run.id), key=lambda r: r.seq)],
-        "batches_per_epoch": BATCHES}))
+        "iters_s": ITERS_S, "batches_per_epoch": BATCHES}))
 
 
 if __name__ == "__main__":

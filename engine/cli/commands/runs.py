@@ -1,5 +1,5 @@
 """``runs``: list the saved runs; delete some, or prune the history to its limits
-(NOTE [ Keeping the history within its limits ], run/retention.py)."""
+(NOTE [ Keeping the history within its limits ], store/retention.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import time
 
 from dataloader_tuner.cli.args import EXIT_OK, EXIT_USAGE, add_db, add_json, print_json
-from dataloader_tuner.run import retention
+from dataloader_tuner.store import retention
 from dataloader_tuner.run.settle import settle_dead_runs
 from dataloader_tuner.store import RunStore
 

@@ -1,4 +1,6 @@
-"""SQLite run history: the only module that speaks SQL (with bulk_sql.py, its bulk writes).
+"""SQLite run history: the only package that speaks SQL (with bulk_sql.py, its bulk writes;
+its tables in schema.py, what each event writes in events.py; keeping it within its limits in
+store/retention.py).
 
 Each run is written as it goes: the run row when it starts, then every event batch in its own
 transaction (WAL mode, so readers such as the dashboard never block the writer). A killed
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import sqlite3
 import threading
@@ -23,7 +24,7 @@ from typing import Sequence
 import psutil
 
 from dataloader_tuner.access import private_file, private_folder
-from dataloader_tuner.bulk_sql import insert_rows, update_by_seq
+from dataloader_tuner.bulk_sql import insert_rows
 from dataloader_tuner import protocol
 from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
                                     BatchRecord)
@@ -31,6 +32,10 @@ from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.windows import BatchWindow
+from dataloader_tuner.store.events import write_event
+from dataloader_tuner.store.schema import (RESOURCE_COLUMNS, RESOURCE_TYPES, SCHEMA, WINDOW_COLUMNS,
+                                           WRITER_COLUMNS, WRITER_TYPES, add_missing_columns,
+                                           use_wal)
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -75,83 +80,10 @@ class StoredRun:
                 "summary": self.result.to_dict() if self.result is not None else None,
                 "error": self.error}
 
-# One row per process per resource sample (instrument/resources.py): the private-memory columns
-# are what analyse/memory_growth.py judges, so a stored run can be judged again as it was live.
-RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
-                    "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads",
-                    "shm_used_mb", "shm_total_mb", "busiest_thread_percent")
-RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER",
-                  "busy_threads": "INTEGER"}
-# Fast batches in windows (record/windows.py), their pairs as JSON text.
-WINDOW_COLUMNS = BatchWindow._fields
-WINDOW_TYPES = {**dict.fromkeys(("first_seq", "batches", "epoch", "samples", "gaps"), "INTEGER"),
-                "wait_hist": "TEXT", "workers": "TEXT"}
-# Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
-# ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
-WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json",
-                  "framework")
-WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT", "rank_json": "TEXT",
-                "framework": "TEXT"}
 # A writer on another machine cannot be checked by pid: silent this long, it counts as gone.
 LOST_AFTER_S = 60.0
 
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    label TEXT,
-    target TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    config_json TEXT,
-    dataset_json TEXT,
-    system_json TEXT,
-    summary_json TEXT,
-    error_json TEXT,
-    parent_id INTEGER,
-    host TEXT,
-    pid INTEGER,
-    script TEXT,
-    heartbeat_at REAL,
-    tune_requested_at REAL,
-    rank_json TEXT,
-    framework TEXT
-);
-CREATE TABLE IF NOT EXISTS batches (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    {", ".join(f"{c} REAL" for c in BATCH_COLUMNS)}
-);
-CREATE INDEX IF NOT EXISTS batches_run ON batches(run_id, seq);
-CREATE TABLE IF NOT EXISTS batch_windows (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    {", ".join(f"{c} {WINDOW_TYPES.get(c, 'REAL')}" for c in WINDOW_COLUMNS)}
-);
-CREATE INDEX IF NOT EXISTS batch_windows_run ON batch_windows(run_id, first_seq);
-CREATE TABLE IF NOT EXISTS resources (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    {", ".join(f"{c} {RESOURCE_TYPES.get(c, 'REAL')}" for c in RESOURCE_COLUMNS)}
-);
-CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id, t);
-CREATE TABLE IF NOT EXISTS gpu_samples (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    t REAL, util_percent REAL, memory_used_mb REAL
-);
-CREATE TABLE IF NOT EXISTS rank_latest (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    rank INTEGER, received_at REAL, body_json TEXT,
-    PRIMARY KEY (run_id, rank)
-);
-CREATE TABLE IF NOT EXISTS rank_reports (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    rank INTEGER, seq INTEGER, received_at REAL, body_json TEXT
-);
-CREATE INDEX IF NOT EXISTS rank_reports_time ON rank_reports(run_id, received_at);
-CREATE TABLE IF NOT EXISTS run_events (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    kind TEXT, body_json TEXT
-);
-"""
+
 
 
 def default_db_path() -> str:
@@ -176,14 +108,14 @@ class RunStore:
         self._local = threading.local()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
-            _add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
-            _add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
+            add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
+            add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=10)
-            _use_wal(conn)
+            use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.row_factory = sqlite3.Row
@@ -268,7 +200,7 @@ class RunStore:
         retries after a failure never writes a row twice); with the writer's heartbeat."""
         with self._conn() as conn:
             for event in events:
-                _write_event(conn, run_id, event)
+                write_event(conn, run_id, event)
             if heartbeat:
                 conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?",
                              (time.time(), run_id))
@@ -416,22 +348,11 @@ class RunStore:
 INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
 
 
-def _use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
-    """WAL mode (readers never block the writer), once per file: it persists. Switching waits
-    for no busy handler, so the ranks of a torchrun job opening a new history together would
-    get "database is locked" from all but one: they retry until one has switched."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-                return
-            # A file system without WAL support answers with the mode it keeps: used as is.
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
-                raise
-            time.sleep(random.uniform(0.01, 0.05))
+def _typed_batch_row(row: tuple) -> tuple:
+    return tuple(
+        int(v) if (name in INTEGER_COLUMNS and v is not None) else v
+        for name, v in zip(BATCH_COLUMNS, row)
+    )
 
 
 def _alive(pid: int, since: float) -> bool:
@@ -443,58 +364,3 @@ def _alive(pid: int, since: float) -> bool:
                 and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
-
-
-def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: tuple,
-                         types: dict) -> None:
-    """A history file written by an older version lacks newer columns: add them (NULL in its
-    old rows), so old runs stay readable and new ones are stored whole."""
-    present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-    for column in columns:
-        if column not in present:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {types.get(column, 'REAL')}")
-
-
-def _typed_batch_row(row: tuple) -> tuple:
-    return tuple(
-        int(v) if (name in INTEGER_COLUMNS and v is not None) else v
-        for name, v in zip(BATCH_COLUMNS, row)
-    )
-
-
-def _write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) -> None:
-    """One event into the tables it belongs in (the caller holds the transaction)."""
-    # (many rows to a statement: NOTE [ One statement for many rows ], bulk_sql.py)
-    if isinstance(event, protocol.Batches):
-        insert_rows(conn, "batches", ("run_id", *BATCH_COLUMNS),
-                    [(run_id, *row) for row in event.rows])
-        return
-    if isinstance(event, protocol.Windows):
-        insert_rows(conn, "batch_windows", ("run_id", *WINDOW_COLUMNS),
-                    [(run_id, *row[:10], json.dumps(row[10]), json.dumps(row[11]), *row[12:])
-                     for row in event.windows])
-        return
-    if isinstance(event, protocol.LateTimings):
-        update_by_seq(conn, "batches", run_id, ("gpu_gap_ms",), event.gaps)
-        update_by_seq(conn, "batches", run_id, ("h2d_ms", "h2d_other_ms"), event.copies)
-        return
-    if isinstance(event, protocol.Resources):
-        insert_rows(conn, "resources", ("run_id", *RESOURCE_COLUMNS),
-                    [(run_id, event.t, *(p.get(c) for c in RESOURCE_COLUMNS[1:]))
-                     for p in event.procs])
-        if event.gpu:
-            conn.execute("INSERT INTO gpu_samples VALUES (?, ?, ?, ?)",
-                         (run_id, event.t, event.gpu["util_percent"],
-                          event.gpu["memory_used_mb"]))
-        return
-    if isinstance(event, protocol.Ready):
-        conn.execute(
-            "UPDATE runs SET config_json = ?, dataset_json = ?, system_json = ? WHERE id = ?",
-            (json.dumps(event.config), json.dumps(event.dataset.to_dict()),
-             json.dumps(event.system.to_dict()), run_id),
-        )
-    elif isinstance(event, protocol.Error):
-        conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
-                     (json.dumps(event.error), run_id))
-    conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
-                 (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))

@@ -1,0 +1,114 @@
+"""The history file's tables, and how a file is opened: WAL once, the columns a file written by
+an older version lacks added."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+
+from dataloader_tuner.record.rows import BATCH_COLUMNS
+from dataloader_tuner.record.windows import BatchWindow
+
+# One row per process per resource sample (instrument/resources.py): the private-memory columns
+# are what analyse/memory_growth.py judges, so a stored run can be judged again as it was live.
+RESOURCE_COLUMNS = ("t", "pid", "role", "worker_id", "cpu_percent", "rss_mb", "threads",
+                    "uss_mb", "pss_mb", "dirty_mb", "helper_cpu_share", "busy_threads",
+                    "shm_used_mb", "shm_total_mb", "busiest_thread_percent")
+RESOURCE_TYPES = {"pid": "INTEGER", "role": "TEXT", "worker_id": "INTEGER", "threads": "INTEGER",
+                  "busy_threads": "INTEGER"}
+# Fast batches in windows (record/windows.py), their pairs as JSON text.
+WINDOW_COLUMNS = BatchWindow._fields
+WINDOW_TYPES = {**dict.fromkeys(("first_seq", "batches", "epoch", "samples", "gaps"), "INTEGER"),
+                "wait_hist": "TEXT", "workers": "TEXT"}
+# Who writes a run: the dashboard or CLI for the engine's runs, the training script for watched
+# ones. A run whose writer has died without ending it is marked "lost" (mark_lost_runs).
+WRITER_COLUMNS = ("host", "pid", "script", "heartbeat_at", "tune_requested_at", "rank_json",
+                  "framework")
+WRITER_TYPES = {"host": "TEXT", "pid": "INTEGER", "script": "TEXT", "rank_json": "TEXT",
+                "framework": "TEXT"}
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    label TEXT,
+    target TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    config_json TEXT,
+    dataset_json TEXT,
+    system_json TEXT,
+    summary_json TEXT,
+    error_json TEXT,
+    parent_id INTEGER,
+    host TEXT,
+    pid INTEGER,
+    script TEXT,
+    heartbeat_at REAL,
+    tune_requested_at REAL,
+    rank_json TEXT,
+    framework TEXT
+);
+CREATE TABLE IF NOT EXISTS batches (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    {", ".join(f"{c} REAL" for c in BATCH_COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS batches_run ON batches(run_id, seq);
+CREATE TABLE IF NOT EXISTS batch_windows (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    {", ".join(f"{c} {WINDOW_TYPES.get(c, 'REAL')}" for c in WINDOW_COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS batch_windows_run ON batch_windows(run_id, first_seq);
+CREATE TABLE IF NOT EXISTS resources (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    {", ".join(f"{c} {RESOURCE_TYPES.get(c, 'REAL')}" for c in RESOURCE_COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id, t);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t REAL, util_percent REAL, memory_used_mb REAL
+);
+CREATE TABLE IF NOT EXISTS rank_latest (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank INTEGER, received_at REAL, body_json TEXT,
+    PRIMARY KEY (run_id, rank)
+);
+CREATE TABLE IF NOT EXISTS rank_reports (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank INTEGER, seq INTEGER, received_at REAL, body_json TEXT
+);
+CREATE INDEX IF NOT EXISTS rank_reports_time ON rank_reports(run_id, received_at);
+CREATE TABLE IF NOT EXISTS run_events (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    kind TEXT, body_json TEXT
+);
+"""
+
+
+def use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
+    """WAL mode (readers never block the writer), once per file: it persists. Switching waits
+    for no busy handler, so the ranks of a torchrun job opening a new history together would
+    get "database is locked" from all but one: they retry until one has switched."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            # A file system without WAL support answers with the mode it keeps: used as is.
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.01, 0.05))
+
+
+def add_missing_columns(conn: sqlite3.Connection, table: str, columns: tuple,
+                         types: dict) -> None:
+    """A history file written by an older version lacks newer columns: add them (NULL in its
+    old rows), so old runs stay readable and new ones are stored whole."""
+    present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for column in columns:
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {types.get(column, 'REAL')}")
