@@ -80,10 +80,9 @@ def test_a_prune_deletes_by_age_then_oldest_first_by_size_and_gives_the_space_ba
     assert by_age.deleted == (ids[1],)  # the old one only, whatever its place
     file_before = retention.file_bytes(db_path)
     used = retention.used_bytes(db_path)
-    # Room for about half of what is there: the oldest finished go first
-    by_size = retention.prune(db_path, retention.Limits(used * 0.6, None))
-    assert by_size.deleted[0] == ids[0] and ids[3] not in by_size.deleted
-    assert by_size.bytes_after <= used * 0.6
+    # Room for all but about half a run (of three, beside the tables' own pages): the oldest
+    by_size = retention.prune(db_path, retention.Limits(used * 0.85, None))
+    assert by_size.deleted == (ids[0],) and by_size.bytes_after <= used * 0.85
     assert retention.file_bytes(db_path) < file_before  # handed back to the file system
     everything = retention.prune(db_path, retention.Limits(1, None))  # room for nothing
     assert running not in everything.deleted
@@ -114,3 +113,30 @@ def test_runs_delete_and_prune_from_the_command_line(db_path):
     assert kept.returncode == 0 and "deleted 0 run(s) (none)" in kept.stdout
     assert "limits: 1 GB, runs 30 days" in kept.stdout
     assert [run.id for run in RunStore(db_path).list_runs()] == [second]
+
+
+def test_a_watched_run_keeps_the_history_within_its_limits_as_it_starts(db_path, monkeypatch):
+    """No one prunes: the next watched run's writer deletes the runs past the age limit at its
+    first flush, and gives their space back in steps (a new history allows it)."""
+    old, recent = _watched_runs(db_path, 2, batches=150)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+        conn.execute("UPDATE runs SET ended_at = ? WHERE id = ?",
+                     (time.time() - 40 * retention.DAY_S, old))
+    monkeypatch.setenv(retention.MAX_DAYS_ENV, "30")
+    size_before = retention.file_bytes(db_path)
+    (new,) = _watched_runs(db_path, 1, batches=8)
+    assert {run.id for run in RunStore(db_path).list_runs()} == {recent, new}
+    assert set(_rows(db_path, old).values()) == {0} and _intact(db_path)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0  # given back
+    assert retention.file_bytes(db_path) < size_before
+
+
+def test_keeping_within_the_size_deletes_the_oldest_runs_in_one_pass(db_path):
+    ids = _watched_runs(db_path, 4, batches=150)
+    running = RunStore(db_path).create_run("watch", "job.py", {})
+    used = retention.used_bytes(db_path)
+    gone = retention.keep_within(db_path, retention.Limits(used * 0.7, None))
+    assert gone and gone == tuple(ids[:len(gone)]) and len(gone) < 4  # the oldest first
+    assert running in {run.id for run in RunStore(db_path).list_runs()} and _intact(db_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import threading
 from dataclasses import replace
 from typing import Protocol, Sequence
@@ -16,7 +17,7 @@ from dataloader_tuner.analyse.hotspots import SampledProfile
 from dataloader_tuner.errors import EngineError
 from dataloader_tuner.analyse.results import ProfileResult
 from dataloader_tuner.run.live import LiveRun
-from dataloader_tuner.store import RunStore
+from dataloader_tuner.store import RunStore, retention
 
 # A watched run's final result covers at most this many recent batches (a week-long job makes
 # millions); every batch is still written to the history.
@@ -67,11 +68,19 @@ class HistorySink:
         self.store, self.run_id = store, run_id
         self.where = store.path
         self.tune_requested = False  # the dashboard's "Tune this job", seen at a flush
+        self.within_limits = False  # the history's limits kept, at the first flush
         self.stacks = SampledProfile() if keep_stacks else None
         self._stacks_lock = threading.Lock()  # written by the recorder's thread, read by another
 
     def write(self, events: Sequence[protocol.Event]) -> None:
         self.store.record_events(self.run_id, events, heartbeat=True)  # all or nothing
+        if not self.within_limits:  # on this writer thread, never the job's (retention.py)
+            self.within_limits = True
+            try:
+                retention.keep_within(self.where)
+            except (sqlite3.Error, ValueError) as exc:  # a bad limit, a busy file: said once
+                print(f"[dataloader-tuner] the history's limits were not kept: {exc}",
+                      file=sys.stderr)
         if self.stacks is not None:
             with self._stacks_lock:
                 for event in events:

@@ -115,6 +115,9 @@ class RunStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=10)
+            # (before WAL, whose switch writes the file's first page: only a file with no page
+            # yet takes it; NOTE [ Keeping the history within its limits ], retention.py)
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")

@@ -10,11 +10,20 @@ NOTE [ Keeping the history within its limits ]
 
     A prune deletes the finished runs older than the age limit, then the oldest finished runs
     until the history fits its size: never a running run, a run's rows, windows, resources,
-    ranks' reports and events with it (one transaction per run; the tables cascade from
-    ``runs``). Then ``VACUUM`` hands the freed pages back to the file system: SQLite keeps them
-    in the file otherwise. A VACUUM rewrites the file and holds the write lock meanwhile
-    (jobs writing wait for it, up to the store's 10 s busy timeout: their rows are kept in
-    memory and written at the next flush); a failure leaves the file as it was.
+    ranks' reports and events with it, in transactions of DELETE_CHUNK rows (a job writing
+    beside it waits for one, not for a run of millions of rows), the run's own row last.
+    ``runs --prune`` then runs ``VACUUM``, which hands the freed pages back to the file system
+    (SQLite keeps them in the file otherwise): it rewrites the file and holds the write lock
+    meanwhile (jobs writing wait for it, up to the store's 10 s busy timeout: their rows are
+    kept in memory and written at the next flush); a failure leaves the file as it was.
+
+    While jobs write, the limits hold without anyone pruning: each watched run's writer
+    thread, at its first flush, deletes what is past them (``keep_within``: one pass, the
+    runs whose rows weigh the excess, never the training thread's time), and gives the space
+    back a few MB at a time by ``incremental_vacuum``, which needs a file made with
+    ``auto_vacuum=INCREMENTAL``: every new history is (schema.py), an older one once
+    ``runs --prune`` has rewritten it; until then its freed pages are reused by new rows, so
+    it stops growing but does not shrink.
 """
 
 from __future__ import annotations
@@ -165,8 +174,10 @@ def _finished(conn: sqlite3.Connection) -> list[tuple[int, float]]:
         "ORDER BY COALESCE(ended_at, started_at), id").fetchall()
 
 
-def _oldest_to_free(conn: sqlite3.Connection, share: float) -> list[int]:
-    """The oldest finished runs whose rows weigh ``share`` of all rows (at least one)."""
+def _oldest_to_free(conn: sqlite3.Connection, share: float,
+                    going: Sequence[int] = ()) -> list[int]:
+    """The oldest finished runs whose rows weigh ``share`` of all rows (at least one), those
+    ``going`` already counted among them."""
     weights: dict[int, float] = {}
     for table, row_bytes in ROW_BYTES.items():
         for run_id, count in conn.execute(
@@ -176,32 +187,97 @@ def _oldest_to_free(conn: sqlite3.Connection, share: float) -> list[int]:
             "SELECT run_id, SUM(LENGTH(body_json)) FROM run_events GROUP BY run_id"):
         weights[run_id] = weights.get(run_id, 0.0) + (text or 0)
     total = sum(weights.values()) or 1.0
-    chosen: list[int] = []
-    freed = 0.0
+    chosen: list[int] = list(going)
+    freed = sum(weights.get(run_id, 0.0) for run_id in going)
     for run_id, _ended_at in _finished(conn):
-        chosen.append(run_id)
-        freed += weights.get(run_id, 0.0)
-        if freed / total >= share:
+        if chosen and freed / total >= share:
             break
+        if run_id not in chosen:
+            chosen.append(run_id)
+            freed += weights.get(run_id, 0.0)
     return chosen
 
 
+# A run's rows go in transactions of this many at most (by their run_id index): a job writing
+# beside a prune waits for one of them, not for a whole run of millions of rows
+DELETE_CHUNK = 20_000
+CHUNKED = ("batches", "batch_windows", "resources", "rank_reports")  # indexed by run_id
+WHOLE = ("gpu_samples", "rank_latest", "run_events")  # (no run_id index: one scan each)
+
+
 def _delete(conn: sqlite3.Connection, run_id: int) -> None:
-    """One run and what it holds, in one transaction (the tables cascade from runs); a run
-    that started running meanwhile is left."""
+    """One run and what it holds, in short transactions, the run's own row last (a run cut
+    short meanwhile is still listed, with fewer rows, and goes at the next prune); a run that
+    is running is left."""
+    row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None or row[0] == "running":
+        return
+    for table in CHUNKED:
+        while True:
+            with conn:
+                gone = conn.execute(
+                    f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+                    f"WHERE run_id = ? LIMIT {DELETE_CHUNK})", (run_id,)).rowcount
+            if gone < DELETE_CHUNK:
+                break
     with conn:
+        for table in WHOLE:
+            conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         conn.execute("DELETE FROM runs WHERE id = ? AND status != 'running'", (run_id,))
 
 
 def _vacuum(conn: sqlite3.Connection) -> bool:
-    """The freed pages back to the file system, the log folded into the file first; False
-    where the history stayed busy past the timeout (the space is then reused, not returned)."""
+    """The freed pages back to the file system, the log folded into the file first (and an
+    older file made one whose space later deletes give back in steps); False where the
+    history stayed busy past the timeout (the space is then reused, not returned)."""
     try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("VACUUM")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.OperationalError:
         return False
     return True
+
+
+VACUUM_STEP_PAGES = 2_000  # 8 MB of 4 KB pages a step: a short write each
+
+
+def _give_back_in_steps(conn: sqlite3.Connection) -> bool:
+    """The freed pages back to the file system a few MB at a time, where the file allows it
+    (auto_vacuum incremental: new histories, and older ones once pruned from the command
+    line); False where it does not (they are reused by later rows)."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+        return False
+    try:
+        while conn.execute("PRAGMA freelist_count").fetchone()[0] > 0:
+            conn.execute(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})")
+            conn.commit()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def keep_within(path: str, limits: Limits | None = None,
+                now: float | None = None) -> tuple[int, ...]:
+    """From a run's writer thread, as it starts: the finished runs past the limits deleted,
+    in short transactions, and their space given back in steps where the file allows it (see
+    the NOTE). The runs deleted."""
+    limits = Limits.from_env() if limits is None else limits
+    now = time.time() if now is None else now
+    with closing(connect(path)) as conn:
+        doomed = [run_id for run_id, ended_at in _finished(conn)
+                  if limits.max_age_s is not None and now - ended_at > limits.max_age_s]
+        used = used_bytes(path)
+        if limits.max_bytes is not None and used > limits.max_bytes:
+            share = (used - limits.max_bytes) / used
+            doomed += [run_id for run_id in _oldest_to_free(conn, share, doomed)
+                       if run_id not in doomed]
+        for run_id in doomed:
+            _delete(conn, run_id)
+        if doomed:
+            _give_back_in_steps(conn)
+    return tuple(doomed)
 
 
 def _env_float(name: str, default: float) -> float:
