@@ -443,7 +443,7 @@ def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, ca
     import dataloader_tuner.store as store_module
 
     watched = watch(shuffled(0), name="retry", db=db_path)
-    real = store_module._write_event
+    real = store_module.write_event
     failing = {"on": True}
 
     def flaky(conn, run_id, event):
@@ -451,7 +451,7 @@ def test_a_failed_write_is_retried_not_lost_nor_doubled(db_path, monkeypatch, ca
         if failing["on"] and type(event).__name__ == "Batches":
             raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr(store_module, "_write_event", flaky)
+    monkeypatch.setattr(store_module, "write_event", flaky)  # (as the store calls it)
     epochs_of(watched, 1)
     watched.recorder.flush(sample=True)  # fails after its rows: they stay in the buffer
     assert watched.recorder.pending() == 12 and "could not write" in capsys.readouterr().err

@@ -480,7 +480,7 @@ def test_a_windowed_watched_run_whose_writes_fail_keeps_every_batch_once(tmp_pat
     import dataloader_tuner.store as store_module
     from dataloader_tuner import watch
 
-    real, refused = store_module._write_event, {"left": 2}
+    real, refused = store_module.write_event, {"left": 2}
 
     def flaky(conn, run_id, event):
         if refused["left"] and isinstance(event, (protocol.Windows, protocol.Batches)):
@@ -491,7 +491,7 @@ def test_a_windowed_watched_run_whose_writes_fail_keeps_every_batch_once(tmp_pat
     db = str(tmp_path / "runs.db")
     data = TensorDataset(torch.randn(32 * 3000, 4), torch.arange(32 * 3000))
     watched = watch(DataLoader(data, batch_size=32), name="fast", db=db)
-    monkeypatch.setattr(store_module, "_write_event", flaky)
+    monkeypatch.setattr(store_module, "write_event", flaky)
     count = 0
     for _ in range(5):
         for _batch in watched:
