@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from dataloader_tuner import RunStore
 
 from .conftest import ROOT
+from .jobs import reap_orphans
 
 pytest.importorskip("litdata")  # scripts/test.sh installs it (without its torchvision)
 
@@ -42,10 +44,14 @@ print(json.dumps(seen))
 
 
 def _run(*args: str, code: str | None = None) -> str:
+    """The job's output, once what it left to end on its own has (litdata's processes outlive
+    it by a moment and, orphaned, are handed to this process, the suite's subreaper)."""
+    before = {p.pid for p in psutil.Process().children()}
     command = [sys.executable, *(["-c", code] if code else []), *args]
     done = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
+    reap_orphans(before, timeout=60)
     return done.stdout
 
 

@@ -364,7 +364,7 @@ time.sleep(120)  # saving, uploading: the launcher's SIGTERM comes after the loo
 def test_a_job_ended_by_sigterm_after_its_loop_is_done_is_recorded_finished(db_path):
     """Slurm and Kubernetes send SIGTERM when a job's time is up, however far it got: a loop
     whose every epoch ran out had finished, and its run ends "ok" with every batch (before:
-    "stopped"); the process still dies of the signal."""
+    "stopped"); the process still dies of it."""
     store = RunStore(db_path)
     job = subprocess.Popen([sys.executable, "-c", DONE_THEN_SAVING, db_path], cwd=ROOT,
                            env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
@@ -377,7 +377,9 @@ def test_a_job_ended_by_sigterm_after_its_loop_is_done_is_recorded_finished(db_p
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
-    assert job.returncode == -signal.SIGTERM
+    # Dead of the signal, or of the backstop's SIGKILL where the signal reached another
+    # thread than the sleeping main one (NOTE [ Ending watched runs on SIGTERM ])
+    assert job.returncode in (-signal.SIGTERM, -signal.SIGKILL)
     (run,) = store.list_runs()
     assert run.status == "ok" and run.result.batches == 16 and run.result.epochs == 2
 

@@ -28,7 +28,7 @@ NOTE [ Probing a loader that makes its own iterators ]
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -38,7 +38,7 @@ from dataloader_tuner.instrument.probes import TimedMapDataset, timed_items
 from dataloader_tuner.instrument.stacks import OfferingStack
 
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python, whose instances may move
-_timed_classes: dict[type, type] = {}
+_timed_classes: dict[tuple[type, tuple[str, ...]], type] = {}
 _made_from: dict[type, type] = {}  # a timed class -> the class it was made from
 _fetching: TimedMapDataset | None = None  # this worker's timed fetch, once TimedFetchInit ran
 # (the dataset and its random generators before this worker's first item, until it is pulled)
@@ -52,13 +52,14 @@ def can_time_fetch(dataset: Any) -> bool:
 
 
 def timed_class(cls: type, methods: dict[str, Any]) -> type:
-    """``cls`` with ``methods`` timed, named as ``cls`` is (made once per class)."""
-    made = _timed_classes.get(cls)
+    """``cls`` with ``methods`` timed, named as ``cls`` is (made once per class and methods)."""
+    key = (cls, tuple(sorted(methods)))
+    made = _timed_classes.get(key)
     if made is None:
         made = type(cls.__name__, (cls,), {**methods, "__slots__": (),
                                            "__qualname__": cls.__qualname__,
                                            "__module__": cls.__module__})
-        _timed_classes[cls], _made_from[made] = made, cls
+        _timed_classes[key], _made_from[made] = made, cls
     return made
 
 
@@ -105,12 +106,10 @@ def _timed_next(self: Any) -> Any:
 
 
 class TimedFetchInit(OfferingStack):
-    """The worker_init_fn set while a subclass makes an iterator: the worker's dataset fetches
-    through a TimedMapDataset from its first batch; then its stack is offered and the user's
-    own worker_init_fn runs, as OfferingStack does."""
-
-    def __init__(self, init_fn: Callable[[int], Any] | None) -> None:
-        super().__init__(init_fn)
+    """The worker_init_fn set while a subclass makes an iterator: the worker's dataset gets its
+    timed class (a map dataset's fetch through a TimedMapDataset, an iterable's items timed as
+    pulled) before its first batch; then its stack is offered and the user's own
+    worker_init_fn runs, as OfferingStack does."""
 
     def __call__(self, worker_id: int) -> None:
         global _fetching
