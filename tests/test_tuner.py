@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from dataloader_tuner.tune import costmodel
+from dataloader_tuner.tune import costmodel, plan
 from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, recommend
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.trials import TrialResult
@@ -144,6 +144,35 @@ def test_a_time_limit_stops_the_search_and_says_so_in_the_first_line():
     first = outcome.recommendation.reasons[0]
     assert first.startswith("Not the predicted best: your 14 s time limit ran out before 32 "
                             "workers"), first
+
+
+def test_under_a_limit_the_predicted_count_starts_where_a_cut_trial_of_it_fits():
+    """NOTE [ A count cut at the user's limit ]: after the probes the limit leaves less than
+    the predicted count's whole trial but more than its warm-up and CUT_STEADY batches: it is
+    measured (cut at the limit), not skipped (audio features, --budget-s 60: 1 worker picked,
+    2 never measured)."""
+    curve = lambda n: 25.9 if n == 0 else min(n, 2) * 25.5  # ~0.6 s batches
+    probe = Tuner(Simulated(curve, worker_ms=610.0, cpu_ms=590.0, main_cpu_ms=1.0), limits(),
+                  SYSTEM, has_consumer=False, step_on_cpu=False, time_limit=TimeLimit(None),
+                  batch_size=16)
+    probe.run()
+    predicted = probe.predicted or 0
+    whole = plan.modelled_trial_seconds(probe.profile, predicted)
+    cut = plan.modelled_trial_seconds(probe.profile, predicted, plan.CUT_STEADY)
+    assert predicted > 1 and cut < whole
+    now = [0.0]
+    sim = Simulated(curve, worker_ms=610.0, cpu_ms=590.0, main_cpu_ms=1.0)
+
+    def seven_seconds_each(spec):
+        now[0] += 7.0
+        return sim(spec)
+    tuner = Tuner(seven_seconds_each, limits(), SYSTEM, has_consumer=False, step_on_cpu=False,
+                  time_limit=TimeLimit(14.0 + (cut + whole) / 2, clock=lambda: now[0]),
+                  batch_size=16)
+    outcome = tuner.run()
+    assert sim.calls == [0, 1, predicted], sim.calls
+    assert outcome.recommendation.kwargs["num_workers"] >= 2
+    assert outcome.recommendation.reasons[0].startswith("Your "), outcome.recommendation.reasons
 
 
 def test_under_the_aim_the_counts_it_must_see_are_measured_and_the_rest_left_out():

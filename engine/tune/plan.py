@@ -28,6 +28,16 @@ NOTE [ A budget in batches ]
       included: a trial starts only where its estimate fits the time left, and is cut at the
       limit. A pick made before the predicted count was measured says so in its first line.
 
+NOTE [ A count cut at the user's limit ]
+
+    Under --budget-s the counts the tune must see share what is left (TimeLimit.share), each
+    cut at its share, so a probe of ~1.4 s batches ends after ~12 steady batches, not its 20.
+    The count the model predicts was held to its whole trial instead: with --budget-s 60 on
+    audio features at 1.4 s a batch (a CPU step), the probes took 20 s and 19 s, the 22 s left
+    were under 2 workers' whole estimate, and the tune picked 1 worker, 0.76x the module's own
+    in plain loops, never measuring the predicted 2. A count the tune must see now starts
+    where its warm-up and CUT_STEADY steady batches fit, cut at the limit as the probes are.
+
 NOTE [ An at most that holds ]
 
     The "at most" is a promise, not a second estimate: ImageFolder at batch 256 was announced
@@ -118,6 +128,9 @@ PROBES_FIRST_S = 10.0
 # batches to know than the loop's own 20 (88-256 measured, on 2 cores; at 20, the first plan
 # said ~35 s of cpu_mlp's 47 s tune). Fast batches measure their window whatever this says.
 WORKER_STEADY_GUESS = 150
+# NOTE [ A count cut at the user's limit ]: the fewest steady batches a count the tune must see
+# starts for, under the user's limit (half of what a rate needs to be known to TARGET_CI)
+CUT_STEADY = MIN_STEADY_BATCHES // 2
 
 # A trial's seconds: (batch_s, workers, restarts, restart_s, window=...) -> seconds
 TrialTime = Callable[..., float]
@@ -172,9 +185,10 @@ def modelled_batch_s(profile: CostProfile) -> Callable[[int], float]:
     return lambda n: 1.0 / profile.predict(n)
 
 
-def modelled_trial_seconds(profile: CostProfile, workers: int) -> float:
-    """One trial of ``workers`` at the rate the cost model predicts."""
-    return trial_seconds(modelled_batch_s(profile)(workers), workers)
+def modelled_trial_seconds(profile: CostProfile, workers: int,
+                           steady: float = MIN_STEADY_BATCHES) -> float:
+    """One trial of ``workers`` at the rate the cost model predicts, ``steady`` batches."""
+    return trial_seconds(modelled_batch_s(profile)(workers), workers, steady=steady)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Re
                                              recommend)
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
 from dataloader_tuner.record.trials import TrialResult
 
 STEP_CPU_SHARE = 0.5
@@ -140,7 +141,8 @@ class Tuner:
         # The first trial always starts (cut at the limit): without it there is nothing. The
         # counts the tune must see start past its aim (NOTE [ A tune's aim ], plan.py).
         must = phase != "confirm" and n in (0, 1, self.predicted)
-        if self.trials and not self.time_limit.fits(self._trial_seconds(n), must=must):
+        if self.trials and not self.time_limit.fits(self._trial_seconds(n), must=must) \
+                and not (must and self._fits_cut(n)):
             return done
         trial = self.measure_fn(TrialSpec(n, phase, repeat))
         if trial is not None:
@@ -148,15 +150,21 @@ class Tuner:
             self.on_trial(trial)
         return [t for t in self.trials if t.num_workers == n]
 
-    def _trial_seconds(self, n: int) -> float:
-        """A trial of ``n`` workers as the plan estimates it (plan.py)."""
+    def _trial_seconds(self, n: int, steady: float = MIN_STEADY_BATCHES) -> float:
+        """A trial of ``n`` workers as the plan estimates it (plan.py), ``steady`` batches."""
         if self.profile is not None:
-            return plan.modelled_trial_seconds(self.profile, n)
+            return plan.modelled_trial_seconds(self.profile, n, steady)
         serial = [t for t in self.trials if t.num_workers == 0]
         if not serial:
             return 0.0
         guess = plan.guessed_batch_s(serial[0].ms_per_batch / 1000.0, self.limits.cpu_budget)
-        return plan.trial_seconds(guess(n), n)
+        return plan.trial_seconds(guess(n), n, steady=steady)
+
+    def _fits_cut(self, n: int) -> bool:
+        """NOTE [ A count cut at the user's limit ] (plan.py): a count the tune must see
+        starts where its shortest believable trial fits in what the limit leaves."""
+        return (self.time_limit.budget_s is not None
+                and self.time_limit.fits(self._trial_seconds(n, plan.CUT_STEADY), must=True))
 
     def _score(self, n: int) -> float | None:
         trials = [t for t in self.trials if t.num_workers == n]
