@@ -47,17 +47,13 @@ def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     """``watch(accelerator.prepare(loader))`` gives the job its DataLoaderShard back, the same
     batches in the same order, and the run the workers' figures; its input wait (each
     epoch's start-up and the end the shard waits for before its last batch) agrees with the
-    loop's own clock within 7%. (Its share of the loop was compared once, within 2 points: the
-    loop's clock also holds the time outside the batches, the epochs' ends, which moved the
-    two shares 0.7-0.9 points apart here and 2.1 in CI; the waits were 4-5% apart in both, and
-    5.5% in a CI run (0.394 s against the loop's 0.417). Where those few percent are, timed
-    batch by batch against the loop's own spans: 45-50 us of each batch's next() lie between
-    the loop's ask and the shard's ask of the DataLoader inside it, in the step by design
-    (attach.py): accelerate's ``send_to_device``, its ``_update_state_dict``, and the free of
-    the previous batch as the shard and the loop rebind theirs (a worker's batch unmaps its
-    shared memory: ~30 us here; a plain watched DataLoader with 2 workers reads 0.980 of the
-    loop's wait where the loop frees its batch at ``x, y = next(...)``, 0.996 where it drops
-    it in its step). The bound is past that, not at it.)"""
+    loop's own clock within 5% (issue 66). What lies between: accelerate's ``send_to_device``
+    (~50 us a batch, in the step by design, as a loop's own ``.to(device)``: attach.py) and
+    the tool's own few tens of us a batch. The free of the batch the loop lets go of (a
+    worker's tensors unmap their shared memory, ~15-50 us each whatever their size) was
+    outside the tool's wait before, 0.957 of the loop's clock; held and freed inside it, one
+    wait later for a wrapper asking one batch ahead, 0.966-0.970 (bench/trainer_clocks.py;
+    NOTE [ A batch freed where the loop's clock has it ])."""
     plain = script("accelerate_loop.py", db_path, "--unwatched")
     watched = script("accelerate_loop.py", db_path)
     assert watched["type"] == "DataLoaderShard"
@@ -68,7 +64,7 @@ def test_accelerate_prepared_loader_is_watched_with_its_workers(db_path):
     assert sorted(w["id"] for w in doc["workers"]) == [0, 1]
     assert all(w["busy_frac"] and w["batches"] == 24 for w in doc["workers"])
     waited, loop_waited = doc["input_wait"]["waited_s"], watched["waited_s"]
-    assert abs(waited - loop_waited) <= 0.07 * loop_waited + 0.002, (doc["input_wait"], watched)
+    assert abs(waited - loop_waited) <= 0.05 * loop_waited + 0.002, (doc["input_wait"], watched)
 
 
 @pytest.mark.host_speed  # its wait share against the loop's own clock

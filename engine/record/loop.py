@@ -43,7 +43,6 @@ from threading import get_ident
 from typing import Any, Callable, Generator, Iterator
 
 from dataloader_tuner.record import freed
-from dataloader_tuner.record.freed import FREED_BYTES
 from dataloader_tuner.record.columns import NO_STEP_TIMES, BatchColumns, column_meta
 from dataloader_tuner.record.ledger import NEXT_WINDOW, BatchLedger, EpochMark
 from dataloader_tuner.record.rows import BatchMeta, UntimedMeta
@@ -157,8 +156,12 @@ class TimedLoop:
         t_back: float | None = None  # (set: the epoch's first batch has been taken)
         # (the batch the loop holds, and the one before it that the loop let go of, held here:
         # freed inside the next wait, NOTE [ A batch freed where the loop's clock has it ])
+        # (a wrapper asking one batch ahead, accelerate's, hands the loop its batch a wait
+        # later: the loop lets go of it a wait later too, so it is held one wait longer)
         followed: tuple = ()
         _kept: tuple = ()  # (held, never read)
+        _older: tuple = ()  # (likewise, where ahead)
+        ahead = self.ahead
         ran_out = False
         try:
             while True:
@@ -167,6 +170,8 @@ class TimedLoop:
                         gaps.asking()
                     window.thread = ident = get_ident()
                     ledger.asking_since = window.since = t_request = t_back
+                    if ahead:
+                        _older = _kept
                     _kept = freed.held(followed) if followed else ()  # (the last freed)
                     try:
                         item = next(iterator)
@@ -195,11 +200,10 @@ class TimedLoop:
                             continue
                         raise
                 batch, meta = unpack(item) if unpack is not None else item
-                # (a large batch the loop may free in its next wait is followed: its size read
-                # where its making was timed; untimed batches are fast ones)
-                nbytes = meta[7] if meta.__class__ is not tuple else None  # type: ignore[misc]
-                followed = (freed.watch(batch) if steady and nbytes is not None
-                            and nbytes >= FREED_BYTES else ())
+                # (a batch the loop may free in its next wait is followed: a worker's, in shared
+                # memory, or a large one, its size read where its making was timed)
+                followed = (freed.watch(batch) if steady and freed.worth_following(meta)
+                            else ())
                 # Held by nothing here while the loop has it: the loop's reference is the
                 # batch's last (NOTE [ One batch, in order ])
                 held, item, batch = [batch], None, None
