@@ -9,7 +9,8 @@ import streamlit as st
 
 from dataloader_tuner import ProfileResult, StoredRun
 from dataloader_tuner.ui import (HISTORY_MAX_GB_ENV, HistoryLimits, chrome_trace,
-                                 history_size_text, settle_dead_runs)
+                                 history_limits_in_env, history_size_text, save_history_limits,
+                                 settle_dead_runs)
 
 from . import charts, views
 from .shared import get_jobs
@@ -67,17 +68,45 @@ def _side(run: StoredRun, side: str) -> None:
 def _size_text(path: str) -> str:
     """The history's size and its limits, or why they cannot be read (a bad limit set)."""
     try:
-        return history_size_text(path, HistoryLimits.from_env())
+        return history_size_text(path, HistoryLimits.for_history(path))
     except ValueError as exc:
         return str(exc)
+
+
+def _limits_form(path: str) -> None:
+    """The history's limits, saved in it for every job writing there (NOTE [ Keeping the
+    history within its limits ], store/retention.py)."""
+    with st.expander("Size and age limits"):
+        try:
+            limits = HistoryLimits.for_history(path)
+        except ValueError as exc:  # a bad value in the environment: said, not raised
+            st.error(str(exc))
+            return
+        overridden = history_limits_in_env()
+        if overridden:
+            st.caption(f"Set here by {', '.join('$' + name for name in overridden)}: a job "
+                       "started with it keeps that instead of what is saved below.")
+        with st.form("history-limits"):
+            cols = st.columns(2)
+            gb = cols[0].number_input("Size limit (GB, 0: none)", min_value=0.0,
+                                      value=(limits.max_bytes or 0.0) / 1024 ** 3, step=0.5)
+            days = cols[1].number_input("Keep runs for (days after they end, 0: always)",
+                                        min_value=0.0,
+                                        value=(limits.max_age_s or 0.0) / 86400.0, step=1.0)
+            if st.form_submit_button("Save limits"):
+                save_history_limits(path, gb, days)
+                st.success("Saved in this history: each job writing here keeps within them "
+                           "from its next run; `dataloader-tuner runs --prune` applies them now.")
 
 
 def render() -> None:
     store = get_jobs().store
     st.title("Run history")
-    st.caption(f"Every run is saved as it goes in `{store.path}`. "
-               f"{_size_text(store.path)}: `dataloader-tuner runs --prune` keeps it there "
-               f"(`--max-gb`, `--max-days`, or ${HISTORY_MAX_GB_ENV}).")
+    about = st.empty()  # (filled after the limits' form: a limit just saved is shown)
+    _limits_form(store.path)
+    about.caption(f"Every run is saved as it goes in `{store.path}`. "
+                  f"{_size_text(store.path)}: `dataloader-tuner runs --prune` keeps it there "
+                  f"(`--max-gb`, `--max-days`, ${HISTORY_MAX_GB_ENV}, or the limits below).")
     settle_dead_runs(store)  # NOTE [ Runs ended without a word ] (engine/run/settle.py)
     runs = store.list_runs(500)
     if not runs:

@@ -27,6 +27,9 @@ from dataloader_tuner.run.verify import Verification, check_claim
 from dataloader_tuner.settings import DEFAULT_BATCH_SIZE
 from dataloader_tuner.store.retention import MAX_GB_ENV as HISTORY_MAX_GB_ENV
 from dataloader_tuner.store.retention import Limits as HistoryLimits
+from dataloader_tuner.store.retention import overridden_by_env as history_limits_in_env
+from dataloader_tuner.store.retention import save_limits as save_history_limits
+from dataloader_tuner.store.retention import saved_limits as saved_history_limits
 from dataloader_tuner.store.retention import size_text as history_size_text
 from dataloader_tuner.system import SystemSnapshot
 
@@ -36,6 +39,7 @@ __all__ = [
     # starting and following runs from the Live page
     "Inspection", "RunHandle", "inspect_target", "LiveRun", "Verification", "check_claim",
     "settle_dead_runs", "HistoryLimits", "history_size_text", "HISTORY_MAX_GB_ENV",
+    "save_history_limits", "saved_history_limits", "history_limits_in_env",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "DEFAULT_BATCH_SIZE",
     # what a run's pages show

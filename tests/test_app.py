@@ -21,6 +21,8 @@ from streamlit.testing.v1 import AppTest
 from dataloader_tuner.dashboard.shared import get_jobs
 from dataloader_tuner import RunRequest, RunStore, run_to_completion
 from dataloader_tuner.run import runner
+from dataloader_tuner.store.retention import SavedLimits
+from dataloader_tuner.ui import saved_history_limits
 
 from .conftest import ROOT, dataset_path
 from .replay import replayed_starter
@@ -211,6 +213,20 @@ def test_history_page_empty_then_compares_and_exports(app_env):
     titles = chart_titles(at)
     assert "Throughput over time" in titles and "Batch latency: distribution compared" in titles
     assert at.get("download_button")
+
+
+def test_history_limits_are_set_on_the_page_and_kept_in_the_history(app_env):
+    """NOTE [ Keeping the history within its limits ]: the page saves them in the history, where
+    every job writing there reads them; the page then shows them."""
+    at = AppTest.from_string(HISTORY_SCRIPT, default_timeout=60).run()
+    inputs = {n.label: n for n in at.number_input}
+    inputs["Size limit (GB, 0: none)"].set_value(1.5)
+    inputs["Keep runs for (days after they end, 0: always)"].set_value(30.0)
+    at.button[0].click().run()
+    assert not at.exception
+    assert saved_history_limits(app_env) == SavedLimits(1.5, 30.0)
+    assert "of its 1.5 GB limit; runs are kept 30 days after they end" in texts(at)
+    assert any("Saved in this history" in s.value for s in at.success)
 
 
 def test_history_shows_where_a_runs_time_went(app_env):

@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner import RunStore, watch
-from dataloader_tuner.store import retention
+from dataloader_tuner.store import retention, schema
 
 from .test_cli import cli
 
@@ -102,6 +102,31 @@ def test_the_limits_come_from_the_command_line_the_environment_or_the_defaults(m
         retention.Limits.from_env()
 
 
+def test_limits_saved_in_the_history_hold_where_neither_flag_nor_environment_sets_them(
+        db_path, monkeypatch):
+    """The History page saves them in the history itself: every job writing there keeps them
+    (a watched run's first flush prunes by them), the command line and the environment first."""
+    monkeypatch.delenv(retention.MAX_GB_ENV, raising=False)
+    monkeypatch.delenv(retention.MAX_DAYS_ENV, raising=False)
+    old, recent = _watched_runs(db_path, 2, batches=8)
+    assert retention.saved_limits(db_path) == retention.SavedLimits(None, None)
+    retention.save_limits(db_path, 1.5, 30)
+    assert retention.Limits.for_history(db_path).text() == "1.5 GB, runs 30 days"
+    assert retention.Limits.for_history(db_path, max_days=7).text() == "1.5 GB, runs 7 days"
+    monkeypatch.setenv(retention.MAX_GB_ENV, "2")
+    assert retention.Limits.for_history(db_path).text() == "2 GB, runs 30 days"
+    assert retention.overridden_by_env() == [retention.MAX_GB_ENV]
+    with pytest.raises(ValueError, match="not negative"):
+        retention.save_limits(db_path, -1, 30)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET ended_at = ? WHERE id = ?",
+                     (time.time() - 40 * retention.DAY_S, old))
+    (new,) = _watched_runs(db_path, 1, batches=8)
+    assert {run.id for run in RunStore(db_path).list_runs()} == {recent, new}
+    pruned = cli("runs", "--prune", db=db_path)
+    assert "limits: 2 GB, runs 30 days" in pruned.stdout, pruned.stdout
+
+
 def test_runs_delete_and_prune_from_the_command_line(db_path):
     first, second = _watched_runs(db_path, 2)
     refused = cli("runs", "--delete", "99", db=db_path)
@@ -140,3 +165,31 @@ def test_keeping_within_the_size_deletes_the_oldest_runs_in_one_pass(db_path):
     gone = retention.keep_within(db_path, retention.Limits(used * 0.7, None))
     assert gone and gone == tuple(ids[:len(gone)]) and len(gone) < 4  # the oldest first
     assert running in {run.id for run in RunStore(db_path).list_runs()} and _intact(db_path)
+
+
+def _plan(db_path: str) -> str:
+    with sqlite3.connect(db_path) as conn:
+        return " ".join(row[-1] for row in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT body_json FROM run_events WHERE run_id = 1"))
+
+
+def test_an_older_history_gains_the_events_index_at_open_or_at_its_first_prune(
+        db_path, monkeypatch):
+    """NOTE [ Indexes a history gains later ] (store/schema.py): a run's events read by index,
+    not by scanning every run's; a small older table is indexed when opened, a large one (here:
+    more rows than the threshold, lowered) only by a prune, which holds the lock anyway."""
+    _watched_runs(db_path, 2, batches=8)
+    assert "USING INDEX run_events_run" in _plan(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP INDEX run_events_run")
+    assert "USING INDEX" not in _plan(db_path)
+    monkeypatch.setattr(schema, "INDEX_AT_OPEN_ROWS", 1)  # the table counts as large
+    RunStore(db_path)
+    assert "USING INDEX" not in _plan(db_path)
+    retention.prune(db_path, retention.Limits(None, None))
+    assert "USING INDEX run_events_run" in _plan(db_path) and _intact(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP INDEX run_events_run")
+    monkeypatch.setattr(schema, "INDEX_AT_OPEN_ROWS", 200_000)
+    RunStore(db_path)
+    assert "USING INDEX run_events_run" in _plan(db_path)

@@ -34,8 +34,8 @@ from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.store.events import write_event
 from dataloader_tuner.store.schema import (RESOURCE_COLUMNS, RESOURCE_TYPES, SCHEMA, WINDOW_COLUMNS,
-                                           WRITER_COLUMNS, WRITER_TYPES, add_missing_columns,
-                                           use_wal)
+                                           WRITER_COLUMNS, WRITER_TYPES, add_later_indexes,
+                                           add_missing_columns, use_wal)
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -110,6 +110,7 @@ class RunStore:
             conn.executescript(SCHEMA)
             add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
             add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
+            add_later_indexes(conn)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

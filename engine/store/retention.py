@@ -5,8 +5,11 @@ NOTE [ Keeping the history within its limits ]
     Nothing else ever removes a run, and a watched job adds ~1.7 million batch rows a day at 20
     batches a second: a history that only grows fills a disk. The limits: the history's size
     (DEFAULT_MAX_GB, what its pages and rows use, not the file's free pages) and the age of its
-    runs (DEFAULT_MAX_DAYS, from when a run ended), each set by an environment variable or the
-    command line (``dataloader-tuner runs --prune --max-gb 2 --max-days 30``).
+    runs (DEFAULT_MAX_DAYS, from when a run ended), each set on the command line
+    (``dataloader-tuner runs --prune --max-gb 2 --max-days 30``), else by an environment
+    variable, else as the History page saved them in the history itself (its
+    ``history_limits`` table: every job writing there and the dashboard then agree without an
+    environment in common), else the defaults.
 
     A prune deletes the finished runs older than the age limit, then the oldest finished runs
     until the history fits its size: never a running run, a run's rows, windows, resources,
@@ -35,6 +38,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Sequence
 
+from dataloader_tuner.store.schema import add_later_indexes
+
 MAX_GB_ENV = "DLTUNER_HISTORY_MAX_GB"
 MAX_DAYS_ENV = "DLTUNER_HISTORY_MAX_DAYS"
 DEFAULT_MAX_GB = 4.0  # a year of a few watched jobs a day, at today's size per batch row
@@ -51,16 +56,61 @@ class Limits:
     max_age_s: float | None
 
     @classmethod
-    def from_env(cls, max_gb: float | None = None, max_days: float | None = None) -> "Limits":
-        """The limits given, else the environment's, else the defaults; 0 turns one off."""
-        gb = max_gb if max_gb is not None else _env_float(MAX_GB_ENV, DEFAULT_MAX_GB)
-        days = max_days if max_days is not None else _env_float(MAX_DAYS_ENV, DEFAULT_MAX_DAYS)
+    def from_env(cls, max_gb: float | None = None, max_days: float | None = None,
+                 saved: "SavedLimits | None" = None) -> "Limits":
+        """The limits given, else the environment's, else ``saved`` (the history's own), else
+        the defaults; 0 turns one off."""
+        saved = saved or SavedLimits(None, None)
+        gb = max_gb if max_gb is not None else _env_float(
+            MAX_GB_ENV, saved.max_gb if saved.max_gb is not None else DEFAULT_MAX_GB)
+        days = max_days if max_days is not None else _env_float(
+            MAX_DAYS_ENV, saved.max_days if saved.max_days is not None else DEFAULT_MAX_DAYS)
         return cls(gb * GB if gb > 0 else None, days * DAY_S if days > 0 else None)
+
+    @classmethod
+    def for_history(cls, path: str, max_gb: float | None = None,
+                    max_days: float | None = None) -> "Limits":
+        """As ``from_env``, with the limits saved in the history at ``path``."""
+        return cls.from_env(max_gb, max_days, saved_limits(path))
 
     def text(self) -> str:
         size = f"{self.max_bytes / GB:g} GB" if self.max_bytes else "no size limit"
         age = f"runs {self.max_age_s / DAY_S:g} days" if self.max_age_s else "no age limit"
         return f"{size}, {age}"
+
+
+@dataclass(frozen=True)
+class SavedLimits:
+    """The limits saved in a history by the History page (None: not saved; 0: no limit)."""
+
+    max_gb: float | None
+    max_days: float | None
+
+
+def saved_limits(path: str) -> SavedLimits:
+    """The limits the History page saved in this history (none in a file from before them)."""
+    with closing(connect(path)) as conn:
+        try:
+            saved = dict(conn.execute("SELECT name, value FROM history_limits").fetchall())
+        except sqlite3.OperationalError:  # (no such table: nothing saved)
+            return SavedLimits(None, None)
+    return SavedLimits(saved.get("max_gb"), saved.get("max_days"))
+
+
+def save_limits(path: str, max_gb: float, max_days: float) -> None:
+    """Keep these limits in the history (0: none) for every job writing there, and the pages."""
+    if max_gb < 0 or max_days < 0:
+        raise ValueError("a limit is a number of GB or days, or 0 for no limit; not negative")
+    with closing(connect(path)) as conn, conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS history_limits "
+                     "(name TEXT PRIMARY KEY, value REAL NOT NULL)")
+        conn.executemany("INSERT OR REPLACE INTO history_limits VALUES (?, ?)",
+                         (("max_gb", float(max_gb)), ("max_days", float(max_days))))
+
+
+def overridden_by_env() -> list[str]:
+    """The environment variables that set a limit here, over what the history saved."""
+    return [name for name in (MAX_GB_ENV, MAX_DAYS_ENV) if os.environ.get(name, "").strip()]
 
 
 @dataclass(frozen=True)
@@ -139,6 +189,7 @@ def prune(path: str, limits: Limits, now: float | None = None) -> Pruned:
     deleted: list[int] = []
     given_back = True
     with closing(connect(path)) as conn:
+        add_later_indexes(conn, any_size=True)  # (its VACUUM holds the lock as long)
         for run_id, ended_at in _finished(conn):
             if limits.max_age_s is not None and now - ended_at > limits.max_age_s:
                 _delete(conn, run_id)
@@ -201,8 +252,10 @@ def _oldest_to_free(conn: sqlite3.Connection, share: float,
 # A run's rows go in transactions of this many at most (by their run_id index): a job writing
 # beside a prune waits for one of them, not for a whole run of millions of rows
 DELETE_CHUNK = 20_000
-CHUNKED = ("batches", "batch_windows", "resources", "rank_reports")  # indexed by run_id
-WHOLE = ("gpu_samples", "rank_latest", "run_events")  # (no run_id index: one scan each)
+# (each indexed by run_id: a history from before run_events' and gpu_samples' indexes gains
+# them at its first prune, schema.add_later_indexes)
+CHUNKED = ("batches", "batch_windows", "resources", "rank_reports", "run_events", "gpu_samples")
+WHOLE = ("rank_latest",)  # (a row per rank)
 
 
 def _delete(conn: sqlite3.Connection, run_id: int) -> None:
@@ -263,7 +316,7 @@ def keep_within(path: str, limits: Limits | None = None,
     """From a run's writer thread, as it starts: the finished runs past the limits deleted,
     in short transactions, and their space given back in steps where the file allows it (see
     the NOTE). The runs deleted."""
-    limits = Limits.from_env() if limits is None else limits
+    limits = Limits.for_history(path) if limits is None else limits
     now = time.time() if now is None else now
     with closing(connect(path)) as conn:
         doomed = [run_id for run_id, ended_at in _finished(conn)

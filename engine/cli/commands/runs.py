@@ -24,10 +24,11 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
                              "until the history fits its size, and give the space back")
     parser.add_argument("--max-gb", type=float, default=None,
                         help=f"the history's size limit for --prune (${retention.MAX_GB_ENV}, "
-                             f"default {retention.DEFAULT_MAX_GB:g}; 0: none)")
+                             "else the History page's, else "
+                             f"{retention.DEFAULT_MAX_GB:g}; 0: none)")
     parser.add_argument("--max-days", type=float, default=None,
                         help=f"the age limit for --prune, from a run's end "
-                             f"(${retention.MAX_DAYS_ENV}, default "
+                             f"(${retention.MAX_DAYS_ENV}, else the History page's, else "
                              f"{retention.DEFAULT_MAX_DAYS:g}; 0: none)")
     add_json(parser)
     add_db(parser)
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 def _remove(path: str, args: argparse.Namespace) -> int:
     """--delete or --prune: what went and the history's size after, or why nothing did."""
     try:
-        limits = retention.Limits.from_env(args.max_gb, args.max_days)
+        limits = retention.Limits.for_history(path, args.max_gb, args.max_days)
         done = (retention.delete_runs(path, args.delete) if args.delete
                 else retention.prune(path, limits))
     except (KeyError, ValueError) as exc:  # (RunningRun is a ValueError)
