@@ -99,9 +99,9 @@ CREATE TABLE IF NOT EXISTS run_events (
 
 # NOTE [ Indexes a history gains later ]: tables that had no run_id index (a run's events were
 # read, and deleted, by scanning every run's: 3.0 GB of sampled stacks at 7,000 runs)
-LATER_INDEXES = {
-    "run_events": "CREATE INDEX IF NOT EXISTS run_events_run ON run_events(run_id)",
-    "gpu_samples": "CREATE INDEX IF NOT EXISTS gpu_samples_run ON gpu_samples(run_id, t)",
+LATER_INDEXES = {  # index -> (its table, its columns)
+    "run_events_run": ("run_events", "run_id"),
+    "gpu_samples_run": ("gpu_samples", "run_id, t"),
 }
 # ...made when a file is opened only where the table holds fewer rows than this (a second or
 # less); a larger one gets its index from `runs --prune`, which holds the file's lock anyway
@@ -112,15 +112,14 @@ def add_later_indexes(conn: sqlite3.Connection, any_size: bool = False) -> list[
     """The LATER_INDEXES a file lacks, made where its table is small, or at ``any_size``
     (NOTE [ Indexes a history gains later ]); the tables indexed now."""
     made = []
-    for table, create in LATER_INDEXES.items():
-        name = create.split(" IF NOT EXISTS ")[1].split(" ")[0]
+    for name, (table, columns) in LATER_INDEXES.items():
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?",
                         (name,)).fetchone():
             continue
         rows = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0] or 0
         if any_size or rows < INDEX_AT_OPEN_ROWS:
             with conn:
-                conn.execute(create)
+                conn.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table}({columns})")
             made.append(table)
     return made
 
