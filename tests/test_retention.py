@@ -46,7 +46,7 @@ def _rows(db_path: str, run_id: int) -> dict[str, int]:
     with sqlite3.connect(db_path) as conn:
         return {table: conn.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?",
                                     (run_id,)).fetchone()[0]
-                for table in ("batches", "run_events", "resources", "batch_windows")}
+                for table in ("batch_rows", "run_events", "resources", "batch_windows")}
 
 
 def _intact(db_path: str) -> bool:
@@ -56,7 +56,7 @@ def _intact(db_path: str) -> bool:
 
 def test_a_deleted_run_takes_its_rows_and_events_and_a_running_one_is_refused(db_path):
     first, second, third = _watched_runs(db_path, 3)
-    assert _rows(db_path, second)["batches"] == 64 and _rows(db_path, second)["run_events"]
+    assert _rows(db_path, second)["batch_rows"] == 64 and _rows(db_path, second)["run_events"]
     running = RunStore(db_path).create_run("watch", "job.py", {})
     with pytest.raises(retention.RunningRun, match=f"run {running} is still running"):
         retention.delete_runs(db_path, [second, running])
@@ -67,7 +67,7 @@ def test_a_deleted_run_takes_its_rows_and_events_and_a_running_one_is_refused(db
     assert done.deleted == (second,) and done.given_back and done.bytes_after < done.bytes_before
     assert {run.id for run in RunStore(db_path).list_runs()} == {first, third, running}
     assert set(_rows(db_path, second).values()) == {0}
-    assert _rows(db_path, first)["batches"] == 64 and _intact(db_path)
+    assert _rows(db_path, first)["batch_rows"] == 64 and _intact(db_path)
 
 
 def test_a_prune_deletes_by_age_then_oldest_first_by_size_and_gives_the_space_back(db_path):

@@ -330,9 +330,11 @@ def test_a_fast_loader_s_run_is_kept_in_windows_with_its_figures_exact(tmp_path)
         assert abs(wait_bucket(found) - wait_bucket(truth[q] / 1000)) <= 1, q
     assert result.counting["windows"]["from_batches_per_s"] > WINDOW_ABOVE_PER_S
     assert "a row is one batch, not a window" in profile_text(result)
-    # the history's run reads back to the same figures
+    # the history's run reads back to the same figures (its times kept to the microsecond:
+    # NOTE [ A history's rows, kept small ])
     again = LiveRun.stored(store, handle.run_id).profile_result("ok")
-    assert (again.batches, again.samples_per_s) == (result.batches, result.samples_per_s)
+    assert again.batches == result.batches
+    assert again.samples_per_s == pytest.approx(result.samples_per_s, rel=1e-6)
     assert live_descendants() == []
 
 

@@ -32,10 +32,11 @@ from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict
 from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.windows import BatchWindow
+from dataloader_tuner.store.compact import BATCH_TABLES, batch_select, body_json
 from dataloader_tuner.store.events import write_event
 from dataloader_tuner.store.schema import (RESOURCE_COLUMNS, RESOURCE_TYPES, SCHEMA, WINDOW_COLUMNS,
                                            WRITER_COLUMNS, WRITER_TYPES, add_later_indexes,
-                                           add_missing_columns, use_wal)
+                                           add_missing_columns, move_old_batches, use_wal)
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -111,6 +112,7 @@ class RunStore:
             add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
             add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
             add_later_indexes(conn)
+            move_old_batches(conn)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -246,19 +248,16 @@ class RunStore:
 
     def batches(self, run_id: int, last: int | None = None) -> list[BatchRecord]:
         """The run's batches in order; only the ``last`` ones if given (a live view)."""
-        query = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE run_id = ? ORDER BY seq"
-        if last is not None:  # the newest through the (run_id, seq) index, then in order
-            query = f"SELECT * FROM ({query} DESC LIMIT {int(last)}) ORDER BY seq"
-        return [BatchRecord.from_row(_typed_batch_row(tuple(r)))
-                for r in self._conn().execute(query, (run_id,))]
+        return self.recent_batches([run_id], last)[run_id]
 
     def last_seq(self, run_id: int) -> int | None:
         """The number of the run's last batch written, as a row or in a window (None: none)."""
         return self._conn().execute(
-            "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM batches WHERE run_id = ? "
+            "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM batch_rows WHERE run_id = ? "
+            "UNION ALL SELECT MAX(seq) FROM batches WHERE run_id = ? "
             "UNION ALL SELECT first_seq + batches - 1 FROM (SELECT first_seq, batches FROM "
             "batch_windows WHERE run_id = ? ORDER BY first_seq DESC LIMIT 1))",
-            (run_id, run_id)).fetchone()[0]
+            (run_id, run_id, run_id)).fetchone()[0]
 
     def windows(self, run_id: int, since_seq: int = 0) -> list[BatchWindow]:
         """The run's windows holding batch ``since_seq`` or later, in order (most runs: none)."""
@@ -280,26 +279,32 @@ class RunStore:
                 found[row[0]].append(BatchWindow.from_row(tuple(row)[1:]))
         return found
 
-    def recent_batches(self, run_ids: Sequence[int], last: int) -> dict[int, list[BatchRecord]]:
-        """The ``last`` batches of each run, in order, in one query (a page that shows many
-        runs asks once per redraw, not once per run)."""
+    def recent_batches(self, run_ids: Sequence[int],
+                       last: int | None) -> dict[int, list[BatchRecord]]:
+        """The ``last`` batches of each run (all of them: None), in order, in one query (a page
+        that shows many runs asks once per redraw, not once per run)."""
         found: dict[int, list[BatchRecord]] = {run_id: [] for run_id in run_ids}
         if not found:
             return found
-        # Each run's newest through the (run_id, seq) index, then glued: a window function
-        # over the runs would number every batch of each (a week-long job has millions).
-        one = (f"SELECT * FROM (SELECT run_id, {', '.join(BATCH_COLUMNS)} FROM batches "
-               "WHERE run_id = ? ORDER BY seq DESC LIMIT ?)")
+        # Each run's newest through its (run_id, seq) key, then glued: a window function
+        # over the runs would number every batch of each (a week-long job has millions);
+        # from both tables, an older history's rows being in the one it had (store/compact.py)
+        limit = "" if last is None else f" ORDER BY seq DESC LIMIT {int(last)}"
+        parts = [f"SELECT * FROM (SELECT run_id, {batch_select(table)} FROM {table} "
+                 f"WHERE run_id = ?{limit})" for table in BATCH_TABLES]
         ids = list(found)
-        for start in range(0, len(ids), COMPOUND_LIMIT):  # SQLite caps a compound SELECT
-            chunk = ids[start:start + COMPOUND_LIMIT]
+        per_query = COMPOUND_LIMIT // len(parts)  # SQLite caps a compound SELECT
+        for start in range(0, len(ids), per_query):
+            chunk = ids[start:start + per_query]
             rows = self._conn().execute(
-                " UNION ALL ".join([one] * len(chunk)),
-                [value for run_id in chunk for value in (run_id, last)]).fetchall()
+                " UNION ALL ".join(parts * len(chunk)),
+                [run_id for run_id in chunk for _ in parts]).fetchall()
             for row in rows:
                 found[row[0]].append(BatchRecord.from_row(_typed_batch_row(tuple(row)[1:])))
-        for batches in found.values():
+        for run_id, batches in found.items():
             batches.sort(key=lambda b: b.seq)
+            if last is not None and len(batches) > last:  # (the newest of both tables)
+                found[run_id] = batches[-last:]
         return found
 
     def resources(self, run_id: int) -> list[dict]:
@@ -324,7 +329,7 @@ class RunStore:
 
     def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
         """The run's events other than batches and resource samples (which have tables)."""
-        return [protocol.from_wire(json.loads(r[0])) for r in self._conn().execute(
+        return [protocol.from_wire(body_json(r[0])) for r in self._conn().execute(
             "SELECT body_json FROM run_events WHERE run_id = ? AND (? IS NULL OR kind = ?)",
             (run_id, kind or None, kind or None))]
 

@@ -8,6 +8,7 @@ import sqlite3
 from dataloader_tuner import protocol
 from dataloader_tuner.bulk_sql import insert_rows, update_by_seq
 from dataloader_tuner.record.rows import BATCH_COLUMNS
+from dataloader_tuner.store.compact import stored_batch, stored_body, stored_timing
 from dataloader_tuner.store.schema import RESOURCE_COLUMNS, WINDOW_COLUMNS
 
 
@@ -15,8 +16,9 @@ def write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) ->
     """One event into the tables it belongs in (the caller holds the transaction)."""
     # (many rows to a statement: NOTE [ One statement for many rows ], bulk_sql.py)
     if isinstance(event, protocol.Batches):
-        insert_rows(conn, "batches", ("run_id", *BATCH_COLUMNS),
-                    [(run_id, *row) for row in event.rows])
+        # (kept small: NOTE [ A history's rows, kept small ], store/compact.py)
+        insert_rows(conn, "batch_rows", ("run_id", *BATCH_COLUMNS),
+                    [(run_id, *stored_batch(row)) for row in event.rows])
         return
     if isinstance(event, protocol.Windows):
         insert_rows(conn, "batch_windows", ("run_id", *WINDOW_COLUMNS),
@@ -24,8 +26,11 @@ def write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) ->
                      for row in event.windows])
         return
     if isinstance(event, protocol.LateTimings):
-        update_by_seq(conn, "batches", run_id, ("gpu_gap_ms",), event.gaps)
-        update_by_seq(conn, "batches", run_id, ("h2d_ms", "h2d_other_ms"), event.copies)
+        update_by_seq(conn, "batch_rows", run_id, ("gpu_gap_ms",),
+                      [(seq, stored_timing(gap, "gpu_gap_ms")) for seq, gap in event.gaps])
+        update_by_seq(conn, "batch_rows", run_id, ("h2d_ms", "h2d_other_ms"),
+                      [(seq, stored_timing(copy, "h2d_ms"), stored_timing(other, "h2d_ms"))
+                       for seq, copy, other in event.copies])
         return
     if isinstance(event, protocol.Resources):
         insert_rows(conn, "resources", ("run_id", *RESOURCE_COLUMNS),
@@ -46,4 +51,4 @@ def write_event(conn: sqlite3.Connection, run_id: int, event: protocol.Event) ->
         conn.execute("UPDATE runs SET error_json = ? WHERE id = ?",
                      (json.dumps(event.error), run_id))
     conn.execute("INSERT INTO run_events VALUES (?, ?, ?)",
-                 (run_id, event.kind, json.dumps(protocol.to_wire(event), default=str)))
+                 (run_id, event.kind, stored_body(protocol.to_wire(event))))

@@ -38,7 +38,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Sequence
 
-from dataloader_tuner.store.schema import add_later_indexes
+from dataloader_tuner.store.schema import add_later_indexes, move_old_batches
 
 MAX_GB_ENV = "DLTUNER_HISTORY_MAX_GB"
 MAX_DAYS_ENV = "DLTUNER_HISTORY_MAX_DAYS"
@@ -190,11 +190,12 @@ def prune(path: str, limits: Limits, now: float | None = None) -> Pruned:
     given_back = True
     with closing(connect(path)) as conn:
         add_later_indexes(conn, any_size=True)  # (its VACUUM holds the lock as long)
+        moved = move_old_batches(conn, any_size=True)
         for run_id, ended_at in _finished(conn):
             if limits.max_age_s is not None and now - ended_at > limits.max_age_s:
                 _delete(conn, run_id)
                 deleted.append(run_id)
-        if deleted:
+        if deleted or moved:
             given_back = _vacuum(conn)
         for _round in range(SIZE_ROUNDS):
             used = used_bytes(path)
@@ -214,7 +215,7 @@ def prune(path: str, limits: Limits, now: float | None = None) -> Pruned:
 # again after VACUUM (a run's rows share pages with others': only a VACUUM shows what went)
 SIZE_ROUNDS = 8
 # Roughly what a row of each table takes (bytes; events by their text): a run's weight
-ROW_BYTES = {"batches": 160, "batch_windows": 400, "resources": 120, "rank_reports": 600,
+ROW_BYTES = {"batch_rows": 45, "batches": 80, "batch_windows": 400, "resources": 120, "rank_reports": 600,
              "gpu_samples": 40}
 
 
@@ -254,8 +255,9 @@ def _oldest_to_free(conn: sqlite3.Connection, share: float,
 DELETE_CHUNK = 20_000
 # (each indexed by run_id: a history from before run_events' and gpu_samples' indexes gains
 # them at its first prune, schema.add_later_indexes)
-CHUNKED = ("batches", "batch_windows", "resources", "rank_reports", "run_events", "gpu_samples")
+CHUNKED = ("batch_rows", "batches", "batch_windows", "resources", "rank_reports", "run_events", "gpu_samples")
 WHOLE = ("rank_latest",)  # (a row per rank)
+KEYS = {"batch_rows": "seq"}  # a row's key within its run, where it is not its rowid
 
 
 def _delete(conn: sqlite3.Connection, run_id: int) -> None:
@@ -266,11 +268,12 @@ def _delete(conn: sqlite3.Connection, run_id: int) -> None:
     if row is None or row[0] == "running":
         return
     for table in CHUNKED:
+        key = KEYS.get(table, "rowid")
         while True:
             with conn:
                 gone = conn.execute(
-                    f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
-                    f"WHERE run_id = ? LIMIT {DELETE_CHUNK})", (run_id,)).rowcount
+                    f"DELETE FROM {table} WHERE run_id = ? AND {key} IN (SELECT {key} FROM "
+                    f"{table} WHERE run_id = ? LIMIT {DELETE_CHUNK})", (run_id, run_id)).rowcount
             if gone < DELETE_CHUNK:
                 break
     with conn:

@@ -20,6 +20,7 @@ import time
 
 from dataloader_tuner.record.rows import BATCH_COLUMNS
 from dataloader_tuner.record.windows import BatchWindow
+from dataloader_tuner.store.compact import BATCH_ROWS_SCHEMA, stored_select
 
 # One row per process per resource sample (instrument/resources.py): the private-memory columns
 # are what analyse/memory_growth.py judges, so a stored run can be judged again as it was live.
@@ -61,6 +62,7 @@ CREATE TABLE IF NOT EXISTS runs (
     rank_json TEXT,
     framework TEXT
 );
+{BATCH_ROWS_SCHEMA}
 CREATE TABLE IF NOT EXISTS batches (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     {", ".join(f"{c} REAL" for c in BATCH_COLUMNS)}
@@ -122,6 +124,29 @@ def add_later_indexes(conn: sqlite3.Connection, any_size: bool = False) -> list[
                 conn.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table}({columns})")
             made.append(table)
     return made
+
+
+OLD_ROWS_MOVED = 20_000  # old rows moved into batch_rows a transaction
+
+
+def move_old_batches(conn: sqlite3.Connection, any_size: bool = False) -> int:
+    """An older history's ``batches`` rows moved into ``batch_rows`` (NOTE [ A history's rows,
+    kept small ], store/compact.py), where they are few as for the later indexes, or at
+    ``any_size``, in transactions of OLD_ROWS_MOVED; the rows moved."""
+    rows = conn.execute("SELECT MAX(rowid) FROM batches").fetchone()[0] or 0
+    if rows == 0 or not (any_size or rows < INDEX_AT_OPEN_ROWS):
+        return 0
+    chunk = f"SELECT rowid FROM batches ORDER BY rowid LIMIT {OLD_ROWS_MOVED}"
+    moved = 0
+    while conn.execute("SELECT 1 FROM batches LIMIT 1").fetchone() is not None:
+        with conn:
+            # (OR IGNORE: a row already in batch_rows, of a run written by both versions)
+            moved += conn.execute(
+                f"INSERT OR IGNORE INTO batch_rows (run_id, {', '.join(BATCH_COLUMNS)}) "
+                f"SELECT run_id, {stored_select()} FROM batches WHERE rowid IN ({chunk})"
+            ).rowcount
+            conn.execute(f"DELETE FROM batches WHERE rowid IN ({chunk})")
+    return moved
 
 
 def use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
