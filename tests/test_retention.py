@@ -71,7 +71,7 @@ def test_a_deleted_run_takes_its_rows_and_events_and_a_running_one_is_refused(db
 
 
 def test_a_prune_deletes_by_age_then_oldest_first_by_size_and_gives_the_space_back(db_path):
-    ids = _watched_runs(db_path, 4, batches=150)
+    ids = _watched_runs(db_path, 4, batches=400)
     running = RunStore(db_path).create_run("watch", "job.py", {})
     long_ago = time.time() - 200 * retention.DAY_S
     with sqlite3.connect(db_path) as conn:

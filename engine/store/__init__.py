@@ -12,6 +12,7 @@ Default location: ``$DLTUNER_DB`` if set, else ``$XDG_DATA_HOME/dataloader-tuner
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -26,8 +27,7 @@ import psutil
 from dataloader_tuner.access import private_file, private_folder
 from dataloader_tuner.bulk_sql import insert_rows
 from dataloader_tuner import protocol
-from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS, OPTIONAL_INT_COLUMNS,
-                                    BatchRecord)
+from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.ranks import RankSummary
 from dataloader_tuner.analyse.results import Result, result_from_dict
 from dataloader_tuner.record.cards import DatasetCard
@@ -223,11 +223,13 @@ class RunStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list_runs(self, limit: int = 100) -> list[StoredRun]:
+    def list_runs(self, limit: int = 100, kind: str | None = None) -> list[StoredRun]:
+        """The newest ``limit`` runs (of one ``kind`` if given), newest first."""
         return [self._stored_run(row) for row in self._conn().execute(
             "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
             "error_json, parent_id, host, pid, script, heartbeat_at, rank_json, framework "
-            "FROM runs ORDER BY id DESC LIMIT ?", (limit,))]
+            "FROM runs WHERE (? IS NULL OR kind = ?) ORDER BY id DESC LIMIT ?",
+            (kind, kind, limit))]
 
     def statuses(self, kind: str) -> dict[int, str]:
         """{run id: status} of the runs of one kind: a cheap check for changes (no results
@@ -300,7 +302,7 @@ class RunStore:
                 " UNION ALL ".join(parts * len(chunk)),
                 [run_id for run_id in chunk for _ in parts]).fetchall()
             for row in rows:
-                found[row[0]].append(BatchRecord.from_row(_typed_batch_row(tuple(row)[1:])))
+                found[row[0]].append(BatchRecord(*tuple(row)[1:]))
         for run_id, batches in found.items():
             batches.sort(key=lambda b: b.seq)
             if last is not None and len(batches) > last:  # (the newest of both tables)
@@ -335,12 +337,12 @@ class RunStore:
 
     @staticmethod
     def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
-        summary = json.loads(row["summary_json"]) if row["summary_json"] else None
+        summary = row["summary_json"]
         return StoredRun(
             id=row["id"], kind=row["kind"], label=row["label"], target=row["target"],
             status=row["status"], started_at=row["started_at"], ended_at=row["ended_at"],
             parent_id=row["parent_id"],
-            result=result_from_dict(row["kind"], summary) if summary is not None else None,
+            result=_result_of(row["kind"], summary) if summary else None,
             error=json.loads(row["error_json"]) if row["error_json"] else None,
             host=row["host"], pid=row["pid"], script=row["script"],
             heartbeat_at=row["heartbeat_at"],
@@ -354,14 +356,11 @@ class RunStore:
             self._local.conn = None
 
 
-INTEGER_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
-
-
-def _typed_batch_row(row: tuple) -> tuple:
-    return tuple(
-        int(v) if (name in INTEGER_COLUMNS and v is not None) else v
-        for name, v in zip(BATCH_COLUMNS, row)
-    )
+@functools.lru_cache(maxsize=2048)
+def _result_of(kind: str, summary_json: str) -> Result:
+    """A run's saved result, read once per process: a page listing 500 runs parsed each one's
+    ~30 KB of JSON at every redraw (0.43 s of a 1.1 s Training jobs page at 10,000 runs)."""
+    return result_from_dict(kind, json.loads(summary_json))
 
 
 def _alive(pid: int, since: float) -> bool:

@@ -27,7 +27,8 @@ import json
 import zlib
 from typing import Any, Sequence
 
-from dataloader_tuner.record.rows import BATCH_COLUMNS
+from dataloader_tuner.record.rows import (BATCH_COLUMNS, INT_BATCH_COLUMNS,
+                                          OPTIONAL_INT_COLUMNS)
 
 # What a stored value is a count of, per column kept as an integer: seconds as microseconds,
 # milliseconds as microseconds (the rest are integers already)
@@ -41,6 +42,7 @@ CREATE TABLE IF NOT EXISTS batch_rows (
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 """
+INTEGER_BATCH_COLUMNS = INT_BATCH_COLUMNS | OPTIONAL_INT_COLUMNS
 # Where a run's batches are: the compact table, and the one histories had before it
 BATCH_TABLES = ("batch_rows", "batches")
 _SCALED = [(i, STORED_SCALE[c]) for i, c in enumerate(BATCH_COLUMNS) if c in STORED_SCALE]
@@ -61,9 +63,11 @@ def stored_timing(value: float | None, column: str) -> int | None:
 
 
 def batch_select(table: str) -> str:
-    """The columns of BATCH_COLUMNS as ``table`` gives them back, in their own units."""
+    """The columns of BATCH_COLUMNS as ``table`` gives them back, in their own units (an
+    older table's integers as integers: its columns were all REAL)."""
     if table == "batches":
-        return ", ".join(BATCH_COLUMNS)
+        return ", ".join(f"CAST({c} AS INTEGER) AS {c}" if c in INTEGER_BATCH_COLUMNS else c
+                         for c in BATCH_COLUMNS)
     return ", ".join(f"{c} / {STORED_SCALE[c]}.0 AS {c}" if c in STORED_SCALE else c
                      for c in BATCH_COLUMNS)
 
