@@ -30,11 +30,13 @@ def _table(board: job_board.Board) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _ended(store: RunStore, run_id: int, status: str, ended_at: float | None) -> LiveRun:
+def _ended(store: RunStore, run_id: int, status: str, ended_at: float | None,
+           stacks: bool) -> LiveRun:
     """A run that has ended, as the history has it: read once for all its redraws (it no
     longer changes; each rerun read a 25,000-batch run's rows and 500 stack events again,
-    0.4 s of a 0.8 s page at 10,000 runs: bench/history_scale.py)."""
-    return LiveRun.stored(store, run_id)
+    0.4 s of a 0.8 s page at 10,000 runs: bench/history_scale.py); its stacks only where
+    its saved result does not have them summed."""
+    return LiveRun.stored(store, run_id, stacks=stacks)
 
 
 def _run_view(run_id: int) -> None:
@@ -46,7 +48,8 @@ def _run_view(run_id: int) -> None:
         return
     running = run.status == "running"
     live = (LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES) if running
-            else _ended(store, run_id, run.status, run.ended_at))
+            else _ended(store, run_id, run.status, run.ended_at,
+                        stacks=not isinstance(run.result, ProfileResult)))
     result = run.result if isinstance(run.result, ProfileResult) else live.profile_result(
         "ok" if run.status in ("running", "lost") else run.status)
     by = f" (built by {run.framework})" if run.framework else ""

@@ -63,6 +63,7 @@ def test_a_long_event_body_is_kept_compressed_and_reads_back_whole(tmp_path):
     assert read.sampled == [[r[0], r[1], r[2], r[3], r[4]] for r in stacks.sampled]
     assert len(kept["profiled"]) * 4 < len(protocol.encode(stacks))
     assert store.events(run_id, "probe") == [short]
+    assert store.events(run_id, but="profiled") == [short]  # (an ended run's page: no stacks)
 
 
 def test_an_older_history_s_rows_are_read_beside_the_new_and_moved_by_a_prune(

@@ -158,13 +158,15 @@ class LiveRun:
                 self.batches[index] = self.batches[index]._replace(**fields)
 
     @classmethod
-    def stored(cls, store: "RunStore", run_id: int, last_batches: int | None = None) -> "LiveRun":
+    def stored(cls, store: "RunStore", run_id: int, last_batches: int | None = None,
+               stacks: bool = True) -> "LiveRun":
         """A run as far as the history has it, folded as if its events had just arrived: how
         the dashboard follows a run another process writes (a watched training job). With
-        ``last_batches``, only the most recent ones (their window starts the steady state)."""
+        ``last_batches``, only the most recent ones (their window starts the steady state);
+        without ``stacks``, not its sampled stacks (an ended run's result has their summary)."""
         run = store.get_run(run_id)
         live = cls(run.target if run is not None else "")
-        for event in store.events(run_id):
+        for event in store.events(run_id, but=None if stacks else protocol.Profiled.kind):
             live.apply(event)
         batches = store.batches(run_id, last_batches)
         windows = store.windows(run_id, batches[0].seq if batches else 0)

@@ -329,11 +329,13 @@ class RunStore:
         return [(row[0], RankSummary.from_json(row[1]))
                 for row in self._conn().execute(query, args).fetchall()]
 
-    def events(self, run_id: int, kind: str | None = None) -> list[protocol.Event]:
-        """The run's events other than batches and resource samples (which have tables)."""
+    def events(self, run_id: int, kind: str | None = None,
+               but: str | None = None) -> list[protocol.Event]:
+        """The run's events other than batches and resource samples (which have tables): of
+        one ``kind`` if given, all ``but`` one kind if given."""
         return [protocol.from_wire(body_json(r[0])) for r in self._conn().execute(
-            "SELECT body_json FROM run_events WHERE run_id = ? AND (? IS NULL OR kind = ?)",
-            (run_id, kind or None, kind or None))]
+            "SELECT body_json FROM run_events WHERE run_id = ? AND (? IS NULL OR kind = ?) "
+            "AND (? IS NULL OR kind != ?)", (run_id, kind or None, kind or None, but, but))]
 
     @staticmethod
     def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
