@@ -15,6 +15,9 @@ in turns of a quarter-second flush each, as jobs writing at once do.
 
     ../shared/tools/capped 8 -- python bench/history_scale.py size
     ../shared/tools/capped 8 -- python bench/history_scale.py pages --runs 10000 --rows 50000000
+    ../shared/tools/capped 8 -- python bench/history_scale.py long --rows 1700000
+
+- ``long``: one watched job of ``--rows`` rows (a day at 20 batches a second), its page.
 """
 
 from __future__ import annotations
@@ -202,9 +205,27 @@ def pages(templates: list[Template], folder: str, runs: int, rows: int, keep: st
                                                       else f"the run chosen {then:6.2f} s"))
 
 
+def long_run(templates: list[Template], folder: str, rows: int) -> None:
+    """One watched job of ``rows`` batch rows (a day at 20 a second: 1.7 million) beside a
+    shorter one, and its page chosen on the Training jobs page."""
+    import sqlite3
+    watched, _profile = templates
+    db = os.path.join(folder, "long.sqlite")
+    took = write_runs(db, [(watched, rows), (watched, len(watched.rows))])
+    with sqlite3.connect(db) as conn:
+        first = conn.execute("SELECT MIN(id) FROM runs").fetchone()[0]
+    print(f"a run of {rows / 1e6:.1f} million rows, written in {took:.0f} s")
+    os.environ.update(DLTUNER_DB=db, DLTUNER_AUTOSTART="0")
+    from dataloader_tuner.dashboard import watched_page  # noqa: F401 (imported)
+    _render(WARM_UP)
+    shown, chosen = _render("from dataloader_tuner.dashboard import watched_page\n"
+                            "watched_page.render()\n", ("watched_run", first))
+    print(f"Training jobs {shown:.2f} s; the long run chosen {chosen:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("size", "pages"))
+    parser.add_argument("what", choices=("size", "pages", "long"))
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--rows", type=int, default=50_000_000)
     parser.add_argument("--job-rows", type=int, default=20_000, help="the template job's")
@@ -214,6 +235,8 @@ def main() -> None:
         templates = record_templates(folder, args.job_rows)
         if args.what == "size":
             size(templates, folder)
+        elif args.what == "long":
+            long_run(templates, folder, args.rows)
         else:
             pages(templates, folder, args.runs, args.rows, args.keep)
 

@@ -17,6 +17,9 @@ from .shared import get_jobs
 
 REFRESH_S = 1.0
 LIVE_WINDOW_BATCHES = 5000  # the live figures cover the most recent batches (as the Live page)
+# An ended run's charts cover at most its most recent batches (its figures are its saved
+# result's, of all of them): a day's job has 1.7 million rows, ~10 s to read (0.17 s a 25,000)
+ENDED_BATCHES_SHOWN = 50_000
 RANKS_REFRESH_S = 2.0  # as often as the ranks report
 
 
@@ -31,12 +34,14 @@ def _table(board: job_board.Board) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _ended(store: RunStore, run_id: int, status: str, ended_at: float | None,
-           stacks: bool) -> LiveRun:
+           saved: bool) -> LiveRun:
     """A run that has ended, as the history has it: read once for all its redraws (it no
     longer changes; each rerun read a 25,000-batch run's rows and 500 stack events again,
-    0.4 s of a 0.8 s page at 10,000 runs: bench/history_scale.py); its stacks only where
-    its saved result does not have them summed."""
-    return LiveRun.stored(store, run_id, stacks=stacks)
+    0.4 s of a 0.8 s page at 10,000 runs: bench/history_scale.py). Where its result was
+    ``saved`` (its figures and its stacks' summary), not its stacks, and its latest batches."""
+    if not saved:
+        return LiveRun.stored(store, run_id)
+    return LiveRun.stored(store, run_id, ENDED_BATCHES_SHOWN, stacks=False)
 
 
 def _run_view(run_id: int) -> None:
@@ -49,13 +54,15 @@ def _run_view(run_id: int) -> None:
     running = run.status == "running"
     live = (LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES) if running
             else _ended(store, run_id, run.status, run.ended_at,
-                        stacks=not isinstance(run.result, ProfileResult)))
+                        saved=isinstance(run.result, ProfileResult)))
     result = run.result if isinstance(run.result, ProfileResult) else live.profile_result(
         "ok" if run.status in ("running", "lost") else run.status)
     by = f" (built by {run.framework})" if run.framework else ""
     st.markdown(f"**{run.label or 'loader'}**{by} in `{job_board.job_of(run)}`: **{run.status}**, "
                 f"{live.elapsed_s:.1f} s, {live.batches_seen():,} batches"
-                + (" (the most recent)" if running else ""))
+                + (" (the most recent)" if running else "")
+                + (f" (charted: the most recent {len(live.batches):,})"
+                   if not running and live.batches and live.batches[0].seq > 0 else ""))
     if run.status == "lost":
         st.warning("This job ended without a goodbye (killed, or crashed hard): shown up to "
                    "its last flush.", icon="⚠️")

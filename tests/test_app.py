@@ -352,6 +352,27 @@ def test_watched_jobs_are_listed_and_shown_live(app_env):
     assert saved.ceiling is None or saved.ceiling["sentence"] in texts(at)
 
 
+def test_an_ended_run_s_charts_read_its_latest_batches_and_say_so(app_env, monkeypatch):
+    """A long job's page reads at most ENDED_BATCHES_SHOWN of its rows (a day's job has
+    millions); its figures are its saved result's, of every batch."""
+    from torch.utils.data import DataLoader
+
+    from dataloader_tuner import watch
+    from dataloader_tuner.dashboard import watched_page
+
+    monkeypatch.setattr(watched_page, "ENDED_BATCHES_SHOWN", 40)
+    watched = watch(DataLoader(range(400), batch_size=4), name="train", db=app_env)
+    for _batch in watched:
+        time.sleep(0.002)
+    watched.close()
+    at = AppTest.from_string(WATCHED_SCRIPT, default_timeout=60).run()
+    page = " ".join(m.value for m in at.markdown)
+    assert "100 batches (charted: the most recent 40)" in page, page
+    assert any(t.startswith("Batch latency") for t in chart_titles(at))
+    saved = get_jobs().store.list_runs()[0].result
+    assert saved.batches == 100 and {m.label: m.value for m in at.metric}["samples/s"]
+
+
 def test_a_watched_loader_whose_workers_are_not_timed_says_which_part_and_why(app_env, capfd):
     """A StatefulDataLoader over a list (a builtin: its workers' copies cannot be timed) with 2
     workers: the job's output and its page say what is not measured, and why."""
