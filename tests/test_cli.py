@@ -310,3 +310,18 @@ def test_fast_fetches_at_0_workers_read_their_cpu(db_path):
     per_batch = doc["per_batch"]
     assert per_batch["fetch_cpu_ms"] >= 0.6 * per_batch["fetch_ms"], per_batch
     assert "overlap the waits for storage" not in [f["fix"] for f in doc["fixes"]], doc["fixes"]
+
+
+@pytest.mark.parametrize("command", ["profile", "tune"])
+@pytest.mark.parametrize("flag, value, said", [
+    ("--timeout-s", "-1", "must be > 0, got -1.0"),  # (once taken: a run that failed at once)
+    ("--timeout-s", "soon", "invalid positive_float value: 'soon'"),
+    ("--batch-size", "0", "must be >= 1, got 0"),
+    ("--step-ms", "-2", "must be >= 0, got -2.0"),
+])
+def test_a_bad_number_is_refused_with_what_it_must_be(command, flag, value, said, capsys):
+    from dataloader_tuner.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([command, "data.py", flag, value])
+    assert exited.value.code == 2 and f"argument {flag}: {said}" in capsys.readouterr().err

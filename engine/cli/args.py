@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, Callable
+
+from dataloader_tuner import protocol
 
 from dataloader_tuner.settings import read_settings
 from dataloader_tuner.store import default_db_path
@@ -15,32 +18,23 @@ SETTING_FLAGS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_wor
                  "multiprocessing_context")
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _number(name: str, kind: type, least: float, strict: bool) -> Callable[[str], Any]:
+    """An argument type: a ``kind`` of at least ``least`` (above it where ``strict``), named for
+    argparse's message on text that is no number ("invalid positive_int value: 'x'")."""
+    def check(text: str) -> Any:
+        value = kind(text)
+        if value < least or (strict and not value > least):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if strict else '>='} {least:g}, got {value}")
+        return value
+    check.__name__ = name
+    return check
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+positive_int = _number("positive_int", int, 1, strict=False)
+non_negative_int = _number("non_negative_int", int, 0, strict=False)
+positive_float = _number("positive_float", float, 0, strict=True)
+non_negative_float = _number("non_negative_float", float, 0, strict=False)
 
 
 def batch_size_arg(text: str) -> int | None:
@@ -68,6 +62,16 @@ def add_loader_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=non_negative_float,
                         help="simulate a training step of this many ms per batch (0: none); "
                              "default: the module's train_step if it has one")
+
+
+def add_run_limits(parser: argparse.ArgumentParser, waiting_for: str, sampled: str) -> None:
+    """What profile and tune both take: how long to wait for ``waiting_for`` before failing,
+    and whether to sample stacks (``sampled``: where)."""
+    parser.add_argument("--timeout-s", type=positive_float, default=protocol.DEFAULT_TIMEOUT_S,
+                        help=f"fail if no {waiting_for} for this long")
+    parser.add_argument("--no-stacks", action="store_true",
+                        help=f"do not sample where the loader's time goes {sampled} "
+                             "(docs/profile.md)")
 
 
 def add_speedscope(parser: argparse.ArgumentParser) -> None:

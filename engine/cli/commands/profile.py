@@ -12,9 +12,10 @@ from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.text import profile_text
 from dataloader_tuner.analyse.stalls import overdue_now
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
-                                       add_loader_target, add_speedscope, error_doc,
-                                       non_negative_float, non_negative_int, positive_int,
-                                       print_json, settings_from_args, write_speedscope)
+                                       add_loader_target, add_run_limits, add_speedscope,
+                                       error_doc, non_negative_float, non_negative_int,
+                                       positive_int, print_json, settings_from_args,
+                                       write_speedscope)
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.errors import ConfigError
@@ -39,11 +40,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=non_negative_float, default=protocol.DEFAULT_SECONDS,
                         help="how long to measure (default %(default)g; worker memory growth is "
                              "judged only over 8 s or more after the workers' first 2 s)")
-    parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
-                        help="fail if no batch arrives for this long")
-    parser.add_argument("--no-stacks", action="store_true",
-                        help="do not sample where the loader's time goes inside its processes "
-                             "(on by default: docs/profile.md)")
+    add_run_limits(parser, "batch arrives", "inside its processes, as it does by default")
     add_speedscope(parser)
     add_json(parser)
     add_db(parser)

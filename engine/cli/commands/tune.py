@@ -13,9 +13,9 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.analyse.text import ceiling_text, speedup_text, stacks_text
 from dataloader_tuner.analyse.results import TuneResult
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
-                                       add_loader_target, add_speedscope, positive_float,
-                                       positive_int, print_json, settings_from_args,
-                                       write_speedscope)
+                                       add_loader_target, add_run_limits, add_speedscope,
+                                       positive_float, positive_int, print_json,
+                                       settings_from_args, write_speedscope)
 from dataloader_tuner.settings import settings_file
 from dataloader_tuner.run.runner import RunRequest, run_to_completion
 from dataloader_tuner.store import RunStore
@@ -38,11 +38,7 @@ def prepare_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-order", action="store_true",
                         help="the job needs batches in the sampler's order: never try "
                              "in_order=False")
-    parser.add_argument("--timeout-s", type=float, default=protocol.DEFAULT_TIMEOUT_S,
-                        help="fail if no trial finishes for this long")
-    parser.add_argument("--no-stacks", action="store_true",
-                        help="do not sample where the loader's time goes in the trials "
-                             "(docs/profile.md)")
+    add_run_limits(parser, "trial finishes", "in the trials")
     parser.add_argument("--out", help="write the recommended settings to this JSON file")
     add_speedscope(parser)
     add_json(parser)
