@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from typing import Any, Callable
+from typing import Any
+
+from dataloader_tuner.instrument.worker_init import AfterYourInit, wraps_a
 
 # mallopt's parameters (malloc.h) and the values KeepFreedMemory sets.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -60,33 +62,18 @@ def keep_freed_memory() -> bool:
         return False
 
 
-class KeepFreedMemory:
+class KeepFreedMemory(AfterYourInit):
     """A worker_init_fn that runs ``init_fn`` (yours, if any), then keeps the memory the worker
     frees for its next batch: ``DataLoader(ds, num_workers=4,
-    worker_init_fn=KeepFreedMemory(your_init_fn))`` (NOTE [ Memory a worker frees ]). A class,
-    so spawn workers can unpickle it by name."""
+    worker_init_fn=KeepFreedMemory(your_init_fn))`` (NOTE [ Memory a worker frees ])."""
 
-    def __init__(self, init_fn: Callable[[int], Any] | None = None) -> None:
-        self.init_fn = init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        if self.init_fn is not None:
-            self.init_fn(worker_id)
+    def then(self) -> None:
         keep_freed_memory()
-
-    def __repr__(self) -> str:
-        inner = getattr(self.init_fn, "__qualname__", None) or (
-            repr(self.init_fn) if self.init_fn is not None else "")
-        return f"KeepFreedMemory({inner})"
 
 
 def keeps_freed_memory(init_fn: Any) -> bool:
     """Whether a worker_init_fn (maybe wrapped by the probes or LimitThreads) keeps it."""
-    while init_fn is not None:
-        if isinstance(init_fn, KeepFreedMemory):
-            return True
-        init_fn = getattr(init_fn, "init_fn", None)
-    return False
+    return wraps_a(init_fn, KeepFreedMemory)
 
 
 def minor_faults(pid: int) -> int | None:

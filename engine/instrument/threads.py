@@ -47,6 +47,8 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
+from dataloader_tuner.instrument.worker_init import AfterYourInit, wraps_a
+
 # Variables the libraries read when they load (for those a worker imports after its start).
 POOL_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -136,33 +138,20 @@ def limit_to_one() -> None:
         cv2.setNumThreads(1)
 
 
-class LimitThreads:
+class LimitThreads(AfterYourInit):
     """A worker_init_fn that runs ``init_fn`` (yours, if any), then limits each thread pool of
     the worker to one thread: ``DataLoader(ds, num_workers=8,
     worker_init_fn=LimitThreads(your_init_fn))``. The tuner recommends it where it measured it
-    faster (NOTE [ Threads per worker ]). A class, so spawn workers can unpickle it by name."""
+    faster (NOTE [ Threads per worker ]); yours runs first, so one that raises torch's pool is
+    overruled."""
 
-    def __init__(self, init_fn: Callable[[int], Any] | None = None) -> None:
-        self.init_fn = init_fn
-
-    def __call__(self, worker_id: int) -> None:
-        if self.init_fn is not None:  # first: one that raises torch's pool is overruled
-            self.init_fn(worker_id)
+    def then(self) -> None:
         limit_to_one()
-
-    def __repr__(self) -> str:
-        inner = getattr(self.init_fn, "__qualname__", None) or (
-            type(self.init_fn).__name__ if self.init_fn is not None else "")
-        return f"LimitThreads({inner})"
 
 
 def limits_threads(init_fn: Any) -> bool:
     """Whether a worker_init_fn (maybe wrapped by the probes) is LimitThreads."""
-    while init_fn is not None:
-        if isinstance(init_fn, LimitThreads):
-            return True
-        init_fn = getattr(init_fn, "init_fn", None)
-    return False
+    return wraps_a(init_fn, LimitThreads)
 
 
 @dataclass(frozen=True)
