@@ -91,3 +91,18 @@ def test_an_older_history_s_rows_are_read_beside_the_new_and_moved_by_a_prune(
     assert conn.execute("SELECT COUNT(*) FROM batch_rows").fetchone()[0] == 30
     assert [b.to_row() for b in again.batches(run_id)] == [_micro(r) for r in rows]
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_run_s_saved_result_is_kept_compressed_and_listed_as_saved(tmp_path):
+    from dataloader_tuner.run.live import LiveRun
+
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    run_id = store.create_run("watch", "t.py", {})
+    store.record_events(run_id, [protocol.Batches([b.to_row() for b in make_batches(200)])])
+    result = LiveRun.stored(store, run_id).result("ok")
+    store.finish_run(run_id, "ok", result, None)
+    (kept,) = store._conn().execute("SELECT summary_json FROM runs").fetchone()
+    assert isinstance(kept, bytes)
+    (listed,) = store.list_runs()
+    assert listed.result.to_dict() == RunStore(store.path).get_run(run_id).result.to_dict()
+    assert listed.result.samples_per_s == result.samples_per_s and listed.result.batches == 200
