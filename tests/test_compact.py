@@ -47,6 +47,17 @@ def test_batch_rows_take_at_most_six_tenths_of_the_old_layout(tmp_path):
     assert new <= 0.6 * old, (new, old)
 
 
+def test_a_time_that_is_no_number_is_kept_as_none_and_the_rest_of_its_flush_written(tmp_path):
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    run_id = store.create_run("watch", "t.py", {})
+    rows = [b.to_row() for b in make_batches(3, h2d_ms=0.25)]
+    rows[1] = rows[1][:13] + (float("nan"),) + rows[1][14:]  # h2d_ms
+    store.record_events(run_id, [protocol.Batches(rows),
+                                 protocol.LateTimings([(2, float("inf"))], [])])
+    read = store.batches(run_id)
+    assert [b.h2d_ms for b in read] == [0.25, None, 0.25] and read[2].gpu_gap_ms is None
+
+
 def test_a_long_event_body_is_kept_compressed_and_reads_back_whole(tmp_path):
     store = RunStore(str(tmp_path / "runs.sqlite"))
     run_id = store.create_run("profile", "t.py", {})

@@ -220,8 +220,8 @@ class RunStore:
 
     def finish_run(self, run_id: int, status: str, result: Result, error: dict | None,
                    ended_at: float | None = None) -> None:
-        """``ended_at``: when it ended (None: now). Its result kept as an event's body is
-        (compressed where long: a watched run's is ~30 KB of JSON, every page listing runs
+        """``ended_at``: when it ended (None: now). Its result is kept as an event's body is:
+        compressed where long (a watched run's is ~30 KB of JSON; every page listing runs
         reads it)."""
         with self._conn() as conn:
             conn.execute("UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, "

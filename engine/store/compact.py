@@ -54,14 +54,24 @@ def stored_batch(row: Sequence[Any]) -> list[Any]:
     """A BatchRecord's values as ``batch_rows`` keeps them (times as whole microseconds)."""
     values = list(row)
     for i, scale in _SCALED:
-        if values[i] is not None:
-            values[i] = round(values[i] * scale)
+        values[i] = _whole(values[i], scale)
     return values
 
 
 def stored_timing(value: float | None, column: str) -> int | None:
     """A late timing (``column``'s unit) as ``batch_rows`` keeps it."""
-    return None if value is None else round(value * STORED_SCALE[column])
+    return _whole(value, STORED_SCALE[column])
+
+
+def _whole(value: float | None, scale: int) -> int | None:
+    """``value`` in ``scale``-ths, rounded; None where it is none or no number (NaN, an
+    infinity: SQLite kept a NaN as NULL, and one must not fail a flush of rows)."""
+    if value is None:
+        return None
+    try:
+        return round(value * scale)
+    except (ValueError, OverflowError):
+        return None
 
 
 def batch_select(table: str) -> str:
