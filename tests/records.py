@@ -42,3 +42,13 @@ def columns_of(rows: list[BatchRecord], t0: float = 100.0) -> BatchColumns:
         if (row.h2d_ms, row.h2d_other_ms, row.gpu_gap_ms) != (None, None, None):
             columns.step_times[row.seq] = (row.h2d_ms, row.h2d_other_ms, row.gpu_gap_ms)
     return columns
+
+
+def to_the_microsecond(row: tuple) -> tuple:
+    """A batch row as the history gives it back: each time rounded to its microsecond
+    (NOTE [ A history's rows, kept small ])."""
+    from dataloader_tuner.record.rows import BATCH_COLUMNS
+    from dataloader_tuner.store.compact import STORED_SCALE
+
+    return tuple(v if v is None or c not in STORED_SCALE else round(v * STORED_SCALE[c])
+                 / STORED_SCALE[c] for c, v in zip(BATCH_COLUMNS, row))

@@ -9,14 +9,8 @@ import sqlite3
 from dataloader_tuner import protocol
 from dataloader_tuner.record.rows import BATCH_COLUMNS
 from dataloader_tuner.store import RunStore, retention, schema
-from dataloader_tuner.store.compact import STORED_SCALE
 
-from .records import make_batches
-
-
-def _micro(row) -> tuple:
-    return tuple(v if v is None or c not in STORED_SCALE else round(v * STORED_SCALE[c])
-                 / STORED_SCALE[c] for c, v in zip(BATCH_COLUMNS, row))
+from .records import make_batches, to_the_microsecond
 
 
 def _bytes(conn: sqlite3.Connection, *names: str) -> int:
@@ -92,7 +86,8 @@ def test_an_older_history_s_rows_are_read_beside_the_new_and_moved_by_a_prune(
     monkeypatch.setattr(schema, "INDEX_AT_OPEN_ROWS", 10)  # a large old table: left at open
     again = RunStore(path)
     assert again._conn().execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 20
-    assert [b.to_row() for b in again.batches(run_id)] == [*rows[:20], *map(_micro, rows[20:])]
+    assert [b.to_row() for b in again.batches(run_id)] == [
+        *rows[:20], *map(to_the_microsecond, rows[20:])]
     assert [b.seq for b in again.batches(run_id, last=12)] == list(range(18, 30))
     assert again.last_seq(run_id) == 29
     assert again.events(run_id, "probe") == [protocol.Probe(1, 0, {})]
@@ -100,7 +95,7 @@ def test_an_older_history_s_rows_are_read_beside_the_new_and_moved_by_a_prune(
     conn = again._conn()
     assert conn.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
     assert conn.execute("SELECT COUNT(*) FROM batch_rows").fetchone()[0] == 30
-    assert [b.to_row() for b in again.batches(run_id)] == [_micro(r) for r in rows]
+    assert [b.to_row() for b in again.batches(run_id)] == [to_the_microsecond(r) for r in rows]
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

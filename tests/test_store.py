@@ -115,7 +115,7 @@ def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_row
     own rows of their own run only."""
     from dataloader_tuner import bulk_sql
 
-    from .records import make_batches
+    from .records import make_batches, to_the_microsecond
 
     store = RunStore(str(tmp_path / "runs.db"))
     run_id, other = (store.create_run("watch", "t.py", {}) for _ in range(2))
@@ -130,7 +130,8 @@ def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_row
     # (2,000 in chunks of up to 500; 10 as 8 + 2: a few lengths, each a prepared statement)
     assert len(inserts) == len(bulk_sql._chunks(rows, per)) + 2 and len(inserts) <= 40
     # (times kept to the microsecond: NOTE [ A history's rows, kept small ])
-    assert [r.to_row() for r in store.batches(run_id)] == [_to_the_microsecond(r) for r in rows]
+    assert [r.to_row() for r in store.batches(run_id)] == [
+        to_the_microsecond(r) for r in rows]
     gaps = [(seq, 0.5 + seq) for seq in range(0, 2000, 7)]  # 286: 100, 100, 64, 16, 4, 2
     copies = [(5, 9.0, 9.0), (1999, 1.5, 0.75), (5, 0.25, None)]  # the later for batch 5
     statements.clear()
@@ -143,13 +144,4 @@ def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_row
     assert (got[5].h2d_ms, got[5].h2d_other_ms) == (0.25, None)
     assert (got[1999].h2d_ms, got[1999].h2d_other_ms) == (1.5, 0.75)
     assert [r.to_row() for r in store.batches(other)] == [  # the other run's alone
-        _to_the_microsecond(r) for r in rows[:10]]
-
-
-def _to_the_microsecond(row: tuple) -> tuple:
-    """A batch row as the history gives it back: each time rounded to its microsecond."""
-    from dataloader_tuner.record.rows import BATCH_COLUMNS
-    from dataloader_tuner.store.compact import STORED_SCALE
-
-    return tuple(v if v is None or c not in STORED_SCALE else round(v * STORED_SCALE[c])
-                 / STORED_SCALE[c] for c, v in zip(BATCH_COLUMNS, row))
+        to_the_microsecond(r) for r in rows[:10]]

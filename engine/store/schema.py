@@ -113,6 +113,13 @@ LATER_INDEXES = {  # index -> (its table, its columns)
 INDEX_AT_OPEN_ROWS = 200_000
 
 
+def _small(conn: sqlite3.Connection, table: str) -> bool:
+    """Is ``table`` small enough to be worked on as a file opens (its largest rowid, read from
+    its b-tree: no scan)?"""
+    largest = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0] or 0
+    return largest < INDEX_AT_OPEN_ROWS
+
+
 def add_later_indexes(conn: sqlite3.Connection, any_size: bool = False) -> list[str]:
     """The LATER_INDEXES a file lacks, made where its table is small, or at ``any_size``
     (NOTE [ Indexes a history gains later ]); the tables indexed now."""
@@ -121,8 +128,7 @@ def add_later_indexes(conn: sqlite3.Connection, any_size: bool = False) -> list[
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?",
                         (name,)).fetchone():
             continue
-        rows = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0] or 0
-        if any_size or rows < INDEX_AT_OPEN_ROWS:
+        if any_size or _small(conn, table):
             with conn:
                 conn.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table}({columns})")
             made.append(table)
@@ -136,8 +142,8 @@ def move_old_batches(conn: sqlite3.Connection, any_size: bool = False) -> int:
     """An older history's ``batches`` rows moved into ``batch_rows`` (NOTE [ A history's rows,
     kept small ], store/compact.py), where they are few as for the later indexes, or at
     ``any_size``, in transactions of OLD_ROWS_MOVED; the rows moved."""
-    rows = conn.execute("SELECT MAX(rowid) FROM batches").fetchone()[0] or 0
-    if rows == 0 or not (any_size or rows < INDEX_AT_OPEN_ROWS):
+    if conn.execute("SELECT 1 FROM batches LIMIT 1").fetchone() is None or not (
+            any_size or _small(conn, "batches")):
         return 0
     chunk = f"SELECT rowid FROM batches ORDER BY rowid LIMIT {OLD_ROWS_MOVED}"
     moved = 0
