@@ -52,7 +52,7 @@ class Board:
 def read_board(store: RunStore, live_rates: bool = True) -> Board:
     """The watched runs and their samples/s: the result's, or while a run goes (its result
     comes at its end) the rate of its latest batches (not read without ``live_rates``)."""
-    runs = store.list_runs(RUNS_SHOWN, kind="watch")
+    runs = store.list_runs(RUNS_SHOWN, kind="watch", results=False)
     if not live_rates:
         return Board(runs, {run.id: run.samples_per_s for run in runs})
     running = [run.id for run in runs if run.samples_per_s is None and run.status == "running"]
@@ -177,7 +177,7 @@ def request_tune(store: RunStore, run: StoredRun) -> list[int]:
     history is asked."""
     asked = [run.id]
     if run.rank:
-        asked = [other.id for other in store.list_runs(RUNS_SHOWN, kind="watch")
+        asked = [other.id for other in store.list_runs(RUNS_SHOWN, kind="watch", results=False)
                  if other.rank and other.status == "running" and other.label == run.label
                  and other.rank["job_id"] == run.rank["job_id"]] or asked
     for run_id in asked:

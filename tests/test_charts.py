@@ -49,6 +49,23 @@ def test_binned_returns_points_unchanged_when_few():
     assert list(y) == [5.0, 6.0, 7.0] and maxima is None
 
 
+def test_binned_medians_are_each_bin_s_own():
+    """Bins of odd and even sizes, uneven x with ties: each bin's median and middle, as a
+    median taken bin by bin says."""
+    rng = np.random.default_rng(7)
+    x = np.sort(rng.random(5003) ** 2 * 100)
+    x[10:60] = x[10]
+    y = rng.exponential(size=len(x))
+    centers, medians, maxima = charts.binned(x, y, max_points=100)
+    edges = np.linspace(x[0], x[-1], 51)
+    starts = np.unique(np.searchsorted(x, edges[:-1]))
+    ends = np.append(starts[1:], len(x))
+    assert {int(n) % 2 for n in ends - starts} == {0, 1}
+    assert medians == pytest.approx([np.median(y[a:b]) for a, b in zip(starts, ends)])
+    assert centers == pytest.approx([(x[a] + x[b - 1]) / 2 for a, b in zip(starts, ends)])
+    assert maxima == pytest.approx([y[a:b].max() for a, b in zip(starts, ends)])
+
+
 def test_worker_utilization_has_a_line_per_worker():
     batches = make_batches(200, workers=3)
     rows = metrics.busy_timeline(batches, end=2.0, window_s=0.5)

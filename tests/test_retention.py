@@ -193,3 +193,19 @@ def test_an_older_history_gains_the_events_index_at_open_or_at_its_first_prune(
     monkeypatch.setattr(schema, "INDEX_AT_OPEN_ROWS", 200_000)
     RunStore(db_path)
     assert "USING INDEX run_events_run" in _plan(db_path)
+
+
+def test_a_prune_keeps_each_run_s_headline_where_an_older_version_kept_none(db_path):
+    """The headline samples/s beside a run's result (the Training jobs page lists by it): a
+    run an older version ended has none until a prune reads it from its result."""
+    ids = _watched_runs(db_path, 2, batches=8)
+    store = RunStore(db_path)
+    rates = [store.get_run(run_id).samples_per_s for run_id in ids]
+    assert all(rates)
+    with sqlite3.connect(db_path) as conn:  # as an older version left them
+        conn.execute("UPDATE runs SET samples_per_s = NULL")
+    assert [run.headline for run in store.list_runs(kind="watch", results=False)] == [None] * 2
+    retention.prune(db_path, retention.Limits(None, None))
+    listed = store.list_runs(kind="watch", results=False)
+    assert [run.headline for run in listed] == rates[::-1]
+    assert [run.result for run in listed] == [None] * 2 and _intact(db_path)

@@ -34,9 +34,10 @@ from dataloader_tuner.record.cards import DatasetCard
 from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.store.compact import BATCH_TABLES, batch_select, body_json, stored_body
 from dataloader_tuner.store.events import write_event
-from dataloader_tuner.store.schema import (RESOURCE_COLUMNS, RESOURCE_TYPES, SCHEMA, WINDOW_COLUMNS,
-                                           WRITER_COLUMNS, WRITER_TYPES, add_later_indexes,
-                                           add_missing_columns, move_old_batches, use_wal)
+from dataloader_tuner.store.schema import (HEADLINE_COLUMNS, RESOURCE_COLUMNS, RESOURCE_TYPES,
+                                           SCHEMA, WINDOW_COLUMNS, WRITER_COLUMNS, WRITER_TYPES,
+                                           add_later_indexes, add_missing_columns,
+                                           move_old_batches, use_wal)
 from dataloader_tuner.system import SystemSnapshot
 
 DB_ENV = "DLTUNER_DB"
@@ -64,6 +65,7 @@ class StoredRun:
     heartbeat_at: float | None = None
     rank: dict | None = None  # {rank, world_size, local_rank, local_world_size, node_rank, job_id}
     framework: str | None = None  # the trainer that built a watched loader ("Hugging Face Trainer")
+    headline: float | None = None  # its result's samples/s, where the list read no result
     config: dict | None = None
     dataset: DatasetCard | None = None
     system: SystemSnapshot | None = None
@@ -71,7 +73,7 @@ class StoredRun:
     @property
     def samples_per_s(self) -> float | None:
         """Measured for a profile, expected for a tune."""
-        return self.result.headline_samples_per_s if self.result is not None else None
+        return self.result.headline_samples_per_s if self.result is not None else self.headline
 
     def to_dict(self) -> dict:
         """As ``runs --json`` lists it (the finished result under "summary")."""
@@ -111,6 +113,7 @@ class RunStore:
             conn.executescript(SCHEMA)
             add_missing_columns(conn, "resources", RESOURCE_COLUMNS, RESOURCE_TYPES)
             add_missing_columns(conn, "runs", WRITER_COLUMNS, WRITER_TYPES)
+            add_missing_columns(conn, "runs", HEADLINE_COLUMNS, {})
             add_later_indexes(conn)
             move_old_batches(conn)
 
@@ -225,19 +228,26 @@ class RunStore:
         reads it)."""
         with self._conn() as conn:
             conn.execute("UPDATE runs SET status = ?, ended_at = ?, summary_json = ?, "
-                         "error_json = ? WHERE id = ?",
+                         "error_json = ?, samples_per_s = ? WHERE id = ?",
                          (status, ended_at or time.time(), stored_body(result.to_dict()),
-                          json.dumps(error) if error else None, run_id))
+                          json.dumps(error) if error else None,
+                          result.headline_samples_per_s, run_id))
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list_runs(self, limit: int = 100, kind: str | None = None) -> list[StoredRun]:
-        """The newest ``limit`` runs (of one ``kind`` if given), newest first."""
-        return [self._stored_run(row) for row in self._conn().execute(
-            "SELECT id, kind, label, target, status, started_at, ended_at, summary_json, "
-            "error_json, parent_id, host, pid, script, heartbeat_at, rank_json, framework "
-            "FROM runs WHERE (? IS NULL OR kind = ?) ORDER BY id DESC LIMIT ?",
-            (kind, kind, limit))]
+    def list_runs(self, limit: int = 100, kind: str | None = None,
+                  results: bool = True) -> list[StoredRun]:
+        """The newest ``limit`` runs (of one ``kind`` if given), newest first. Without
+        ``results`` their saved results are not read, only their headline samples/s (a run an
+        older version ended, with no headline kept, is read whole)."""
+        saved = ("summary_json" if results else
+                 "CASE WHEN samples_per_s IS NULL THEN summary_json END AS summary_json")
+        rows = self._conn().execute(
+            f"SELECT id, kind, label, target, status, started_at, ended_at, {saved}, "
+            "error_json, parent_id, host, pid, script, heartbeat_at, rank_json, framework, "
+            "samples_per_s FROM runs WHERE (? IS NULL OR kind = ?) ORDER BY id DESC LIMIT ?",
+            (kind, kind, limit))
+        return [self._stored_run(row, headline=row["samples_per_s"]) for row in rows]
 
     def statuses(self, kind: str) -> dict[int, str]:
         """{run id: status} of the runs of one kind: a cheap check for changes (no results
@@ -251,7 +261,8 @@ class RunStore:
             return None
         system = json.loads(row["system_json"]) if row["system_json"] else None
         return self._stored_run(
-            row, config=json.loads(row["config_json"]) if row["config_json"] else None,
+            row, headline=row["samples_per_s"],
+            config=json.loads(row["config_json"]) if row["config_json"] else None,
             dataset=(DatasetCard.from_dict(json.loads(row["dataset_json"]))
                      if row["dataset_json"] else None),
             system=SystemSnapshot.from_dict(system) if system else None)

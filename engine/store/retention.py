@@ -38,7 +38,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Sequence
 
-from dataloader_tuner.store.schema import add_later_indexes, move_old_batches
+from dataloader_tuner.store.schema import add_later_indexes, keep_headlines, move_old_batches
 
 MAX_GB_ENV = "DLTUNER_HISTORY_MAX_GB"
 MAX_DAYS_ENV = "DLTUNER_HISTORY_MAX_DAYS"
@@ -191,6 +191,7 @@ def prune(path: str, limits: Limits, now: float | None = None) -> Pruned:
     with closing(connect(path)) as conn:
         add_later_indexes(conn, any_size=True)  # (its VACUUM holds the lock as long)
         moved = move_old_batches(conn, any_size=True)
+        keep_headlines(conn)
         for run_id, ended_at in _finished(conn):
             if limits.max_age_s is not None and now - ended_at > limits.max_age_s:
                 _delete(conn, run_id)
