@@ -26,7 +26,7 @@ R = TypeVar("R", ProfileResult, TuneResult)
 INSPECT_CACHE_S = 30.0  # a module target (no file mtime to watch) is re-read after this
 # While a run streams, the live view recomputes its figures every second. Over a whole
 # 100k-batch run that would cost the server most of a core, so a running run is shown over its
-# most recent batches; the final summary covers every batch.
+# most recent batches; the final result covers every batch.
 LIVE_WINDOW_BATCHES = 3000
 
 

@@ -197,7 +197,7 @@ def warnings_list(warnings: Sequence[Diagnostic]) -> None:
 
 
 def sampled_of(result: ProfileResult) -> dict[str, Any] | None:
-    """A profile's sampled stacks as one summary (analyse/hotspots.py's shape), as a tune's
+    """A profile's sampled stacks merged in one document (analyse/hotspots.py's shape), as a tune's
     ``stacks`` already is."""
     if not result.stacks_sampled:
         return None
@@ -205,30 +205,30 @@ def sampled_of(result: ProfileResult) -> dict[str, Any] | None:
             "flame": result.flame, "collapsed": result.stacks_collapsed}
 
 
-def where_time_goes(summary: dict[str, Any] | None, key: str, name: str) -> None:
+def where_time_goes(merged: dict[str, Any] | None, key: str, name: str) -> None:
     """The loader's sampled work by stage and function (docs/profile.md): the icicle, the
-    stage table and the stacks for speedscope, or why there are none. ``summary``:
-    hotspots.py's; ``name``: what the export calls the run."""
-    if not summary:
+    stage table and the stacks for speedscope, or why there are none. ``merged``:
+    hotspots.py's merged stacks; ``name``: what the export calls the run."""
+    if not merged:
         return
-    basis = sampled_basis(summary)
-    if not summary.get("enough") or not summary.get("stages"):
+    basis = sampled_basis(merged)
+    if not merged.get("enough") or not merged.get("stages"):
         st.caption(f"Where the time goes: too few samples to tell yet ({basis}).")
         return
     st.markdown(f"**Where the time goes** (sampled inside the loader's processes: {basis})")
-    st.plotly_chart(charts.where_time_goes_figure(summary["flame"]), key=f"{key}-where")
+    st.plotly_chart(charts.where_time_goes_figure(merged["flame"]), key=f"{key}-where")
     # one under the other: side by side, in the History page's half-width comparison, the
     # stage table's figures were cut off
     st.dataframe([{"stage": s["stage"], "share %": round(s["share"] * 100, 1),
                    "off CPU %": round((s["share"] - s["cpu_share"]) * 100, 1)}
-                  for s in summary["stages"]], hide_index=True)
+                  for s in merged["stages"]], hide_index=True)
     st.dataframe([{"function": h["function"], "total %": round(h["total_share"] * 100, 1),
                    "self %": round(h["self_share"] * 100, 1), "stage": h["stage"],
                    "where": f"{os.path.basename(h['file'])}:{h['line']}"}
-                  for h in summary["hotspots"][:10]], hide_index=True)
-    if summary.get("collapsed"):
+                  for h in merged["hotspots"][:10]], hide_index=True)
+    if merged.get("collapsed"):
         st.download_button("Download the stacks for speedscope",
-                           json.dumps(speedscope_document(summary["collapsed"], name)),
+                           json.dumps(speedscope_document(merged["collapsed"], name)),
                            file_name=f"dataloader-tuner-{key}.speedscope.json",
                            mime="application/json", key=f"{key}-speedscope",
                            help="Every sampled stack, for https://www.speedscope.app")

@@ -38,7 +38,7 @@ def _ended(store: RunStore, run_id: int, status: str, ended_at: float | None,
     """A run that has ended, as the history has it: read once for all its redraws (it no
     longer changes; each rerun read a 25,000-batch run's rows and 500 stack events again,
     0.4 s of a 0.8 s page at 10,000 runs: bench/history_scale.py). Where its result was
-    ``saved`` (its figures and its stacks' summary), not its stacks, and its latest batches."""
+    ``saved`` (its figures and its merged stacks), not its stacks, and its latest batches."""
     if not saved:
         return LiveRun.stored(store, run_id)
     return LiveRun.stored(store, run_id, ENDED_BATCHES_SHOWN, stacks=False)

@@ -35,7 +35,7 @@ def main(name: str, seconds: float) -> None:
     sampler.stop()
     profile = SampledProfile()
     profile.add(0, sampler.take())
-    print(json.dumps(profile.summary()))
+    print(json.dumps(profile.merged()))
 
 
 if __name__ == "__main__":

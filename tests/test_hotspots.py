@@ -285,7 +285,7 @@ def test_the_sampler_charges_each_thread_its_own_cpu():
     assert helper_cpu > 0.6 * spun[0] and main_wall < 0.1, (helper_cpu, spun, main_wall)
     profile = SampledProfile()
     profile.add(1, sampled)
-    stages = {s["stage"] for s in profile.summary()["stages"]}
+    stages = {s["stage"] for s in profile.merged()["stages"]}
     assert stages == {"hand-off"}  # the feeder thread's; the main thread's sleep is not the loader's
 
 

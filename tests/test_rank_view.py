@@ -49,7 +49,7 @@ SAMPLED = [
 def sampled_summary():
     profile = SampledProfile()
     profile.add(4242, SAMPLED)
-    return profile.summary()
+    return profile.merged()
 
 
 def test_a_rank_s_report_says_where_its_loader_s_time_goes():

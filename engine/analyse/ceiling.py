@@ -331,7 +331,7 @@ def what_if(cost: BatchCost, sampled: dict[str, Any] | None,
             measured: float | None) -> list[dict[str, Any]]:
     """Each top stage and function at half its cost and at none, and more cores, as
     predictions bounded by the other limits; ranked by predicted gain over the measured best
-    (or the ceiling). ``sampled``: hotspots.py's summary (its stages and functions)."""
+    (or the ceiling). ``sampled``: hotspots.py's merged stacks (its stages and functions)."""
     now = measured or cost.ceiling()[0]
     changes: list[tuple[str, str | None, str | None, BatchCost]] = []
     if sampled and sampled.get("enough"):

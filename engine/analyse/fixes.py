@@ -78,7 +78,7 @@ def _files(sampled: dict[str, Any], stage: str) -> str:
 def named_fixes(sampled: dict[str, Any] | None, what_if: Sequence[dict[str, Any]],
                 warnings: Sequence[str] = (), gpu: bool = True,
                 waits: bool = False) -> list[dict[str, Any]]:
-    """``sampled``: hotspots.py's summary; ``what_if``: ceiling.what_if's rows; ``warnings``:
+    """``sampled``: hotspots.py's merged stacks; ``what_if``: ceiling.what_if's rows; ``warnings``:
     the run's diagnostic codes; ``gpu``: one is visible here (a GPU fix says so where not);
     ``waits``: the cost model finds a batch's time mostly off the CPU (ceiling.waiting_share:
     it says so where the profile is too short, or off). Ranked by gain,

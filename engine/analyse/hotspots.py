@@ -117,7 +117,7 @@ def _fetch_stage(below: Sequence[Sequence[Any]]) -> str:
 
 
 class SampledProfile:
-    """Every process's samples, merged as they come (``add``); ``summary()`` reads them."""
+    """Every process's samples, merged as they come (``add``); ``merged()`` reads them."""
 
     def __init__(self) -> None:
         # (role, frames) -> [cpu_s, wall_s, looks]
@@ -149,7 +149,7 @@ class SampledProfile:
         own = [cpu for role, cpu in threads.items() if is_torch_handoff(role)]
         return TorchThreads(sum(own) / total, sum(1 for cpu in own if cpu >= BUSY_SHARE * total))
 
-    def summary(self) -> dict[str, Any] | None:
+    def merged(self) -> dict[str, Any] | None:
         """``{looks, seconds, processes, enough, sampling_share, stages, hotspots, flame,
         collapsed}`` (``sampling_share``: the sampler's own time over the work sampled), or None
         when nothing was sampled. Shares are of the loader's work (NOTE above)."""

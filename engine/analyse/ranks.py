@@ -102,16 +102,16 @@ class RankSummary:
 PROFILE_STAGES, PROFILE_FUNCTIONS = 6, 3  # what a rank's report carries of its profile
 
 
-def profile_fields(summary: dict[str, Any] | None) -> dict[str, Any]:
-    """A rank's sampled profile (hotspots.py's summary) as its report's fields: none where too
-    few looks to show shares. Its functions by their own time (self), not their callees': a
+def profile_fields(merged: dict[str, Any] | None) -> dict[str, Any]:
+    """A rank's sampled profile (hotspots.py's merged stacks) as its report's fields: none where
+    too few looks to show shares. Its functions by their own time (self), not their callees': a
     ``__getitem__`` holds every stack, the function it calls that spends the time says more."""
-    if not summary or not summary.get("enough") or not summary.get("stages"):
+    if not merged or not merged.get("enough") or not merged.get("stages"):
         return {}
-    own = sorted((h for h in summary["hotspots"] if h["self_share"] > 0),
+    own = sorted((h for h in merged["hotspots"] if h["self_share"] > 0),
                  key=lambda h: -h["self_share"])[:PROFILE_FUNCTIONS]
-    return {"profile_s": summary["seconds"],
-            "stages": [[s["stage"], s["share"]] for s in summary["stages"][:PROFILE_STAGES]],
+    return {"profile_s": merged["seconds"],
+            "stages": [[s["stage"], s["share"]] for s in merged["stages"][:PROFILE_STAGES]],
             "top_functions": [[h["function"], f"{os.path.basename(h['file'])}:{h['line']}",
                                h["self_share"], h["stage"]] for h in own]}
 

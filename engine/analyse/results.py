@@ -9,7 +9,7 @@ a diagnostic code no longer in the catalogue is kept as it was saved).
 
 What crosses from one part to another is typed with the class that part uses (the dataset
 card, the consumer, the error, the system, the diagnostics, a tune's trials); the figures
-inside (per-worker rows, latency percentiles, the input wait's summary) stay plain JSON
+inside (per-worker rows, latency percentiles, the input wait's figures) stay plain JSON
 objects: data to show, written once and read by no code but the pages.
 """
 
@@ -169,7 +169,7 @@ class TuneResult(_Result):
     # the last plan (tune/plan.py's TunePlan fields); "announced_s" and "announced_at_most_s"
     # the first one's estimate and its at most
     plan: dict[str, Any] | None = None
-    # where the trials' time went inside their processes (analyse/hotspots.py's summary:
+    # where the trials' time went inside their processes (analyse/hotspots.py's merged stacks:
     # looks, seconds, processes, enough, stages, hotspots, flame), where sampled
     stacks: dict[str, Any] | None = None
     # the most this machine can make for this dataset, and what would raise it

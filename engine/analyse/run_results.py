@@ -94,7 +94,7 @@ def profile_result(live: RunSoFar, status: str) -> ProfileResult:
     wait = log.input_wait() if has_consumer else None
     warnings = tuple(live.output.diagnostics()
                      + _warnings(live, steady, made, per_batch, gpu_info))
-    sampled = live.stacks.summary()
+    sampled = live.stacks.merged()
     workers = tuple(_workers(live, log, window))
     return ProfileResult(
         status=status,
@@ -161,17 +161,17 @@ def _ceiling(live: RunSoFar, steady: metrics.SteadyState | None, log: BatchLog, 
                           live.system is not None and live.system.gpu_available)
 
 
-def _where_time_goes(summary: dict[str, Any] | None) -> dict[str, Any]:
+def _where_time_goes(merged: dict[str, Any] | None) -> dict[str, Any]:
     """The result's stages and hotspots (analyse/hotspots.py); none where too few looks to
     show shares as a claim (the figures of what was seen stay under ``stacks_sampled``)."""
-    if summary is None:
+    if merged is None:
         return {}
-    seen = {k: summary[k] for k in ("looks", "seconds", "processes", "enough", "sampling_share")}
-    if not summary["enough"]:
+    seen = {k: merged[k] for k in ("looks", "seconds", "processes", "enough", "sampling_share")}
+    if not merged["enough"]:
         return {"stacks_sampled": seen}
-    return {"stacks_sampled": seen, "stages": tuple(summary["stages"]),
-            "hotspots": tuple(summary["hotspots"]), "flame": tuple(summary["flame"]),
-            "stacks_collapsed": summary["collapsed"]}
+    return {"stacks_sampled": seen, "stages": tuple(merged["stages"]),
+            "hotspots": tuple(merged["hotspots"]), "flame": tuple(merged["flame"]),
+            "stacks_collapsed": merged["collapsed"]}
 
 
 def tune_result(live: RunSoFar, status: str) -> TuneResult:

@@ -10,7 +10,7 @@ SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
 
 def speedscope_document(collapsed: dict[str, Any], name: str) -> dict[str, Any]:
-    """The file for ``collapsed`` (analyse/hotspots.py's summary: frames and stacks), one
+    """The file for ``collapsed`` (analyse/hotspots.py's merged stacks: frames and stacks), one
     sampled profile weighted in seconds of the loader's work."""
     frames = [{"name": str(function), "file": str(file), "line": int(line)}
               for function, file, line in collapsed["frames"]]

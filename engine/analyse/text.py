@@ -119,7 +119,7 @@ def ceiling_text(ceiling: dict[str, Any] | None, what_if: Sequence[dict[str, Any
 
 
 def sampled_basis(seen: dict[str, Any]) -> str:
-    """What a profile rests on and what sampling it cost (hotspots.py's summary's head)."""
+    """What a profile rests on and what sampling it cost (the head of hotspots.py's merged stacks)."""
     cost = seen.get("sampling_share")  # (runs saved before it was kept have none)
     return (f"{seen['looks']} looks over {seen['seconds']:.1f} s of work in "
             f"{seen['processes']} process(es)"
@@ -128,7 +128,7 @@ def sampled_basis(seen: dict[str, Any]) -> str:
 
 def stacks_text(seen: dict[str, Any] | None, stages: Sequence[dict[str, Any]],
                 hotspots: Sequence[dict[str, Any]]) -> list[str]:
-    """``where_time_goes_text`` from its parts (a tune keeps them in one summary)."""
+    """``where_time_goes_text`` from its parts (a tune keeps them in one document)."""
     if not seen:
         return []
     basis = sampled_basis(seen)

@@ -43,6 +43,7 @@ from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
+from dataloader_tuner.tune.side_check import carried
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 from dataloader_tuner.tune.planner import Planner
@@ -64,7 +65,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
     has_consumer = consumer.kind != "none"
     heap_decision = HeapDecision()
     # threads against the cores this rank has (a quota counted), not less the load now
-    threads_decision = ThreadsDecision(system.cores / limits.local_world_size)
+    threads_decision = ThreadsDecision(cpus_usable=system.cores / limits.local_world_size)
     # NOTE [ A claim from two processes ] (claiming.py): not beside a node's companions, whose
     # contention a trial measured alone would leave out
     second = (claiming.SecondProcess(request, runner, claiming.started_s(), on_batches)
@@ -128,10 +129,10 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             raise no_steady_state_error(runner.attempts, config) from exc
         pick = [t for t in outcome.trials if t.num_workers == outcome.recommendation.kwargs[
             "num_workers"] and t.phase not in claim.OUTSIDE_SEARCH]
-        outcome = replace(outcome, trials=[*outcome.trials, *threads_decision.others,
-                                           *heap_decision.others],
-                          recommendation=heap_decision.recommend(
-                              threads_decision.recommend(outcome.recommendation, pick), pick))
+        checks = (threads_decision, heap_decision)
+        outcome = replace(outcome, trials=[*outcome.trials,
+                                           *(t for check in checks for t in check.others)],
+                          recommendation=carried(checks, outcome.recommendation, pick))
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
         final, outcome = claiming.delivery_order(runner, final, outcome, request.keep_order)
@@ -148,7 +149,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
             companions.close()
     document = tune_document(outcome, baseline, config, time_limit.spent(),
                              snippet_names(resolved, config))
-    stacks = runner.stacks.summary()
+    stacks = runner.stacks.merged()
     cached = (measure_cached(runner, final) if runner.time_limit.fits(
         GATHER_S + claiming.estimated_s(outcome, final)) else None)
     cost = tune_cost(outcome)

@@ -163,7 +163,7 @@ class LiveRun:
         """A run as far as the history has it, folded as if its events had just arrived: how
         the dashboard follows a run another process writes (a watched training job). With
         ``last_batches``, only the most recent ones (their window starts the steady state);
-        without ``stacks``, not its sampled stacks (an ended run's result has their summary)."""
+        without ``stacks``, not its sampled stacks (an ended run's result has them merged)."""
         run = store.get_run(run_id)
         live = cls(run.target if run is not None else "")
         for event in store.events(run_id, but=None if stacks else protocol.Profiled.kind):

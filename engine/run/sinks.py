@@ -93,15 +93,15 @@ class HistorySink:
                 pass
 
     def sampled(self) -> dict | None:
-        """Where the loader's time went so far (hotspots.py's summary), where kept."""
+        """Where the loader's time went so far (hotspots.py's merged stacks), where kept."""
         if self.stacks is None:
             return None
         with self._stacks_lock:
-            return self.stacks.summary()
+            return self.stacks.merged()
 
     def finish(self, status: str, elapsed_s: float, error: dict | None) -> ProfileResult:
         """End the run and return its result, summarised from what was written (not kept in
-        memory while training: the training thread never pays for the summary's bookkeeping)."""
+        memory while training: the training thread never pays for that bookkeeping)."""
         return finish_stored(self.store, self.run_id, status, elapsed_s, error)
 
 

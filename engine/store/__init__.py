@@ -358,12 +358,12 @@ class RunStore:
 
     @staticmethod
     def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
-        summary = row["summary_json"]
+        saved = row["summary_json"]
         return StoredRun(
             id=row["id"], kind=row["kind"], label=row["label"], target=row["target"],
             status=row["status"], started_at=row["started_at"], ended_at=row["ended_at"],
             parent_id=row["parent_id"],
-            result=_result_of(row["kind"], summary) if summary else None,
+            result=_result_of(row["kind"], saved) if saved else None,
             error=json.loads(row["error_json"]) if row["error_json"] else None,
             host=row["host"], pid=row["pid"], script=row["script"],
             heartbeat_at=row["heartbeat_at"],

@@ -38,8 +38,8 @@ from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.claim import in_turn
 from dataloader_tuner.tune.plan import fresh_check_seconds
 from dataloader_tuner.tune.recommend import Recommendation
+from dataloader_tuner.tune.side_check import MIN_GAIN, SideDecision
 
-MIN_GAIN = 1.03
 FAULTS_RATIO = 2.0
 # a page faulted in and zeroed, at least: audio_mel's 133,000 more a batch cost its workers
 # ~0.29 s a batch (2 workers, 2 cores), ~2 us each
@@ -51,14 +51,11 @@ FRESH_PHASE = "heap_fresh"
 
 
 @dataclass
-class HeapDecision:
+class HeapDecision(SideDecision):
     """The search's freed-memory setting (NOTE [ Deciding freed memory during the search ])."""
 
     available: bool = field(default_factory=is_glibc)
     keep: bool = False  # what later trials run with
-    reason: str | None = None
-    decided: bool = False
-    others: list[TrialResult] = field(default_factory=list)  # its trials the search does not keep
     skipped: bool = False  # not measured: the user's time limit left too little
 
     @property
@@ -84,8 +81,7 @@ class HeapDecision:
         except Exception:  # noqa: BLE001 - spawn cannot start every dataset: nothing is kept
             return first
         if fresh is not None:
-            self.others.append(replace(fresh, phase=FRESH_PHASE))
-            report(self.others[-1])
+            self.set_aside(replace(fresh, phase=FRESH_PHASE), report)
         self.keep, self.reason = decide(fresh, first)
         return first
 

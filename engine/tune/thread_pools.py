@@ -23,8 +23,8 @@ from dataloader_tuner.analyse.pitfalls import POOL_NAMES, Oversubscribed, oversu
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.claim import in_turn
 from dataloader_tuner.tune.recommend import Recommendation
+from dataloader_tuner.tune.side_check import MIN_GAIN, SideDecision
 
-MIN_GAIN = 1.03
 DEFAULT_PHASE, LIMITED_PHASE = "threads_default", "threads_one"
 
 
@@ -39,14 +39,11 @@ def found_in(trial: TrialResult, cpus_usable: float) -> Oversubscribed | None:
 
 
 @dataclass
-class ThreadsDecision:
+class ThreadsDecision(SideDecision):
     """The search's threads setting, decided once (NOTE [ Deciding threads during the search ])."""
 
-    cpus_usable: float
+    cpus_usable: float = field(kw_only=True)
     worker_threads: int | None = None  # what later trials run with
-    reason: str | None = None
-    decided: bool = False
-    others: list[TrialResult] = field(default_factory=list)  # its trials the search does not keep
 
     def check(self, first: TrialResult,
               measure: Callable[[int | None, int], TrialResult | None],
@@ -70,9 +67,8 @@ class ThreadsDecision:
         kept = limited[0] if chosen and limited[0] is not None else first
         for trial in (*as_started, *limited):
             if trial is not None and trial is not kept:
-                self.others.append(replace(trial, phase=LIMITED_PHASE if trial.worker_threads == 1
-                                           else DEFAULT_PHASE))
-                report(self.others[-1])
+                self.set_aside(replace(trial, phase=LIMITED_PHASE if trial.worker_threads == 1
+                                       else DEFAULT_PHASE), report)
         return replace(kept, phase=first.phase, repeat=first.repeat)
 
     def recommend(self, recommendation: Recommendation, pick: list[TrialResult]

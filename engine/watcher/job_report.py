@@ -41,8 +41,8 @@ STORE_TIMEOUT_S = 10.0  # for our own connection to torchrun's store
 SERIES_EVERY_S = 30.0  # a rank's report is also kept in the history's series this often
 COLLECTOR_RANK = 0
 HOST = socket.gethostname()  # this process's node, as its reports name it
-# A rank's profile is summed up for its reports this often (and for its final one): each
-# summary holds the GIL a few ms in the training process (~1.4 ms for 41 stacks here)
+# A rank's profile is merged for its reports this often (and for its final one): each
+# merge holds the GIL a few ms in the training process (~1.4 ms for 41 stacks here)
 PROFILE_EVERY_S = 10.0
 
 
