@@ -3,7 +3,7 @@ dashboard`` once installed (which runs this file)."""
 
 import streamlit as st
 
-from dataloader_tuner.dashboard import access, history_page, live_page, watched_page
+from dataloader_tuner.dashboard import history_page, live_page, token_gate, watched_page
 
 PAGES = [(live_page.render, "Live", "live"), (watched_page.render, "Training jobs", "jobs"),
          (history_page.render, "History", "history")]
@@ -12,10 +12,10 @@ PAGES = [(live_page.render, "Live", "live"), (watched_page.render, "Training job
 def run() -> None:
     st.set_page_config(page_title="DataLoader Tuner", layout="wide")
     # Before anything else: a session without the token gets the page that says how to get
-    # in, whichever page's address it opened (access.py).
-    admitted = access.admitted()
+    # in, whichever page's address it opened (token_gate.py).
+    admitted = token_gate.admitted()
     page = st.navigation([
-        st.Page(render if admitted else access.render_locked, title=title, url_path=path,
+        st.Page(render if admitted else token_gate.render_locked, title=title, url_path=path,
                 default=path == "live")
         for render, title, path in PAGES], position="sidebar" if admitted else "hidden")
     page.run()

@@ -5,7 +5,7 @@ The dashboard runs the Python module it is pointed at, as the person who started
 shared machine everyone can reach 127.0.0.1. ``dataloader-tuner dashboard`` makes a token (or
 takes ``--token`` / DLTUNER_TOKEN), hands it to the server in its environment (never on a
 command line, which every user can read with ``ps``) and prints the address with it; the
-dashboard (dashboard/access.py) lets in only a session that shows it. The run history, settings
+dashboard (dashboard/token_gate.py) lets in only a session that shows it. The run history, settings
 files and traces hold what the user's jobs do: created readable by their owner only.
 """
 

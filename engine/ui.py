@@ -14,7 +14,7 @@ from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.speedscope import speedscope_document
 from dataloader_tuner.analyse.text import (counting_text, fmt, sampled_basis, speedup_text,
                                            startup_text, windows_text)
-from dataloader_tuner.analyse.trace import chrome_trace
+from dataloader_tuner.analyse.chrome_trace import chrome_trace
 from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DEFAULT_SECONDS,
                                        DEFAULT_TIMEOUT_S)
 from dataloader_tuner.record.rows import BatchRecord, timed

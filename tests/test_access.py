@@ -1,5 +1,5 @@
 """Only the person who started the dashboard drives it: the token (dataloader_tuner.access,
-dashboard/access.py), the dashboard command's choices, and the files the tool writes kept to
+dashboard/token_gate.py), the dashboard command's choices, and the files the tool writes kept to
 their owner."""
 
 import argparse
@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from dataloader_tuner import RunStore
 from dataloader_tuner.access import dashboard_url, tokens_match
 from dataloader_tuner.cli.commands import dashboard as dashboard_cmd
-from dataloader_tuner.dashboard import access, jobs as dashboard_jobs
+from dataloader_tuner.dashboard import jobs as dashboard_jobs, token_gate
 from dataloader_tuner.dashboard.shared import get_jobs
 from dataloader_tuner.run import runner
 
@@ -100,7 +100,7 @@ def test_a_server_started_without_a_token_makes_one_and_prints_its_address(locke
     db, calls = locked_env
     monkeypatch.delenv("DLTUNER_TOKEN")
     monkeypatch.setenv("DLTUNER_AUTOSTART", "0")
-    monkeypatch.setattr(access, "_made", None)
+    monkeypatch.setattr(token_gate, "_made", None)
     at = open_app()
     assert "opens only with its token" in texts(at)
     printed = capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now, placed
+from dataloader_tuner.analyse.overdue import overdue_batches, overdue_now, placed
 from dataloader_tuner.child.failures import hang_error
 from dataloader_tuner.instrument import fork_stuck
 from dataloader_tuner.instrument.stalls import where_stuck

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.instrument.resources import ResourceSampler
-from dataloader_tuner.analyse.stalls import outside_users_code, stuck_at
+from dataloader_tuner.analyse.overdue import outside_users_code, stuck_at
 from dataloader_tuner.child.failures import explain_failure, hang_error, may_be_worker_death
 from dataloader_tuner.instrument.probes import shape_mismatch
 from dataloader_tuner.system import SystemSnapshot

@@ -13,7 +13,7 @@ from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import (CAP_BATCHES, CLAIM_WINDOW_S, HARD_CAP_S,
+from dataloader_tuner.tune.trial_rules import (CAP_BATCHES, CLAIM_WINDOW_S, HARD_CAP_S,
                                          MIN_STEADY_BATCHES, SEARCH_WINDOW_S)
 
 
@@ -155,7 +155,7 @@ def test_a_trial_of_fast_batches_measures_its_whole_window():
     of even 10 ms batches does not end the trial before its window (it did after 0.6 s: such
     trials took 0.6-4 s and no plan could say which); the end's trials measure a longer one."""
     from dataloader_tuner.child.trial_run import TrialClock
-    from dataloader_tuner.tune.trials import window_s
+    from dataloader_tuner.tune.trial_rules import window_s
     from tests.records import columns_of, make_batches
 
     def clock(n, window):
@@ -436,7 +436,7 @@ def _short_epochs(epochs: int, per_epoch: int, workers: int, refill_s: float, ba
 
 def test_a_trial_over_short_epochs_is_known_by_whole_epochs():
     from dataloader_tuner.analyse import metrics
-    from dataloader_tuner.tune.trials import interval_block
+    from dataloader_tuner.tune.trial_rules import interval_block
 
     rows = _short_epochs(epochs=8, per_epoch=4, workers=2, refill_s=1.0, batch_s=0.1)
     warmup = 4

@@ -1,4 +1,4 @@
-"""Overdue batches (instrument/stalls.py, analyse/stalls.py): noticed while the loop still waits,
+"""Overdue batches (instrument/stalls.py, analyse/overdue.py): noticed while the loop still waits,
 named with the worker, its sample indices and its stack, for the engine's runs and watched jobs;
 a slow sample is not a hang, and the run goes on."""
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dataloader_tuner import protocol, watch
-from dataloader_tuner.analyse.stalls import overdue_batches, overdue_now
+from dataloader_tuner.analyse.overdue import overdue_batches, overdue_now
 from dataloader_tuner.instrument import stalls
 from dataloader_tuner.record.ledger import BatchLedger
 from dataloader_tuner.record.rows import BatchRecord

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dataloader_tuner.analyse.trace import chrome_trace
+from dataloader_tuner.analyse.chrome_trace import chrome_trace
 
 from .conftest import ROOT, dataset_path
 from .records import make_batches

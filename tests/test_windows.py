@@ -432,7 +432,7 @@ def test_a_watched_fast_loop_builds_rows_only_for_the_batches_it_keeps(tmp_path,
 
 
 def test_a_trace_of_a_windowed_run_has_its_windows_on_a_track_of_their_own():
-    from dataloader_tuner.analyse.trace import WINDOWS_TID, chrome_trace
+    from dataloader_tuner.analyse.chrome_trace import WINDOWS_TID, chrome_trace
 
     rows = fast_run(seed=5, epochs=1)
     kept, windows = thinned(rows)

@@ -46,3 +46,14 @@ def test_the_guide_says_which_older_names_remain():
     with open(GUIDE, encoding="utf-8") as f:
         words = f.read().split("## Words", 1)[1].split("\n## ", 1)[0]
     assert "`summary_json`" in words and '"summary"' in words
+
+
+def test_no_two_modules_share_a_name():
+    """A file name says which module it is: two stalls.py (the watch and the diagnostic), two
+    trials.py, two access.py and two trace.py were read for one another (issue 65)."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in package_modules().items():
+        name = os.path.basename(path)
+        if name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(name, []).append(module)
+    assert {name: modules for name, modules in by_name.items() if len(modules) > 1} == {}

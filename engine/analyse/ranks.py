@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dataloader_tuner.analyse.pitfalls import SHM_FIXES
 from dataloader_tuner.analyse.batch_log import BatchLog
-from dataloader_tuner.analyse.stalls import placed
+from dataloader_tuner.analyse.overdue import placed
 from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 from dataloader_tuner.record.windows import BatchWindow
 
@@ -80,7 +80,7 @@ class RankSummary:
     # Seconds its loop has been inside next() right now (None: it is not): a rank stuck there
     # is held up by its loader, the others wait for it inside their step.
     waiting_for_batch_s: float | None = None
-    # Where the batch it waits for is being made, once reported overdue (analyse/stalls.py)
+    # Where the batch it waits for is being made, once reported overdue (analyse/overdue.py)
     stuck_at: str | None = None
     # Where its loader's time goes (analyse/hotspots.py), where enough was sampled: the
     # seconds of work sampled, the stages' shares [[stage, share]] and the functions that

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from dataloader_tuner.analyse import metrics, pitfalls
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
-from dataloader_tuner.analyse.stalls import overdue_batches
+from dataloader_tuner.analyse.overdue import overdue_batches
 from dataloader_tuner.analyse.ceiling import measured_cost
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.fixes import ceiling_fields

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.trials import HARD_CAP_S
+from dataloader_tuner.tune.trial_rules import HARD_CAP_S
 
 if TYPE_CHECKING:  # the companion imports these (torch) itself, once started
     from dataloader_tuner.child import measure

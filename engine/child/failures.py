@@ -13,7 +13,7 @@ import signal
 import traceback
 from typing import Any
 
-from dataloader_tuner.analyse.stalls import no_stack, placed, where_held
+from dataloader_tuner.analyse.overdue import no_stack, placed, where_held
 from dataloader_tuner.errors import RunError
 from dataloader_tuner.instrument.probes import NOTE_PREFIX
 

@@ -27,7 +27,7 @@ from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions, TrialOrder
 from dataloader_tuner.tune.plan import FORK_S, SPAWN_S, TimeLimit
-from dataloader_tuner.tune.trials import (HARD_CAP_S, MIN_STEADY_BATCHES, TARGET_CI,
+from dataloader_tuner.tune.trial_rules import (HARD_CAP_S, MIN_STEADY_BATCHES, TARGET_CI,
                                          epoch_block, trial_cap_s, trial_from_batches,
                                          window_s)
 
@@ -65,7 +65,7 @@ def worker_threads_read(seen: dict[int, dict[str, Any]],
 class TrialClock:
     """When a trial has measured enough: at least MIN_STEADY_BATCHES steady batches over its
     window and a samples/s known to TARGET_CI, or its time cap: the window, for fast batches
-    (NOTE [ Windows of a fixed length for fast batches ], tune/trials.py). The cap grows with
+    (NOTE [ Windows of a fixed length for fast batches ], tune/trial_rules.py). The cap grows with
     the batch time seen so far, so slow batches still get their 20, up to HARD_CAP_S. Read from
     the measuring loop's columns as it runs, in C where it can: its time is the trial's."""
 
@@ -147,7 +147,7 @@ def measure_trial(resolved: ResolvedTarget, config: LoaderConfig, consumer: Cons
     trial's rows are added to it at its end; ``stacks``: where the sampled stacks of its
     processes go (instrument/sampler.py, where the run samples them); ``most_steady``: stop
     after that many steady batches (TrialClock); ``window``: how long fast batches are
-    measured (None: the phase's, tune/trials.py's window_s)."""
+    measured (None: the phase's, tune/trial_rules.py's window_s)."""
     warmup = config.warmup_batches
     columns = BatchColumns()
     others = measurement = None

@@ -41,7 +41,7 @@ from dataloader_tuner.settings import recommended_config
 from dataloader_tuner.child.target import ResolvedTarget
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
-from dataloader_tuner.tune.trials import HARD_CAP_S, MIN_STEADY_BATCHES
+from dataloader_tuner.tune.trial_rules import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.side_check import carried
 from dataloader_tuner.tune.thread_pools import ThreadsDecision

@@ -1,7 +1,7 @@
 """A batch overdue, named while it is late: which worker holds it, the sample indices it was
 given (where known) and that worker's Python stack, for the engine's runs and for watched jobs
 (a torchrun rank's included). The run goes on; the report becomes a diagnostic of the run
-(analyse/stalls.py). A run that waits past the loader's ``timeout`` (the engine's --timeout-s)
+(analyse/overdue.py). A run that waits past the loader's ``timeout`` (the engine's --timeout-s)
 ends in the hang error instead (child/failures.py), from the same ``where_stuck``.
 
 NOTE [ When a batch is overdue ]

@@ -51,7 +51,7 @@ from dataloader_tuner.instrument.heap import keeps_freed_memory
 from dataloader_tuner.instrument.threads import limits_threads
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.recommend import spread_of, uncertainty_pct, within_pct
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES
 
 CLAIM_PAIRS = 2  # (A B), (B A): four trials at the end of a tune...
 MAX_CLAIM_PAIRS = 4  # ...and more pairs, up to this, while the claim is wider than...

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.tune.in_place_trial import LoopModel, trial_cap_s
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES
 
 # A step of the climb past the counts queued: taken where the highest (or the lowest) pays,
 # about every other search (the simulated searches of tests/test_inplace.py).

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from dataloader_tuner.analyse.metrics import block_rate_interval
 from dataloader_tuner.config import TunedSettings
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES, TARGET_CI
+from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES, TARGET_CI
 
 # NOTE [ The count the wait predicts ]: a loop waiting less than this share of its time is fed
 FED_WAIT_SHARE = 0.05

@@ -103,7 +103,7 @@ from dataloader_tuner.config import warmup_batches
 from dataloader_tuner.record.trials import USUAL_AIM_S, TrialResult, TunePlan
 from dataloader_tuner.tune.claim import CLAIM_PAIRS, MAX_CLAIM_PAIRS
 from dataloader_tuner.tune.costmodel import CostProfile
-from dataloader_tuner.tune.trials import (CAP_BATCHES, CLAIM_WINDOW_S, MIN_STEADY_BATCHES,
+from dataloader_tuner.tune.trial_rules import (CAP_BATCHES, CLAIM_WINDOW_S, MIN_STEADY_BATCHES,
                                          SEARCH_WINDOW_S, TARGET_CI, trial_cap_s)
 
 AIM_S = USUAL_AIM_S  # NOTE [ A tune's aim ]

@@ -14,7 +14,7 @@ from dataloader_tuner.tune import plan
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.analyse.ceiling import threads_for
 from dataloader_tuner.tune.recommend import Limits, by_workers, median_rate
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES
 from dataloader_tuner.tune.tuner import close_leaders, floor_count
 
 

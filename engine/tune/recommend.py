@@ -21,7 +21,7 @@ from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.trials import TARGET_CI
+from dataloader_tuner.tune.trial_rules import TARGET_CI
 
 # Fewer workers when within this of the fastest: NOTE [ Picks within the noise ].
 FEWER_WORKERS_TOLERANCE = TARGET_CI

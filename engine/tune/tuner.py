@@ -45,7 +45,7 @@ from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Re
                                              recommend)
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.tune.plan import TimeLimit
-from dataloader_tuner.tune.trials import MIN_STEADY_BATCHES
+from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES
 from dataloader_tuner.record.trials import TrialResult
 
 STEP_CPU_SHARE = 0.5

@@ -16,7 +16,7 @@ from dataloader_tuner import protocol
 from dataloader_tuner.analyse import pitfalls
 from dataloader_tuner.analyse.shm import tightest_shm
 from dataloader_tuner.config import TunedSettings
-from dataloader_tuner.analyse.stalls import overdue_now
+from dataloader_tuner.analyse.overdue import overdue_now
 from dataloader_tuner.instrument import sampler, stalls
 from dataloader_tuner.record.taken import latest_bytes, seconds_of_taken
 from dataloader_tuner.run.recorder import Recorder

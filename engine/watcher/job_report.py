@@ -28,7 +28,7 @@ from typing import Callable
 import psutil
 
 from dataloader_tuner import system
-from dataloader_tuner.analyse.stalls import where_held
+from dataloader_tuner.analyse.overdue import where_held
 from dataloader_tuner.instrument.stalls import StallWatch
 from dataloader_tuner.record.taken import rows_of_taken
 from dataloader_tuner.analyse.ranks import (FINAL, FINAL_WAIT_S, REPORT_S, RankSummary,

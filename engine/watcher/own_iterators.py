@@ -1,6 +1,6 @@
 """A DataLoader subclass that makes its own iterators, watched inside its workers: the probes
 set on its instance while it makes each iterator, then put back (NOTE [ Probing a loader that
-makes its own iterators ], instrument/own_iterators.py)."""
+makes its own iterators ], instrument/own_iterator_probes.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Generator, Iterator
 
 from torch.utils.data import DataLoader
 
-from dataloader_tuner.instrument.own_iterators import TimedFetchInit, can_time_fetch
+from dataloader_tuner.instrument.own_iterator_probes import TimedFetchInit, can_time_fetch
 from dataloader_tuner.instrument.probes import timed_collate
 
 LOOP_SIDE = "the watcher times your loop's side (waits, steps, samples)"

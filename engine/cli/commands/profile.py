@@ -10,7 +10,7 @@ from dataclasses import replace
 from dataloader_tuner import protocol
 from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.text import profile_text
-from dataloader_tuner.analyse.stalls import overdue_now
+from dataloader_tuner.analyse.overdue import overdue_now
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, add_db, add_json,
                                        add_loader_target, add_run_limits, add_speedscope,
                                        error_doc, non_negative_float, non_negative_int,

@@ -7,7 +7,7 @@ import json
 import sys
 
 from dataloader_tuner.access import open_private
-from dataloader_tuner.analyse.trace import chrome_trace
+from dataloader_tuner.analyse.chrome_trace import chrome_trace
 from dataloader_tuner.cli.args import EXIT_OK, EXIT_USAGE, add_db
 from dataloader_tuner.store import RunStore
 
