@@ -121,8 +121,9 @@ LAYERS = [
     {"settings", "store"},  # settings files; the run history (SQLite)
     {"tune"},  # the search's decisions, without a loader: plan, cost model, claim, picks
     {"run"},  # a run made and kept: recorder, sinks, the parent's view, the runner
-    {"child"},  # the engine's child process: the target, the measuring loop, trials
-    {"watcher"},  # a user's training job, watched and tuned in place
+    # the engine's child process (the target, the measuring loop, trials) and a user's training
+    # job, watched and tuned in place: side by side, what both need lives below them
+    {"child", "watcher"},
     {"__init__", "demo", "ui"},  # the public API; the demo dataset; what the dashboard shows
     {"lightning", "cli", "dashboard"},  # what users run
     {"__main__"},  # python -m dataloader_tuner: the CLI

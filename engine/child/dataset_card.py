@@ -9,8 +9,8 @@ from typing import Any
 import itertools
 
 from dataloader_tuner.instrument.tensors import payload_bytes
-from dataloader_tuner.record.cards import DatasetCard
-from dataloader_tuner.child.target import ResolvedTarget, type_name
+from dataloader_tuner.record.cards import DatasetCard, dataset_length, type_name
+from dataloader_tuner.child.target import ResolvedTarget
 
 
 def structure(value: Any, depth: int = 0) -> Any:
@@ -29,14 +29,6 @@ def structure(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (int, float, bool, str)) or value is None:
         return type(value).__name__
     return type(value).__qualname__
-
-
-def dataset_length(dataset: Any) -> int | None:
-    """``len(dataset)``, or None for one without a length (an IterableDataset's, usually)."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
 
 
 def dataset_card(resolved: ResolvedTarget, with_sample: bool = True) -> DatasetCard:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from torch.utils.data import Dataset, IterableDataset
 
 from dataloader_tuner.errors import TargetError
+from dataloader_tuner.record.cards import type_name
 
 DEFAULT_NAMES = ("make_dataset", "get_dataset", "dataset")
 EXTRA_NAMES = ("collate_fn", "sampler", "batch_sampler", "train_step", "dataloader_kwargs",
@@ -325,14 +326,6 @@ def dataset_problem(obj: Any) -> str | None:
     missing = " and ".join(n for n, ok in (("__getitem__", has_items), ("__len__", has_len))
                            if not ok)
     return f"has no {missing}, which DataLoader needs to index a map-style dataset"
-
-
-def type_name(obj: Any) -> str:
-    """``datasets.arrow_dataset.Dataset`` rather than a bare ``Dataset``: several libraries
-    name their class Dataset, and a message naming only that word says nothing."""
-    cls = obj if isinstance(obj, type) else type(obj)
-    module = getattr(cls, "__module__", "") or ""
-    return cls.__qualname__ if module in ("builtins", "") else f"{module}.{cls.__qualname__}"
 
 
 def _build(obj: Any, name: str, call: Call | None = None) -> Any:

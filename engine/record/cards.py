@@ -1,6 +1,7 @@
 """What a run learns before measuring, sent in the Ready event, kept in the run history and
 shown on the page: the user's dataset (the dataset card, built in the engine's child by
-child/dataset_card.py) and what consumes its batches. JSON keys as they have always been
+child/dataset_card.py) and what consumes its batches; a dataset's length and class name as
+any part says them. JSON keys as they have always been
 written (``class`` for the class name)."""
 
 from __future__ import annotations
@@ -89,3 +90,22 @@ class Consumer:
     def from_dict(cls, doc: dict[str, Any]) -> "Consumer":
         return cls(doc.get("kind") or "none", float(doc.get("step_ms") or 0.0),
                    doc.get("framework"))
+
+
+# What a card says of any dataset, in the engine's child and in a watched job alike
+
+
+def dataset_length(dataset: Any) -> int | None:
+    """``len(dataset)``, or None for one without a length (an IterableDataset's, usually)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def type_name(obj: Any) -> str:
+    """``datasets.arrow_dataset.Dataset`` rather than a bare ``Dataset``: several libraries
+    name their class Dataset, and a message naming only that word says nothing."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    module = getattr(cls, "__module__", "") or ""
+    return cls.__qualname__ if module in ("builtins", "") else f"{module}.{cls.__qualname__}"

@@ -47,9 +47,7 @@ from dataloader_tuner.record.ledger import BatchLedger, EpochMark, unprobed_meta
 from dataloader_tuner.record.loop import BatchSource, TimedLoop, stop_workers
 from dataloader_tuner.watcher.epoch_iterators import EpochIterators
 from dataloader_tuner.watcher.in_place_tuning import InPlaceTuning, TunedEpoch
-from dataloader_tuner.child.dataset_card import dataset_length
-from dataloader_tuner.child.target import type_name
-from dataloader_tuner.record.cards import Consumer, DatasetCard
+from dataloader_tuner.record.cards import Consumer, DatasetCard, dataset_length, type_name
 from dataloader_tuner.run.recorder import Recorder
 from dataloader_tuner.run.sinks import HistorySink
 
