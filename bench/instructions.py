@@ -195,7 +195,8 @@ def inner(args: argparse.Namespace) -> None:
     from dataloader_tuner.protocol import Batches, decode, encode
     from dataloader_tuner.record.cards import Consumer
     from dataloader_tuner.record.columns import BatchColumns
-    from dataloader_tuner.record.windows import TAIL_S, Thinner
+    from dataloader_tuner.record.folding import Thinner
+    from dataloader_tuner.record.windows import TAIL_S
     from dataloader_tuner.watcher.rebuild import instrumented
 
     resolved = resolve(os.path.join(ROOT, args.inner))

@@ -20,7 +20,7 @@ from dataloader_tuner.child.target import resolve
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.cards import Consumer
-from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.recommend import uncertainty_pct
 from tests.real.plain_loop import plain_rate
 

@@ -181,7 +181,7 @@ class FakeRunner:
     """TrialRunner's face for the end's pairs: rates from a list per phase, a time limit."""
 
     def __init__(self, rates, budget_s=None, rate_ci=0.02):
-        from dataloader_tuner.tune.plan import TimeLimit
+        from dataloader_tuner.tune.time_limit import TimeLimit
 
         self.rate_ci = rate_ci
         self.rates = {phase: list(values) for phase, values in rates.items()}

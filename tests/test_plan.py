@@ -12,6 +12,7 @@ from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune import plan
+from dataloader_tuner.tune.time_limit import STOP_S, TimeLimit
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.tune.trial_rules import (CAP_BATCHES, CLAIM_WINDOW_S, HARD_CAP_S,
                                          MIN_STEADY_BATCHES, SEARCH_WINDOW_S)
@@ -213,23 +214,23 @@ def test_a_trial_whose_workers_start_slowly_is_not_cut_at_its_first_batch():
 
 def test_a_time_limit_lets_a_trial_start_only_where_it_fits():
     now = [0.0]
-    limit = plan.TimeLimit(60.0, clock=lambda: now[0])
+    limit = TimeLimit(60.0, clock=lambda: now[0])
     now[0] = 40.0
     assert limit.left() == 20.0 and limit.fits(15.0) and not limit.reached
     assert not limit.fits(25.0) and limit.reached
-    unlimited = plan.TimeLimit(None, clock=lambda: now[0])
+    unlimited = TimeLimit(None, clock=lambda: now[0])
     assert unlimited.left() is None and unlimited.fits(1e9)
 
 
 def test_under_a_limit_the_counts_the_tune_must_see_share_what_is_left():
     now = [0.0]
-    limit = plan.TimeLimit(60.0, clock=lambda: now[0])
+    limit = TimeLimit(60.0, clock=lambda: now[0])
     now[0] = 3.0
     assert limit.share(3) == pytest.approx(19.0)  # 0, 1 and the predicted count
     now[0] = 22.0
     assert limit.share(2) == pytest.approx(19.0) and limit.share(0) == pytest.approx(38.0)
-    assert plan.TimeLimit(None, clock=lambda: now[0]).share(3) is None
-    promised = plan.TimeLimit(None, clock=lambda: now[0])
+    assert TimeLimit(None, clock=lambda: now[0]).share(3) is None
+    promised = TimeLimit(None, clock=lambda: now[0])
     promised.promise(600.0, 1.0)  # an at most announced is no reason to cut trials short
     assert promised.share(3) is None
 
@@ -239,7 +240,7 @@ def test_without_a_limit_the_tune_aims_and_keeps_time_for_its_claim():
     reserve; other trials start only where they fit in it, the must-see ones regardless; the
     claim, once it starts, has the reserve; a user's limit replaces the aim."""
     now = [0.0]
-    limit = plan.TimeLimit(None, clock=lambda: now[0])
+    limit = TimeLimit(None, clock=lambda: now[0])
     assert limit.share(3) is None and limit.fits(1e9)  # no aim said yet
     limit.aim(90.0, claim_reserve_s=24.0)
     now[0] = 6.0
@@ -252,7 +253,7 @@ def test_without_a_limit_the_tune_aims_and_keeps_time_for_its_claim():
     assert limit.aim_left() == pytest.approx(40.0) and limit.fits(39.0)
     now[0] = 95.0
     assert limit.share(2) == 0.0 and limit.fits(30.0, must=True)
-    theirs = plan.TimeLimit(60.0, clock=lambda: now[0])
+    theirs = TimeLimit(60.0, clock=lambda: now[0])
     theirs.aim(90.0, claim_reserve_s=24.0)
     now[0] += 60.0
     assert theirs.aim_s is None and not theirs.fits(1.0, must=True) and theirs.reached
@@ -264,7 +265,7 @@ def _planner(num_workers: int, budget_s=None):
     from .test_tuner import limits
 
     plans: list[TunePlan] = []
-    limit = plan.TimeLimit(budget_s, clock=lambda: 0.0)
+    limit = TimeLimit(budget_s, clock=lambda: 0.0)
     planner = Planner(LoaderConfig(batch_size=256, num_workers=num_workers), limits(), False,
                       limit, plans.append, fresh_check=True)
     return planner, limit, plans
@@ -351,15 +352,15 @@ def test_the_at_most_announced_is_kept_as_a_limit_and_never_raised():
     """NOTE [ An at most that holds ]: the search ends a batch and STOP_S before the at most it
     announced, a later plan only lowers it, and a user's limit caps it."""
     now = [0.0]
-    limit = plan.TimeLimit(None, clock=lambda: now[0])
+    limit = TimeLimit(None, clock=lambda: now[0])
     assert limit.promise(60.0, last_batch_s=2.0) == 60.0
     now[0] = 40.0
-    assert limit.left() == pytest.approx(60.0 - 2.0 - plan.STOP_S - 40.0)
+    assert limit.left() == pytest.approx(60.0 - 2.0 - STOP_S - 40.0)
     assert limit.fits(10.0) and not limit.fits(20.0) and limit.reached and limit.by_promise
     assert limit.promise(90.0, last_batch_s=2.0) == 60.0  # the second plan cannot raise it
     assert limit.promise(50.0, last_batch_s=2.0) == 50.0
     now[0] = 0.0
-    theirs = plan.TimeLimit(30.0, clock=lambda: now[0])
+    theirs = TimeLimit(30.0, clock=lambda: now[0])
     assert theirs.promise(60.0, last_batch_s=2.0) == 30.0  # at most the user's limit
     now[0] = 26.0
     assert not theirs.fits(5.0) and not theirs.by_promise  # the user's own limit ended it
@@ -394,7 +395,7 @@ def test_a_spent_limit_starts_no_more_workers():
     # the decisions' extra trials (threads, freed memory) do not ask whether they fit: the
     # runner refuses them once the limit is spent, before a worker starts
     now = [0.0]
-    limit = plan.TimeLimit(10.0, clock=lambda: now[0])
+    limit = TimeLimit(10.0, clock=lambda: now[0])
     now[0] = 10.5
     reported = []
     runner = TrialRunner(None, Consumer("none"), reported.append, limit)
@@ -407,7 +408,7 @@ def test_no_trial_starts_where_its_workers_could_not_make_a_batch_in_the_time_le
     (importing torch first, SPAWN_S) began with 0.3 s of a --budget-s 10 left and the tune took
     11.7 s. Less time left than the workers' start: none is started."""
     now = [0.0]
-    limit = plan.TimeLimit(10.0, clock=lambda: now[0])
+    limit = TimeLimit(10.0, clock=lambda: now[0])
     now[0] = 10.0 - plan.SPAWN_S + 0.2
     reported = []
     runner = TrialRunner(None, Consumer("none"), reported.append, limit)
@@ -472,7 +473,7 @@ def test_a_trial_reads_the_main_process_s_busiest_thread_beside_the_whole_proces
     from .conftest import dataset_path
 
     resolved = resolve(dataset_path("known_stages.py"))
-    runner = TrialRunner(resolved, Consumer(), lambda t: None, plan.TimeLimit(None))
+    runner = TrialRunner(resolved, Consumer(), lambda t: None, TimeLimit(None))
     trial = runner.measure(LoaderConfig(batch_size=8, num_workers=1), "search", report=False)
     assert trial is not None
     assert trial.main_cpu_ms is not None and trial.main_thread_cpu_ms is not None

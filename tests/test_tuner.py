@@ -9,7 +9,7 @@ from dataloader_tuner.tune import costmodel, plan
 from dataloader_tuner.tune.recommend import Limits, pick_fastest, pick_fed, recommend
 from dataloader_tuner.system import SystemSnapshot
 from dataloader_tuner.record.trials import TrialResult
-from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.tuner import (FLOOR_MIN_WORKERS, Tuner, grow, memory_max_workers,
                                         shrink)
 

@@ -16,9 +16,9 @@ from dataloader_tuner.store import RunStore
 from dataloader_tuner.analyse import metrics
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.record.rows import BatchRecord
-from dataloader_tuner.record.windows import (KEEP_EVERY, TAIL_S, WINDOW_ABOVE_PER_S,
-                                             WINDOW_S, Thinner, holders, sampled, wait_bucket,
-                                             window_cuts)
+from dataloader_tuner.record.folding import Thinner, window_cuts
+from dataloader_tuner.record.windows import (KEEP_EVERY, TAIL_S, WINDOW_ABOVE_PER_S, WINDOW_S,
+                                             holders, sampled, wait_bucket)
 from dataloader_tuner.run.live import LiveRun
 
 from .conftest import live_descendants

@@ -26,7 +26,8 @@ from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.child.companions import Companions, TrialOrder
-from dataloader_tuner.tune.plan import FORK_S, SPAWN_S, TimeLimit
+from dataloader_tuner.tune.plan import FORK_S, SPAWN_S
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.trial_rules import (HARD_CAP_S, MIN_STEADY_BATCHES, TARGET_CI,
                                          epoch_block, trial_cap_s, trial_from_batches,
                                          window_s)

@@ -44,6 +44,7 @@ from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune.trial_rules import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
 from dataloader_tuner.tune.side_check import carried
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
 from dataloader_tuner.tune.tuner import NoSteadyState, Tuner, TrialSpec, TuneOutcome
 from dataloader_tuner.tune.planner import Planner
@@ -60,7 +61,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
                                 dataset_length(resolved.dataset))
     search_config = config.replace(num_workers=0, pin_memory=False, prefetch_factor=None,
                                    persistent_workers=False)
-    time_limit = plan.TimeLimit(request.budget_s)
+    time_limit = TimeLimit(request.budget_s)
     runner = TrialRunner(resolved, consumer, on_trial, time_limit, on_batches)
     has_consumer = consumer.kind != "none"
     heap_decision = HeapDecision()

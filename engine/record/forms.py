@@ -1,4 +1,4 @@
-"""A Thinner's batches (record/windows.py) in the forms it takes them, read as the numpy columns
+"""A Thinner's batches (record/folding.py) in the forms it takes them, read as the numpy columns
 a fold reads (NOTE [ Windows for fast loaders ]): rows here; a watched loop's batches as taken
 in record/taken.py."""
 

@@ -81,7 +81,7 @@ def ended(last: TakenBatch, t_end: float) -> TakenBatch:
 
 
 class TakenForm:
-    """A watched loop's batches as taken, for a Thinner (record/windows.py) to fold straight
+    """A watched loop's batches as taken, for a Thinner (record/folding.py) to fold straight
     into windows: only the rows it keeps whole are built (NOTE [ Windows for fast loaders ]).
     ``t0``: the run's start, what the rows' times count from."""
 

@@ -32,7 +32,8 @@ from dataloader_tuner.instrument.resources import ResourceSampler
 from dataloader_tuner.record.columns import BatchColumns
 from dataloader_tuner.record.ledger import BatchLedger, GapEvents
 from dataloader_tuner.record.taken import TakenBatch, TakenForm, rows_of_taken
-from dataloader_tuner.record.windows import BatchWindow, Thinner
+from dataloader_tuner.record.folding import Thinner
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.run.sinks import Sink
 
 FLUSH_S = 0.25  # rows reach their sink at least this often

@@ -31,7 +31,8 @@ from dataloader_tuner.errors import EngineError, RunError, TargetError
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.record.cards import Consumer, DatasetCard
-from dataloader_tuner.record.windows import BatchWindow, Thinner
+from dataloader_tuner.record.folding import Thinner
+from dataloader_tuner.record.windows import BatchWindow
 from dataloader_tuner.store import RunStore
 
 

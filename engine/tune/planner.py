@@ -11,6 +11,7 @@ from typing import Any, Callable
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.tune import plan
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.costmodel import CostProfile
 from dataloader_tuner.analyse.ceiling import threads_for
 from dataloader_tuner.tune.recommend import Limits, by_workers, median_rate
@@ -23,7 +24,7 @@ class Planner:
     first one from the prewarm's batch, a second once the probes have taught the model."""
 
     def __init__(self, config: LoaderConfig, limits: Limits, has_consumer: bool,
-                 time_limit: plan.TimeLimit, on_plan: Callable[[TunePlan], None],
+                 time_limit: TimeLimit, on_plan: Callable[[TunePlan], None],
                  fresh_check: bool = False,
                  threads_pending: Callable[[], bool] = lambda: True,
                  second_process_s: float = 0.0) -> None:

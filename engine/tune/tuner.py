@@ -44,7 +44,7 @@ from dataloader_tuner.tune.recommend import (FEWER_WORKERS_TOLERANCE, Limits, Re
                                              by_workers, median_idle, median_rate, pick_fed,
                                              recommend)
 from dataloader_tuner.system import SystemSnapshot
-from dataloader_tuner.tune.plan import TimeLimit
+from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.trial_rules import MIN_STEADY_BATCHES
 from dataloader_tuner.record.trials import TrialResult
 
@@ -161,7 +161,7 @@ class Tuner:
         return plan.trial_seconds(guess(n), n, steady=steady)
 
     def _fits_cut(self, n: int) -> bool:
-        """NOTE [ A count cut at the user's limit ] (plan.py): a count the tune must see
+        """NOTE [ A count cut at the user's limit ] (time_limit.py): a count the tune must see
         starts where its shortest believable trial fits in what the limit leaves."""
         return (self.time_limit.budget_s is not None
                 and self.time_limit.fits(self._trial_seconds(n, plan.CUT_STEADY), must=True))
