@@ -3,13 +3,13 @@ public API (``dataloader_tuner``) that the dashboard imports (tests/test_layout.
 so), so a page never reaches into the packages below. Not for users' code: the names here
 may change with the pages."""
 
-from dataloader_tuner.analyse.batch_log import BatchLog
+from dataloader_tuner.analyse.batch_log import BatchLog, window_figures
 from dataloader_tuner.access import (NO_TOKEN_ENV, TOKEN_ENV, TOKEN_QUERY, dashboard_url,
                                      new_token, tokens_match)
 from dataloader_tuner.analyse.diagnostic import Diagnostic
 from dataloader_tuner.analyse.metrics import LOOP_TIME, busy_timeline, epoch_starts
-from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, summary_from_batches,
-                                            spends_most_in, window_figures)
+from dataloader_tuner.analyse.ranks import (JobView, RankSummary, job_view, spends_most_in,
+                                            summary_from_batches)
 from dataloader_tuner.analyse.shm import shm_check
 from dataloader_tuner.analyse.speedscope import speedscope_document
 from dataloader_tuner.analyse.text import (counting_text, fmt, sampled_basis, speedup_text,
@@ -21,7 +21,8 @@ from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
 from dataloader_tuner.record.windows import BatchWindow, latest_stretch
 from dataloader_tuner.run.live import LiveRun
-from dataloader_tuner.run.runner import Inspection, RunHandle, inspect_target
+from dataloader_tuner.run.inspection import Inspection, inspect_target
+from dataloader_tuner.run.runner import RunHandle
 from dataloader_tuner.run.settle import settle_dead_runs
 from dataloader_tuner.run.verify import Verification, check_claim
 from dataloader_tuner.settings import DEFAULT_BATCH_SIZE

@@ -7,6 +7,7 @@ import pytest
 
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.tune import claim
+from dataloader_tuner.tune.same_settings import same_settings
 
 from .test_tuner import trial
 
@@ -160,9 +161,9 @@ def test_a_late_trial_that_paid_a_restart_is_not_taken_for_drift():
 
 def test_settings_dataloader_runs_alike_need_no_claim():
     explicit = LoaderConfig(batch_size=16, num_workers=2, prefetch_factor=2)
-    assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=2), explicit)
-    assert not claim.same_settings(LoaderConfig(batch_size=16, num_workers=3), explicit)
-    assert claim.same_settings(LoaderConfig(batch_size=16, num_workers=0),
+    assert same_settings(LoaderConfig(batch_size=16, num_workers=2), explicit)
+    assert not same_settings(LoaderConfig(batch_size=16, num_workers=3), explicit)
+    assert same_settings(LoaderConfig(batch_size=16, num_workers=0),
                                LoaderConfig(batch_size=16, num_workers=0, pin_memory=False))
 
 

@@ -16,7 +16,7 @@ from dataloader_tuner.dashboard.jobs import controls_from_settings, settings_fro
 from dataloader_tuner.errors import ConfigError
 from dataloader_tuner.instrument import heap
 from dataloader_tuner.settings import read_settings, recommended_config, tuned_values
-from dataloader_tuner.tune.claim import same_settings
+from dataloader_tuner.tune.same_settings import same_settings
 from dataloader_tuner.tune.heap_check import FRESH_PHASE, HeapDecision
 from dataloader_tuner.tune.recommend import Recommendation
 

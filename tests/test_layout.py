@@ -232,7 +232,25 @@ def test_every_note_referred_to_by_name_is_written_once():
     assert referred <= set(defined), referred - set(defined)
 
 
-MAX_MODULE_LINES = 500
+MAX_MODULE_LINES = 400
+# Longer than that, and why (docs/development.md, "Habits"): keep this list short, and split a
+# module by idea before it grows past its allowance.
+LONGER_MODULES = {
+    # the parent's side of one engine child: started as a subreaper, its events read, stopped
+    # and reaped on every path (errors, Ctrl-C, a hung child): one lifecycle, read in order
+    "dataloader_tuner.run.runner": 420,
+    # watch() and the watched loader: one object wiring the probes, the recorder, the checks,
+    # tuning in place and the shutdown, each of which lives in the watcher's other modules
+    "dataloader_tuner.watcher.loader": 420,
+    # the Live page: its controls, the run and the tune's views in Streamlit's drawing order
+    "dataloader_tuner.dashboard.live_page": 430,
+    # what runs in the user's workers on every batch (the timed dataset, sampler and collate)
+    # over state they share across a fork: two NOTEs of why
+    "dataloader_tuner.instrument.probes": 470,
+    # the stack sampler in every process: 88 of its lines are the three NOTEs on signals, the
+    # sampler's own cost and what a look reads
+    "dataloader_tuner.instrument.sampler": 470,
+}
 MAX_INSTANCE_ATTRIBUTES = 15
 # Over the limit, and why (docs/development.md, "Habits"): keep this list short.
 LARGER_CLASSES = {
@@ -264,7 +282,9 @@ def test_no_module_is_longer_than_a_newcomer_reads_at_once():
         with open(path) as f:
             with_lines[module] = sum(1 for _ in f)
     assert with_lines[f"{PACKAGE}.watcher.loader"] > 100  # the count does read the files
-    assert {m: n for m, n in with_lines.items() if n > MAX_MODULE_LINES} == {}
+    assert {m: n for m, n in with_lines.items()
+            if n > LONGER_MODULES.get(m, MAX_MODULE_LINES)} == {}
+    assert set(LONGER_MODULES) <= set(with_lines)  # (a module moved: its allowance goes too)
 
 
 def test_no_class_holds_more_than_a_few_things():

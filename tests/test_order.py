@@ -14,7 +14,8 @@ import pytest
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.settings import recommended_config, tuned_values
 from dataloader_tuner.tune import order
-from dataloader_tuner.tune.claim import comparable, same_settings
+from dataloader_tuner.tune.claim import comparable
+from dataloader_tuner.tune.same_settings import same_settings
 from dataloader_tuner.dashboard.jobs import controls_from_settings, settings_from_controls
 from tests.real.plain_loop import plain_rate
 

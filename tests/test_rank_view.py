@@ -5,9 +5,10 @@ from dataclasses import replace
 
 from dataloader_tuner.record.rows import BatchRecord
 from dataloader_tuner.analyse.hotspots import SampledProfile
+from dataloader_tuner.analyse.batch_log import window_figures
 from dataloader_tuner.analyse.ranks import (RankSummary, job_stages, job_view, memory_growth,
                                             node_loads, profile_fields, rank_states,
-                                            slowest_rank, summary_from_batches, window_figures)
+                                            slowest_rank, summary_from_batches)
 from dataloader_tuner import protocol
 from dataloader_tuner.instrument import probes
 from dataloader_tuner.run.sinks import HistorySink

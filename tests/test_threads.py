@@ -17,14 +17,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner import LimitThreads, load_settings
-from dataloader_tuner.analyse import pitfalls
+from dataloader_tuner.analyse import oversubscription
 from dataloader_tuner.analyse.hotspots import SampledProfile, TorchThreads, stage_of
 from dataloader_tuner.config import LoaderConfig
 from dataloader_tuner.dashboard.jobs import controls_from_settings, settings_from_controls
 from dataloader_tuner.errors import ConfigError
 from dataloader_tuner.instrument import threads
 from dataloader_tuner.settings import read_settings, recommended_config, tuned_values
-from dataloader_tuner.tune.claim import same_settings
+from dataloader_tuner.tune.same_settings import same_settings
 from dataloader_tuner.tune.recommend import Recommendation
 from dataloader_tuner.tune.thread_pools import LIMITED_PHASE, ThreadsDecision
 from tests.real.plain_loop import plain_rate
@@ -77,15 +77,15 @@ def test_helper_threads_share_of_a_process_cpu():
 
 def test_oversubscribed_needs_more_busy_threads_than_cpus_and_the_pools_at_work():
     blas = [{"torch": 1, "openblas": 8}]
-    found = pitfalls.oversubscribed(blas, [(0.5, 8), (0.5, 8)], 4, 8, 20.0)
+    found = oversubscription.oversubscribed(blas, [(0.5, 8), (0.5, 8)], 4, 8, 20.0)
     assert found is not None and found.pool == "openblas" and found.limits_can_help
     assert "each worker keeps 8 threads busy (4 workers: 32 threads on 8 CPU(s))" in found.said(4, 8)
-    assert pitfalls.oversubscribed(blas, [(0.05, 1)], 4, 8, 20.0) is None  # the pool sits idle
-    assert pitfalls.oversubscribed(blas, [(0.5, 2)], 4, 8, 20.0) is None  # 8 threads, 8 CPUs
+    assert oversubscription.oversubscribed(blas, [(0.05, 1)], 4, 8, 20.0) is None  # the pool sits idle
+    assert oversubscription.oversubscribed(blas, [(0.5, 2)], 4, 8, 20.0) is None  # 8 threads, 8 CPUs
     # 0.1 ms of CPU a batch: the thread sending them does as much as the making; not judged
-    assert pitfalls.oversubscribed(blas, [(0.7, 3)], 4, 8, 0.1) is None
+    assert oversubscription.oversubscribed(blas, [(0.7, 3)], 4, 8, 0.1) is None
     # many busy threads beyond any library pool: the dataset's own; LimitThreads cannot help
-    own = pitfalls.oversubscribed([{"torch": 1, "openblas": 2}], [(0.55, 9)], 2, 2, 10.0)
+    own = oversubscription.oversubscribed([{"torch": 1, "openblas": 2}], [(0.55, 9)], 2, 2, 10.0)
     assert own is not None and not own.limits_can_help
     assert "look like threads your dataset starts itself" in own.said(2, 2)
 
@@ -95,13 +95,13 @@ def test_the_diagnostic_reads_probes_and_resource_rows():
               for i in range(2)]
     rows = [{"pid": 10 + i, "role": "worker", "helper_cpu_share": 0.5, "busy_threads": 4}
             for i in range(2)]
-    found = pitfalls.thread_oversubscription(probes, rows, 2, 4, 20.0)
+    found = oversubscription.thread_oversubscription(probes, rows, 2, 4, 20.0)
     assert found[0].code == "thread_oversubscription"
     assert found[0].evidence["pool"] == "openblas" and "LimitThreads" in found[0].fix
     torch_raised = [{**p, "probe": {"pools": {"torch": 4}}} for p in probes]
-    assert "raised it again" in pitfalls.thread_oversubscription(torch_raised, rows, 2, 4,
+    assert "raised it again" in oversubscription.thread_oversubscription(torch_raised, rows, 2, 4,
                                                                 20.0)[0].message
-    assert pitfalls.thread_oversubscription(probes, rows, 0, 4, 20.0) == []
+    assert oversubscription.thread_oversubscription(probes, rows, 0, 4, 20.0) == []
 
 
 def test_torchs_own_hand_off_threads_are_not_a_pool():
@@ -112,13 +112,13 @@ def test_torchs_own_hand_off_threads_are_not_a_pool():
               for i in range(2)]
     rows = [{"pid": 10 + i, "role": "worker", "helper_cpu_share": 0.26, "busy_threads": 3}
             for i in range(2)]
-    assert pitfalls.thread_oversubscription(probes, rows, 2, 2, 2.5)  # unknown: flagged
+    assert oversubscription.thread_oversubscription(probes, rows, 2, 2, 2.5)  # unknown: flagged
     handing_off = TorchThreads(cpu_share=0.26, busy=2)
-    assert pitfalls.thread_oversubscription(probes, rows, 2, 2, 2.5,
+    assert oversubscription.thread_oversubscription(probes, rows, 2, 2, 2.5,
                                             lambda pid: handing_off) == []
     # a pool at work beside them still is
     pooled = [{**row, "helper_cpu_share": 0.55, "busy_threads": 5} for row in rows]
-    found = pitfalls.thread_oversubscription(probes, pooled, 2, 2, 2.5, lambda pid: handing_off)
+    found = oversubscription.thread_oversubscription(probes, pooled, 2, 2, 2.5, lambda pid: handing_off)
     assert found and found[0].evidence["helper_cpu_share"] == 0.29
 
 
@@ -233,7 +233,7 @@ def test_a_profile_names_the_pool_that_oversubscribes(fixture, pool, tmp_path):
     assert doc["status"] == "ok", doc.get("error")
     found = {w["code"]: w for w in doc["warnings"]}["thread_oversubscription"]
     assert found["evidence"]["pool"] == pool
-    assert found["evidence"]["helper_cpu_share"] >= pitfalls.HELPER_SHARE_MIN
+    assert found["evidence"]["helper_cpu_share"] >= oversubscription.HELPER_SHARE_MIN
 
 
 @needs_cores
@@ -304,6 +304,6 @@ def test_a_watched_job_is_told_and_its_resource_rows_keep_the_thread_use(tmp_pat
         assert "thread_oversubscription" in {w.code for w in run.result.warnings}
         rows = [r for r in store.resources(run.id) if r["role"] == "worker"]
         assert rows and all(r["busy_threads"] is None or r["busy_threads"] >= 1 for r in rows)
-        assert max(r["helper_cpu_share"] or 0.0 for r in rows) >= pitfalls.HELPER_SHARE_MIN
+        assert max(r["helper_cpu_share"] or 0.0 for r in rows) >= oversubscription.HELPER_SHARE_MIN
     finally:
         store.close()

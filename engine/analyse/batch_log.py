@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from dataloader_tuner.analyse import metrics
-from dataloader_tuner.record.rows import BatchRecord
+from dataloader_tuner.record.rows import BatchRecord, timed, timed_scale
 from dataloader_tuner.record.windows import (KEEP_EVERY, WINDOW_ABOVE_PER_S, WINDOW_S,
                                              BatchWindow, bucket_middle, even_sample, holders,
                                              wait_buckets)
@@ -185,3 +185,31 @@ def hist_percentile(hist: Mapping[int, int], q: float) -> float:
         if seen > rank:
             return bucket_middle(bucket)
     return bucket_middle(max(hist))
+
+
+def window_figures(batches: Sequence[BatchRecord], warmup: int = 1,
+                   windows: Sequence[BatchWindow] = ()) -> dict[str, float | None]:
+    """samples/s, input wait and median step over ``batches`` (a rank's recent ones, with the
+    ``windows`` among them where batches came fast: record/windows.latest_stretch), and how
+    busy the workers that made them were."""
+    batches = list(batches)
+    log = BatchLog(batches, windows)
+    steady = log.steady_state(warmup)
+    measured = batches[warmup:]
+    busy: float | None = None
+    workers = {b.worker_id for b in measured if b.worker_id >= 0}
+    made = timed(measured)
+    wait = log.input_wait()
+    if steady is not None and workers and made and steady.seconds > 0:
+        # fast batches' making is timed on a sample
+        scale = timed_scale(measured, made, log.worker_batches() if windows else None)
+        making = sum(b.making_s * scale[b.worker_id] for b in made)
+        busy = min(1.0, making / (steady.seconds * len(workers)))
+    return {
+        "samples_per_s": steady.samples_per_s if steady else None,
+        # As the loop lived it: epoch start-ups among these batches included
+        "input_wait_frac": wait.share if wait is not None and wait.loop_s > 0 else None,
+        # (each kept row weighing the batches it stands for, where rows are kept in windows)
+        "step_ms": log.median(lambda b: b.step_s * 1000, warmup) if measured else None,
+        "worker_busy_frac": busy,
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from dataloader_tuner.analyse import metrics, pitfalls
+from dataloader_tuner.analyse import metrics, oversubscription, pitfalls
 from dataloader_tuner.analyse.batch_log import BatchLog
 from dataloader_tuner.analyse.memory_growth import worker_memory_growth
 from dataloader_tuner.analyse.overdue import overdue_batches
@@ -317,7 +317,7 @@ def _warnings(live: RunSoFar, steady: metrics.SteadyState | None, made: list[Tim
     fetch_ms, collate_ms = per_batch["fetch_ms"], per_batch["collate_ms"]
     making_s = (fetch_ms + (collate_ms or 0.0)) / 1000 if fetch_ms is not None else None
     if workers and system is not None:
-        found += pitfalls.thread_oversubscription(
+        found += oversubscription.thread_oversubscription(
             live.probes, live.resources, workers, system.cores, per_batch["fetch_cpu_ms"],
             live.stacks.torch_threads)
     found += pitfalls.restarts_each_epoch(config, live.epochs, live.elapsed_s, making_s)

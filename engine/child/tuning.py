@@ -43,6 +43,7 @@ from dataloader_tuner.record.trials import TrialResult, TunePlan
 from dataloader_tuner.child.trial_run import TrialRunner
 from dataloader_tuner.tune.trial_rules import HARD_CAP_S, MIN_STEADY_BATCHES
 from dataloader_tuner.tune.heap_check import HeapDecision
+from dataloader_tuner.tune.same_settings import same_settings
 from dataloader_tuner.tune.side_check import carried
 from dataloader_tuner.tune.time_limit import TimeLimit
 from dataloader_tuner.tune.thread_pools import ThreadsDecision
@@ -137,7 +138,7 @@ def run_tune(resolved: ResolvedTarget, config: LoaderConfig, consumer: Consumer,
         source = _baseline_source(resolved, request)
         final = recommended_config(config, outcome.recommendation.kwargs)
         final, outcome = claiming.delivery_order(runner, final, outcome, request.keep_order)
-        if claim.same_settings(final, config):
+        if same_settings(final, config):
             outcome = claiming.measure_final(runner, config, outcome)
             baseline = claiming.own_baseline(runner, config, outcome, source)
         else:

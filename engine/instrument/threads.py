@@ -21,8 +21,8 @@ NOTE [ Threads per worker ]
     importing torch on its main thread read 0.20-0.22 for a 4 s profile of
     tests/datasets/torch_threads.py, where its pool does 0.50. Oversubscribed: a pool of P > 1
     threads in the workers, W x P above the usable CPUs, and helper threads doing at least
-    HELPER_SHARE_MIN of the workers' CPU (analyse/pitfalls.py's ``oversubscribed``, read by the
-    diagnostic and the tuner). The diagnostic first takes out torch's own threads, as each
+    HELPER_SHARE_MIN of the workers' CPU (analyse/oversubscription.py's ``oversubscribed``,
+    read by the diagnostic and the tuner). The diagnostic first takes out torch's own threads, as each
     worker's sampler saw them (its queue's feeder, multiprocessing's resource sharer): on
     tests/broken/leaky_cache.py's 4-sample batches they did 0.24-0.26 of a worker's CPU and
     were read as OpenBLAS's pool at work.

@@ -5,7 +5,7 @@ instrument/threads.py).
 NOTE [ Deciding threads during the search ]
 
     Decided once, at the first trial whose workers keep more threads busy than there are usable
-    CPUs, with a library pool among them (pitfalls.oversubscribed): that worker count is then
+    CPUs, with a library pool among them (oversubscription.oversubscribed): that worker count is then
     measured again, limited to one thread (twice) and as it was (once more), in turn (A B B A
     with the first trial as the first A). Limited is kept when faster by MIN_GAIN and beyond
     both sides' noise; then every later trial of the search runs limited, so the search climbs
@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from dataloader_tuner.analyse.pitfalls import POOL_NAMES, Oversubscribed, oversubscribed
+from dataloader_tuner.analyse.oversubscription import (POOL_NAMES, Oversubscribed,
+                                                       oversubscribed)
 from dataloader_tuner.record.trials import TrialResult
 from dataloader_tuner.tune.claim import in_turn
 from dataloader_tuner.tune.recommend import Recommendation

@@ -6,7 +6,7 @@ import argparse
 
 from dataloader_tuner.cli.args import (EXIT_OK, EXIT_RUN_FAILED, TARGET_HELP, add_json,
                                        print_json)
-from dataloader_tuner.run.runner import inspect_target
+from dataloader_tuner.run.inspection import inspect_target
 
 NAME = "inspect"
 HELP = "check a target: what dataset it finds, a sample"
