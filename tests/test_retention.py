@@ -209,3 +209,15 @@ def test_a_prune_keeps_each_run_s_headline_where_an_older_version_kept_none(db_p
     listed = store.list_runs(kind="watch", results=False)
     assert [run.headline for run in listed] == rates[::-1]
     assert [run.result for run in listed] == [None] * 2 and _intact(db_path)
+
+
+def test_a_prune_passes_over_a_result_it_cannot_read(db_path):
+    """One unreadable saved result leaves that run without a headline, not the prune failed."""
+    ids = _watched_runs(db_path, 2, batches=8)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET samples_per_s = NULL")
+        conn.execute("UPDATE runs SET summary_json = ? WHERE id = ?", (b"not zlib", ids[0]))
+    retention.prune(db_path, retention.Limits(None, None))
+    with sqlite3.connect(db_path) as conn:
+        kept = dict(conn.execute("SELECT id, samples_per_s FROM runs").fetchall())
+    assert kept[ids[0]] is None and kept[ids[1]] and _intact(db_path)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
+import zlib
 
 from dataloader_tuner.analyse.results import result_from_dict
 from dataloader_tuner.record.rows import BATCH_COLUMNS
@@ -178,12 +179,20 @@ def keep_headlines(conn: sqlite3.Connection) -> int:
         chunk = ids[start:start + HEADLINES_KEPT]
         rows = conn.execute(f"SELECT id, kind, summary_json FROM runs WHERE id IN "
                             f"({', '.join('?' * len(chunk))})", chunk).fetchall()
-        headlines = [(result_from_dict(kind, body_json(saved)).headline_samples_per_s, run_id)
-                     for run_id, kind, saved in rows]
+        headlines = [(_headline(kind, saved), run_id) for run_id, kind, saved in rows]
         with conn:
             kept += conn.executemany("UPDATE runs SET samples_per_s = ? WHERE id = ?",
                                      [h for h in headlines if h[0] is not None]).rowcount
     return kept
+
+
+def _headline(kind: str, saved: str | bytes) -> float | None:
+    """A saved result's headline samples/s; None where it cannot be read (one unreadable result
+    must not stop a prune: the page reads such a run as before, and says what it can)."""
+    try:
+        return result_from_dict(kind, body_json(saved)).headline_samples_per_s
+    except (ValueError, KeyError, TypeError, zlib.error):
+        return None
 
 
 def use_wal(conn: sqlite3.Connection, patience_s: float = 10.0) -> None:
