@@ -30,8 +30,8 @@ class BatchLog:
         object.__setattr__(self, "rows", tuple(self.rows))
         object.__setattr__(self, "windows", tuple(self.windows))
         object.__setattr__(self, "holding", holders(self.rows, self.windows))
-        object.__setattr__(self, "loose", list(self.rows) if not self.windows else [
-            row for row, held in zip(self.rows, self.holding) if held is None])
+        object.__setattr__(self, "loose", [row for row, held in zip(self.rows, self.holding)
+                                           if held is None])
 
     @property
     def batches(self) -> int:

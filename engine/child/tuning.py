@@ -24,8 +24,7 @@ from dataloader_tuner.errors import RunError
 from dataloader_tuner.tune import claim, plan
 from dataloader_tuner.child import claiming
 from dataloader_tuner.child.companions import Companions
-from dataloader_tuner.record.cards import dataset_length
-from dataloader_tuner.record.cards import Consumer
+from dataloader_tuner.record.cards import Consumer, dataset_length
 from dataloader_tuner.analyse.ceiling import (BatchCost, cached_prediction, measured_row,
                                               threaded_prediction, threads_change, threads_for)
 from dataloader_tuner.analyse.fixes import ceiling_fields

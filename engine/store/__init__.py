@@ -261,8 +261,7 @@ class RunStore:
             return None
         system = json.loads(row["system_json"]) if row["system_json"] else None
         return self._stored_run(
-            row, headline=row["samples_per_s"],
-            config=json.loads(row["config_json"]) if row["config_json"] else None,
+            row, config=json.loads(row["config_json"]) if row["config_json"] else None,
             dataset=(DatasetCard.from_dict(json.loads(row["dataset_json"]))
                      if row["dataset_json"] else None),
             system=SystemSnapshot.from_dict(system) if system else None)
