@@ -10,8 +10,12 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 from dataloader_tuner import RunStore, watch
+from dataloader_tuner.protocol import RunRequest
+from dataloader_tuner.run.runner import RunHandle, RunState
 from dataloader_tuner.store import retention, schema
 
+from .conftest import dataset_path
+from .replay import replayed_starter
 from .test_cli import cli
 
 
@@ -156,6 +160,22 @@ def test_a_watched_run_keeps_the_history_within_its_limits_as_it_starts(db_path,
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0  # given back
     assert retention.file_bytes(db_path) < size_before
+
+
+def test_an_engine_run_keeps_the_history_within_its_limits_as_it_starts(db_path, monkeypatch):
+    """A profile or a tune (the CLI's, the dashboard's) keeps the limits as a watched run does,
+    beside its reader: the runs past the age limit are gone by its end, it is kept."""
+    old, recent = _watched_runs(db_path, 2, batches=8)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET ended_at = ? WHERE id = ?",
+                     (time.time() - 40 * retention.DAY_S, old))
+    monkeypatch.setenv(retention.MAX_DAYS_ENV, "30")
+    request = RunRequest(dataset_path("small_map.py"), settings={"num_workers": 2},
+                         seconds=2.0, step_ms=2.0)  # as recorded (tests/replay.py)
+    with RunHandle(request, RunStore(db_path), starter=replayed_starter()) as handle:
+        assert handle.wait(30) == RunState.FINISHED
+    assert {run.id for run in RunStore(db_path).list_runs()} == {recent, handle.run_id}
+    assert set(_rows(db_path, old).values()) == {0} and _intact(db_path)
 
 
 def test_keeping_within_the_size_deletes_the_oldest_runs_in_one_pass(db_path):

@@ -31,7 +31,7 @@ from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.protocol import RunRequest
 from dataloader_tuner.record.folding import Thinner
 from dataloader_tuner.record.windows import BatchWindow
-from dataloader_tuner.store import RunStore
+from dataloader_tuner.store import RunStore, retention
 
 
 STOP_GRACE_S = 1.2  # child's own clean stop; then its process group is killed
@@ -180,10 +180,9 @@ class RunHandle:
             raise RuntimeError("run already started")
         self.started_at = time.monotonic()
         if self.store is not None:
-            self.run_id = self.store.create_run(
-                kind=self.request.kind, target=self.request.target,
-                config=self.request.settings, label=self.request.label,
-            )
+            self.run_id = self.store.create_run(kind=self.request.kind, target=self.request.target,
+                                                config=self.request.settings,
+                                                label=self.request.label)
         self._proc, read_fd = (self.starter or child_starter)(self.request, self._log)
         self._reader = threading.Thread(target=self._read_events, args=(read_fd,), daemon=True)
         self._reader.start()
@@ -242,6 +241,11 @@ class RunHandle:
     # -- the reader thread -----------------------------------------------------------------
 
     def _read_events(self, fd: int) -> None:
+        # the history's limits kept beside the reader: a prune here would fill the child's pipe
+        pruner = threading.Thread(target=retention.keep_within_or_say, daemon=True,
+                                  args=(self.store.path,)) if self.store is not None else None
+        if pruner is not None:
+            pruner.start()
         try:
             self._pump(fd)
         except Exception as exc:  # noqa: BLE001 - a bug here must still end the run cleanly
@@ -253,6 +257,8 @@ class RunHandle:
             self._kill_group()
         finally:
             os.close(fd)
+            if pruner is not None:
+                pruner.join()
             self._finish()
 
     def _pump(self, fd: int) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 import threading
 from dataclasses import replace
 from typing import Protocol, Sequence
@@ -76,11 +75,7 @@ class HistorySink:
         self.store.record_events(self.run_id, events, heartbeat=True)  # all or nothing
         if not self.within_limits:  # on this writer thread, never the job's (retention.py)
             self.within_limits = True
-            try:
-                retention.keep_within(self.where)
-            except (sqlite3.Error, ValueError) as exc:  # a bad limit, a busy file: said once
-                print(f"[dataloader-tuner] the history's limits were not kept: {exc}",
-                      file=sys.stderr)
+            retention.keep_within_or_say(self.where)
         if self.stacks is not None:
             with self._stacks_lock:
                 for event in events:

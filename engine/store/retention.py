@@ -21,8 +21,10 @@ NOTE [ Keeping the history within its limits ]
     kept in memory and written at the next flush); a failure leaves the file as it was.
 
     While jobs write, the limits hold without anyone pruning: each watched run's writer
-    thread, at its first flush, deletes what is past them (``keep_within``: one pass, the
-    runs whose rows weigh the excess, never the training thread's time), and gives the space
+    thread, at its first flush, and each engine run's (a profile, a tune, from the CLI or the
+    dashboard), as it starts, beside the run's reader, delete what is past them
+    (``keep_within``: one pass, the runs whose rows weigh the excess, never the training
+    thread's time nor the engine child's pipe), and give the space
     back a few MB at a time by ``incremental_vacuum``, which needs a file made with
     ``auto_vacuum=INCREMENTAL``: every new history is (schema.py), an older one once
     ``runs --prune`` has rewritten it; until then its freed pages are reused by new rows, so
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass
@@ -337,6 +340,16 @@ def keep_within(path: str, limits: Limits | None = None,
         if doomed:
             _give_back_in_steps(conn)
     return tuple(doomed)
+
+
+def keep_within_or_say(path: str) -> tuple[int, ...]:
+    """``keep_within`` from a run's writer: a bad limit or a busy file said on stderr, never
+    raised (the run is written all the same). The runs deleted."""
+    try:
+        return keep_within(path)
+    except (sqlite3.Error, ValueError) as exc:
+        print(f"[dataloader-tuner] the history's limits were not kept: {exc}", file=sys.stderr)
+        return ()
 
 
 def _env_float(name: str, default: float) -> float:
