@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import streamlit as st
 
-from dataloader_tuner import ConfigError, settings_file
+from dataloader_tuner import ConfigError
 from dataloader_tuner.ui import (DEFAULT_BATCH_SIZE, DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS,
                                  DEFAULT_SECONDS, DEFAULT_TIMEOUT_S, BatchLog, Inspection,
-                                 RunHandle, check_claim, shm_check, speedup_text)
+                                 RunHandle, shm_check)
 
-from . import charts, views
+from . import views
 from .jobs import (Jobs, controls_from_settings, live_view, request_from_controls,
                    settings_from_controls, tune_request,
                    verification_requests)
 from .shared import get_jobs
+from .tune_views import applied_block, recommendation_block, tune_progress
 
 DEMO_TARGET = "dataloader_tuner.demo"  # ships with the package: the page opens on it anywhere
 AUTOSTART_ENV = "DLTUNER_AUTOSTART"  # "0": do not start the demo run on first open (tests)
@@ -211,128 +211,6 @@ def _autostart(jobs: Jobs, info: Inspection) -> None:
         _start(jobs)
 
 
-def _applied_block(jobs: Jobs) -> None:
-    verification = jobs.verification
-    if jobs.applied is None or verification is None:
-        return
-    result = verification.result()
-    if verification.state == "running":
-        st.info(f"**Applied.** Verifying: measuring the old and the new settings, run "
-                f"{len(verification.runs)} of {verification.total_runs} (A B A B).", icon="⏱️")
-        return
-    if verification.state == "error":
-        views.error_card({"message": f"Applied, but verification failed: {verification.error}"})
-        return
-    if verification.state == "stopped":
-        st.warning("**Applied**, but the verification was stopped before it finished.")
-        return
-    before, after = result.before, result.after
-    speedup = result.speedup
-    st.caption(f"Applied to `{jobs.applied['target']}`: "
-               + ", ".join(f"{k}={v!r}" for k, v in jobs.applied["after"].items()))
-    if before.config == after.config:
-        st.caption("The recommended settings are the ones you already had: this measures the "
-                   "run-to-run noise of this machine.")
-    idle = ""
-    if before.consumer_idle_frac is not None and after.consumer_idle_frac is not None:
-        idle = (f" Consumer idle {before.consumer_idle_frac * 100:.1f} % before, "
-                f"{after.consumer_idle_frac * 100:.1f} % after.")
-    st.success(f"**Applied.** Measured {views.fmt(after.samples_per_s)} samples/s with the new "
-               f"settings vs {views.fmt(before.samples_per_s)} before: "
-               f"**{views.fmt(speedup, '.2f', 'x')}** (median of {result.rounds} runs each, "
-               f"interleaved).{idle}", icon="✅")
-    tuned = (jobs.tune_result(jobs.tune) if jobs.tune is not None and jobs.tune.state.done
-             else None)
-    verdict = check_claim(tuned.baseline if tuned is not None else None, speedup)
-    if verdict:
-        st.caption(verdict)
-    cols = st.columns(2)
-    for col, (arm, data) in zip(cols, (("before", before), ("after", after))):
-        arm_idle = data.consumer_idle_frac
-        col.markdown(f"**{arm.capitalize()}**: `{data.snippet}`")
-        col.metric(f"{arm}: samples/s", views.fmt(data.samples_per_s))
-        col.caption("rounds: " + ", ".join(f"{r:.1f}" for r in data.samples_per_s_rounds)
-                    + ("" if arm_idle is None else f"; consumer idle {arm_idle * 100:.1f} %")
-                    + f"; saved as runs {', '.join(map(str, data.run_ids))}")
-    runs = [(f"{arm} (run {h.run_id})", list(h.live.batches)) for arm, h in verification.runs[-2:]]
-    st.plotly_chart(charts.compare_throughput_figure(
-        runs, [h.live.windows for _, h in verification.runs[-2:]]), key="applied-compare")
-
-
-def _recommendation_block(jobs: Jobs) -> None:
-    tune = jobs.tune
-    if tune is None or not tune.state.done:
-        return
-    tuned = jobs.tune_result(tune)
-    st.subheader("Recommendation")
-    if tuned.failed:
-        views.error_card(tuned.error or {"message": "The tune failed."}, tune.output_tail())
-        return
-    if not tuned.recommended:
-        st.warning("Tuning was stopped before it reached a recommendation.")
-        return
-    rec = tuned.recommended
-    st.plotly_chart(charts.tune_figure([t.to_dict() for t in tuned.trials],
-                                       rec.get("num_workers")),
-                    key="tune-final")
-    base = tuned.baseline or {}
-    noise = tuned.uncertainty_pct
-    with st.container(border=True):
-        st.markdown(
-            f"**Expected {views.fmt(tuned.expected_samples_per_s)} samples/s**"
-            + (f" (±{noise:.0f} %)" if noise is not None else "")
-            + (f": **{speedup_text(base)}** over {base.get('source')} "
-               f"({views.fmt(base.get('samples_per_s'))} samples/s measured)"
-               if base.get("speedup") else ""))
-        if base.get("speedup") is None and base.get("speedup_note"):
-            st.caption(f"Baseline ({base.get('source')}): "
-                       f"{views.fmt(base.get('samples_per_s'))} samples/s; "
-                       f"{base['speedup_note']}.")
-        elif base.get("claimed_from"):
-            st.caption(f"Claimed from {base['claimed_from']}, so a store or page cache that "
-                       "warmed while tuning cannot inflate it.")
-        st.code(tuned.snippet, language="python")
-        for reason in tuned.reasons:
-            st.markdown(f"- {reason}")
-        views.warnings_list(tuned.warnings)
-        views.ceiling_view(tuned.ceiling, tuned.what_if, tuned.fixes, key="tune")
-        if tuned.stacks:  # (none where the trials' work was too quick to be seen)
-            with st.expander("Where the trials' time went"):
-                views.where_time_goes(tuned.stacks, key="tune",
-                                      name=f"tune of {tune.request.target}, all trials")
-        left, right = st.columns(2)
-        left.button("Apply recommended settings", type="primary", on_click=_apply,
-                    args=(jobs, rec), disabled=jobs.busy())
-        right.download_button("Download settings file",
-                              json.dumps(settings_file(tuned), indent=2),
-                              file_name="dataloader_settings.json", mime="application/json")
-    announced, floor = tuned.announced(), tuned.against_floor()
-    st.caption(f"Tuned in {tuned.tuning_seconds:.1f} s with {len(tuned.trials)} measured trials"
-               + (f" (announced as it started: {announced})" if announced else "")
-               + (f", {floor}" if floor else "")
-               + ". Load the file with `dataloader_tuner.load_settings(path, worker_init_fn=<yours, if any>)`.")
-
-
-def _tune_progress(tune: RunHandle) -> None:
-    plan = tune.live.plan
-    elapsed = time.monotonic() - (tune.started_at or time.monotonic())
-    trials = [t.to_dict() for t in tune.live.trials]
-    last = tune.live.trials[-1] if trials else None
-    # the plan's estimate, or the user's limit where that ends it first (a plan that waits
-    # for the probes says no estimate yet: NOTE [ Said after the probes ], tune/plan.py)
-    expected = (min(plan.estimated_s, plan.budget_s or plan.estimated_s)
-                if plan is not None and not plan.probing else tune.request.budget_s)
-    of = f" of about {expected:.0f} s" if expected else ""
-    text = (f"Tuning: {len(trials)} trials measured, {elapsed:.0f} s{of}"
-            + (f"; last: num_workers={last.num_workers} gave "
-               f"{views.fmt(last.samples_per_s)} samples/s" if last else "; loading the dataset"))
-    if plan is not None:
-        st.caption(f"The plan: {plan.text()}.")
-    st.progress(min(elapsed / max(expected or elapsed * 2, 1.0), 0.99), text=text)
-    if trials:
-        st.plotly_chart(charts.tune_figure(trials), key="tune-live")
-
-
 def _run_view(jobs: Jobs, handle: RunHandle) -> None:
     state = handle.state
     result = jobs.profile_result(handle)
@@ -378,7 +256,7 @@ def _live_view(jobs: Jobs) -> None:
         st.caption(f"Verification run {len(jobs.verification.runs)} of "
                    f"{jobs.verification.total_runs}")
     if jobs.tune is not None and not jobs.tune.state.done:
-        _tune_progress(jobs.tune)
+        tune_progress(jobs.tune)
         return
     if jobs.run is None:
         st.info("No run yet. Press **Start** to run the loader with the settings on the left.")
@@ -413,8 +291,8 @@ def render() -> None:
     cols[0].button("Start", type="primary", on_click=_start, args=(jobs,), disabled=not ready)
     cols[1].button("Stop", on_click=_stop, args=(jobs,), disabled=not busy)
     cols[2].button("Tune", on_click=_tune, args=(jobs,), disabled=not ready)
-    _applied_block(jobs)
-    _recommendation_block(jobs)
+    applied_block(jobs)
+    recommendation_block(jobs, _apply)
     st.subheader("Live view")
     st.fragment(_live_view, run_every=REFRESH_S if busy else None)(jobs)
     if not busy:

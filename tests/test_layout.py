@@ -242,8 +242,6 @@ LONGER_MODULES = {
     # watch() and the watched loader: one object wiring the probes, the recorder, the checks,
     # tuning in place and the shutdown, each of which lives in the watcher's other modules
     "dataloader_tuner.watcher.loader": 420,
-    # the Live page: its controls, the run and the tune's views in Streamlit's drawing order
-    "dataloader_tuner.dashboard.live_page": 430,
     # what runs in the user's workers on every batch (the timed dataset, sampler and collate)
     # over state they share across a fork: two NOTEs of why
     "dataloader_tuner.instrument.probes": 470,
