@@ -17,7 +17,9 @@ in turns of a quarter-second flush each, as jobs writing at once do.
     ../shared/tools/capped 8 -- python bench/history_scale.py pages --runs 10000 --rows 50000000
     ../shared/tools/capped 8 -- python bench/history_scale.py long --rows 1700000
 
-- ``long``: one watched job of ``--rows`` rows (a day at 20 batches a second), its page.
+- ``long``: one watched job of ``--rows`` rows (a day at 20 batches a second), its page, and a
+  refresh of its page's reads as if it were still running: the whole run read again, against
+  following it (run/live.py, ``Followed``).
 """
 
 from __future__ import annotations
@@ -237,6 +239,40 @@ def long_run(templates: list[Template], folder: str, rows: int) -> None:
     shown, chosen = _render("from dataloader_tuner.dashboard import watched_page\n"
                             "watched_page.render()\n", ("watched_run", first))
     print(f"Training jobs {shown:.2f} s; the long run chosen {chosen:.2f} s")
+    _followed(db, first)
+
+
+def _followed(db: str, run_id: int) -> None:
+    """The long run as its page reads it at each refresh while it runs: all its events and
+    resource samples again (``LiveRun.stored``), or only those since the last (``Followed``),
+    in turn, three times each."""
+    from dataloader_tuner import RunStore
+    from dataloader_tuner.dashboard.watched_page import LIVE_WINDOW_BATCHES
+    from dataloader_tuner.run.live import Followed, LiveRun
+    import sqlite3
+    store = RunStore(db)
+    with sqlite3.connect(db) as conn:
+        events = conn.execute("SELECT COUNT(*) FROM run_events WHERE run_id = ?",
+                              (run_id,)).fetchone()[0]
+    followed = Followed(store, run_id, LIVE_WINDOW_BATCHES)
+    started = time.perf_counter()
+    followed.refresh()
+    first = time.perf_counter() - started
+    whole, since, figures = [], [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES)
+        whole.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        live = followed.refresh()
+        since.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        live.profile_result("ok")  # what the page then makes of it, either way
+        figures.append(time.perf_counter() - started)
+    print(f"a running run's refresh ({events:,} events): all of it read again "
+          f"{min(whole):.3f}-{max(whole):.3f} s; followed {min(since):.3f}-{max(since):.3f} s "
+          f"(its first read {first:.3f} s); its figures then {min(figures):.3f}-"
+          f"{max(figures):.3f} s")
 
 
 def main() -> None:

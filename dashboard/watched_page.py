@@ -9,8 +9,8 @@ import time
 import streamlit as st
 
 from dataloader_tuner import ProfileResult, RunStore, StoredRun
-from dataloader_tuner.ui import (InPlaceDecision, LiveRun, TrialRecord, settle_dead_runs,
-                                 spends_most_in)
+from dataloader_tuner.ui import (Followed, InPlaceDecision, LiveRun, TrialRecord,
+                                 settle_dead_runs, spends_most_in)
 
 from . import job_board, views
 from .shared import get_jobs
@@ -44,6 +44,15 @@ def _ended(store: RunStore, run_id: int, status: str, ended_at: float | None,
     return LiveRun.stored(store, run_id, ENDED_BATCHES_SHOWN, stacks=False)
 
 
+def _running(store: RunStore, run_id: int) -> LiveRun:
+    """A running run, followed across this tab's refreshes: each reads what was written since
+    the last (``Followed``), not all its sampled stacks and resource samples again."""
+    followed = st.session_state.get("followed_run")
+    if followed is None or followed.run_id != run_id or followed.store is not store:
+        followed = st.session_state.followed_run = Followed(store, run_id, LIVE_WINDOW_BATCHES)
+    return followed.refresh()
+
+
 def _run_view(run_id: int) -> None:
     """One watched run, re-read from the history on each refresh while it is running."""
     store = get_jobs().store
@@ -52,7 +61,7 @@ def _run_view(run_id: int) -> None:
         st.warning(f"Run {run_id} is no longer in the history.")
         return
     running = run.status == "running"
-    live = (LiveRun.stored(store, run_id, LIVE_WINDOW_BATCHES) if running
+    live = (_running(store, run_id) if running
             else _ended(store, run_id, run.status, run.ended_at,
                         saved=isinstance(run.result, ProfileResult)))
     result = run.result if isinstance(run.result, ProfileResult) else live.profile_result(

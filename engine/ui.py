@@ -20,7 +20,7 @@ from dataloader_tuner.protocol import (DEFAULT_BUDGET_S, DEFAULT_MAX_WORKERS, DE
 from dataloader_tuner.record.rows import BatchRecord, timed
 from dataloader_tuner.record.trials import InPlaceDecision, TrialRecord
 from dataloader_tuner.record.windows import BatchWindow, latest_stretch
-from dataloader_tuner.run.live import LiveRun
+from dataloader_tuner.run.live import Followed, LiveRun
 from dataloader_tuner.run.inspection import Inspection, inspect_target
 from dataloader_tuner.run.runner import RunHandle
 from dataloader_tuner.run.settle import settle_dead_runs
@@ -38,8 +38,8 @@ __all__ = [
     # the dashboard's token
     "TOKEN_ENV", "NO_TOKEN_ENV", "TOKEN_QUERY", "new_token", "tokens_match", "dashboard_url",
     # starting and following runs from the Live page
-    "Inspection", "RunHandle", "inspect_target", "LiveRun", "Verification", "check_claim",
-    "settle_dead_runs", "HistoryLimits", "history_size_text", "HISTORY_MAX_GB_ENV",
+    "Inspection", "RunHandle", "inspect_target", "LiveRun", "Followed", "Verification",
+    "check_claim", "settle_dead_runs", "HistoryLimits", "history_size_text", "HISTORY_MAX_GB_ENV",
     "save_history_limits", "saved_history_limits", "history_limits_in_env",
     "DEFAULT_SECONDS", "DEFAULT_TIMEOUT_S", "DEFAULT_BUDGET_S", "DEFAULT_MAX_WORKERS",
     "DEFAULT_BATCH_SIZE",

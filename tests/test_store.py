@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from dataloader_tuner import protocol
 from dataloader_tuner.run.runner import RunHandle, RunRequest, RunState
@@ -145,3 +146,67 @@ def test_many_rows_are_written_in_few_statements_and_late_timings_find_their_row
     assert (got[1999].h2d_ms, got[1999].h2d_other_ms) == (1.5, 0.75)
     assert [r.to_row() for r in store.batches(other)] == [  # the other run's alone
         to_the_microsecond(r) for r in rows[:10]]
+
+
+class Spins(torch.utils.data.Dataset):
+    """~2 ms of Python a sample: stacks worth sampling, in 2 workers."""
+
+    def __len__(self):
+        return 600
+
+    def __getitem__(self, index):
+        until = time.perf_counter() + 0.002
+        while time.perf_counter() < until:
+            pass
+        return index
+
+
+def test_a_running_run_followed_reads_each_event_once_and_shows_what_a_whole_read_shows(
+        tmp_path):
+    """The Training jobs page follows a running job (run/live.py, ``Followed``): each refresh
+    reads only what was written since the last, and shows what reading the whole run shows."""
+    from torch.utils.data import DataLoader
+
+    from dataloader_tuner import watch
+    from dataloader_tuner.run.live import Followed, LiveRun
+
+    source = str(tmp_path / "source.sqlite")
+    watched = watch(DataLoader(Spins(), batch_size=4, num_workers=2), name="job", db=source)
+    for _batch in watched:
+        pass
+    watched.close()
+    written = RunStore(source)
+    events = [e for e in written.events(watched.run_id) if not isinstance(e, protocol.Finished)]
+    assert any(isinstance(e, protocol.Profiled) for e in events)  # stacks to be followed
+    rows = [b.to_row() for b in written.batches(watched.run_id)]
+    by_t: dict[float, list[dict]] = {}
+    for row in written.resources(watched.run_id):
+        by_t.setdefault(row["t"], []).append(row)
+    samples = [protocol.Resources(t, procs) for t, procs in sorted(by_t.items())]
+
+    store = RunStore(str(tmp_path / "followed.sqlite"))  # the job's events written again, in turns
+    run_id = store.create_run("watch", "job.py", {})
+    followed = Followed(store, run_id, last_batches=50)
+    read = []
+    real_events_after = store.events_after
+    store.events_after = lambda run, after: _counted(real_events_after(run, after), read)
+    turns = 4
+    for turn in range(turns):
+        part = slice(turn * len(events) // turns, (turn + 1) * len(events) // turns)
+        store.record_events(run_id, [
+            protocol.Batches(rows[turn * len(rows) // turns:(turn + 1) * len(rows) // turns]),
+            *samples[turn * len(samples) // turns:(turn + 1) * len(samples) // turns],
+            *events[part]], heartbeat=True)
+        live, whole = followed.refresh(), LiveRun.stored(store, run_id, 50)
+        assert len(read[-1]) == part.stop - part.start  # only the new ones
+        assert live.batches == whole.batches and live.resources == whole.resources
+        assert live.elapsed_s == whole.elapsed_s and live.warmup_batches == whole.warmup_batches
+        assert live.stacks.merged() == whole.stacks.merged() and live.probes == whole.probes
+        assert live.profile_result("ok").to_dict() == whole.profile_result("ok").to_dict()
+    assert followed.refresh() is followed.live and read[-1] == []  # nothing new: nothing read
+    assert sum(map(len, read)) == len(events)
+
+
+def _counted(found, read):
+    read.append(found[0])
+    return found

@@ -168,20 +168,25 @@ class LiveRun:
         live = cls(run.target if run is not None else "")
         for event in store.events(run_id, but=None if stacks else protocol.Profiled.kind):
             live.apply(event)
+        live.resources = store.resources(run_id)
+        live.read_rows(store, run_id, last_batches)
+        return live
+
+    def read_rows(self, store: "RunStore", run_id: int, last_batches: int | None) -> None:
+        """Its batch rows and windows as the history has them now (the ``last_batches`` most
+        recent, if given), in place of those it held."""
         batches = store.batches(run_id, last_batches)
         windows = store.windows(run_id, batches[0].seq if batches else 0)
         if last_batches is not None and batches and batches[0].seq > 0:
-            live.warmup_batches = 1
+            self.warmup_batches = 1
             batches, windows = latest_stretch(batches, windows)
-        live.batches, live.windows = batches, windows
-        live.resources = store.resources(run_id)
+        self.batches, self.windows = batches, windows
         if batches:
-            live.elapsed_s = max(live.elapsed_s, batches[-1].t_ready + batches[-1].step_s)
-        if live.windows:
-            live.elapsed_s = max(live.elapsed_s, live.windows[-1].t_end)
-        if live.resources:
-            live.elapsed_s = max(live.elapsed_s, live.resources[-1]["t"])
-        return live
+            self.elapsed_s = max(self.elapsed_s, batches[-1].t_ready + batches[-1].step_s)
+        if windows:
+            self.elapsed_s = max(self.elapsed_s, windows[-1].t_end)
+        if self.resources:
+            self.elapsed_s = max(self.elapsed_s, self.resources[-1]["t"])
 
     def batches_seen(self) -> int:
         """Batches the run has made so far (its rows may be a sample: record/windows.py)."""
@@ -216,3 +221,27 @@ class LiveRun:
     def result(self, status: str) -> "Result":
         """Either, by the run's kind: for what shows any run (the history, the pages)."""
         return self.tune_result(status) if self.mode == "tune" else self.profile_result(status)
+
+
+class Followed:
+    """A run another process is writing (a watched job), followed across a page's refreshes:
+    each reads the events and resource samples written since the last, where
+    ``LiveRun.stored`` reads them all (a job's sampled stacks alone add a few events a
+    second); its latest batch rows are read again each time, as they are few."""
+
+    def __init__(self, store: "RunStore", run_id: int, last_batches: int | None) -> None:
+        self.store, self.run_id, self.last_batches = store, run_id, last_batches
+        run = store.get_run(run_id)
+        self.live = LiveRun(run.target if run is not None else "")
+        self.after = 0  # the number of the last event read
+
+    def refresh(self) -> LiveRun:
+        live = self.live
+        live.batches, live.windows = [], []  # events are applied before the rows, as stored()
+        events, self.after = self.store.events_after(self.run_id, self.after)
+        for event in events:
+            live.apply(event)
+        live.resources += self.store.resources(
+            self.run_id, live.resources[-1]["t"] if live.resources else float("-inf"))
+        live.read_rows(self.store, self.run_id, self.last_batches)
+        return live

@@ -1,6 +1,5 @@
-"""SQLite run history: the only package that speaks SQL (with bulk_sql.py, its bulk writes;
-its tables in schema.py, what each event writes in events.py; keeping it within its limits in
-store/retention.py).
+"""SQLite run history, the only package that speaks SQL (its bulk writes in bulk_sql.py; its
+tables in schema.py, what each event writes in events.py, its limits in store/retention.py).
 
 Each run is written as it goes: the run row when it starts, then every event batch in its own
 transaction (WAL mode, so readers such as the dashboard never block the writer). A killed
@@ -327,10 +326,11 @@ class RunStore:
                 found[run_id] = batches[-last:]
         return found
 
-    def resources(self, run_id: int) -> list[dict]:
+    def resources(self, run_id: int, after_t: float = float("-inf")) -> list[dict]:
+        """The run's resource rows in time order, of the samples after ``after_t``."""
         return [dict(r) for r in self._conn().execute(
-            f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM resources WHERE run_id = ? ORDER BY t",
-            (run_id,))]
+            f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM resources WHERE run_id = ? AND t > ? "
+            "ORDER BY t", (run_id, after_t))]
 
     def rank_reports(self, run_id: int, latest: bool = True,
                      since: float | None = None) -> list[tuple[float, RankSummary]]:
@@ -354,6 +354,12 @@ class RunStore:
         return [protocol.from_wire(body_json(r[0])) for r in self._conn().execute(
             "SELECT body_json FROM run_events WHERE run_id = ? AND (? IS NULL OR kind = ?) "
             "AND (? IS NULL OR kind != ?)", (run_id, kind or None, kind or None, but, but))]
+
+    def events_after(self, run_id: int, after: int) -> tuple[list[protocol.Event], int]:
+        """Its events after the one numbered ``after`` (0: all), and the last one's number."""
+        rows = self._conn().execute("SELECT rowid, body_json FROM run_events WHERE run_id = ? "
+                                    "AND rowid > ? ORDER BY rowid", (run_id, after)).fetchall()
+        return [protocol.from_wire(body_json(r[1])) for r in rows], rows[-1][0] if rows else after
 
     @staticmethod
     def _stored_run(row: sqlite3.Row, **details) -> StoredRun:
