@@ -74,6 +74,17 @@ def collect_before_forking_workers():
 
 
 @pytest.fixture(autouse=True)
+def fresh_batch_timer():
+    """Each test starts as a new process does: no batches made yet. The process's timer
+    otherwise carries earlier tests' batches, and a fast loader's are timed on a sample, so
+    which batch is timed would hang on the tests run before in this process (pytest-xdist hands
+    them out in no fixed order: one read a first batch's figures and found it untimed)."""
+    from dataloader_tuner.instrument import probes
+
+    probes._after_fork()
+
+
+@pytest.fixture(autouse=True)
 def no_process_left_behind():
     """Every test must leave no child, grandchild or unreaped zombie behind.
 

@@ -26,14 +26,6 @@ class WithGetitems(SmallMap):
         return [self[i] for i in indices]
 
 
-@pytest.fixture(autouse=True)
-def fresh_timer():
-    """Each test starts as a new worker process does: no batches made yet (the main process's
-    timer otherwise carries earlier tests' batches, and fast ones are timed on a sample)."""
-    from dataloader_tuner.instrument import probes
-
-    probes._after_fork()
-
 
 def _loader(dataset, **kwargs):
     auto = kwargs.get("batch_size", 1) is not None
