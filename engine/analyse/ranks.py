@@ -281,7 +281,10 @@ def slowest_rank(summaries: Sequence[RankSummary],
     if len(waiting) >= 2:
         starved = max(waiting, key=wait)
         typical = statistics.median(wait(s) for s in waiting if s is not starved)
-        if wait(starved) > typical + STARVED_MARGIN:
+        # (a rank that outpaces the others holds no one back, whatever it waits: ranks in step
+        # at their collectives share one pace; a short step's fetch is a larger part of it)
+        if (wait(starved) > typical + STARVED_MARGIN
+                and rate(starved) < (1 + SLOWER_THAN_MEDIAN) * median):
             return starved.rank, (
                 f"rank {starved.rank} is starved for data: it waits for batches "
                 f"{starved.input_wait_frac:.0%} of its time against {typical:.0%} on the other "
