@@ -151,16 +151,25 @@ def _finals_from_runs(store: RunStore, latest: list[tuple[float, RankSummary]],
                       ranks: list[StoredRun]) -> list[tuple[float, RankSummary]]:
     """Rank 0's last view, a rank's report that was not its final one replaced by its own run
     in this history, where that run has ended (NOTE [ Runs ended without a word ]: Ray Train
-    ends every rank at once, before their final reports reach rank 0)."""
+    ends every rank at once, before their final reports reach rank 0); a rank none of whose
+    reports reached rank 0 (a job shorter than the first report's 2 s) added from it so."""
     ended = {_place(run)["rank"]: run for run in ranks if run.status != "running"}
+    heard = {summary.rank for _, summary in latest}
     partial = [summary.rank for _, summary in latest
                if summary.status == "running" and summary.rank in ended]
-    if not partial:
+    unheard = sorted(set(ended) - heard)
+    if not partial and not unheard:
         return latest
-    recent = _recent(store, [ended[rank].id for rank in partial], RANK_WINDOW_BATCHES)
-    # (received when rank 0 last heard it: the view's end and the others' states stay so)
-    finals = {rank: _own_summary(ended[rank], recent[ended[rank].id]) for rank in partial}
-    return [(at, finals.get(summary.rank, summary)) for at, summary in latest]
+    recent = _recent(store, [ended[rank].id for rank in partial + unheard], RANK_WINDOW_BATCHES)
+    finals = {rank: _own_summary(ended[rank], recent[ended[rank].id])
+              for rank in partial + unheard}
+    # (a report replaced keeps when rank 0 heard it: the view's end and the others' states stay)
+    return ([(at, finals.get(summary.rank, summary)) for at, summary in latest]
+            + [(_ended_at(ended[rank]), finals[rank]) for rank in unheard])
+
+
+def _ended_at(run: StoredRun) -> float:
+    return run.ended_at or run.heartbeat_at or run.started_at
 
 
 def _own_summary(run: StoredRun, recent: tuple[list[BatchRecord], list[BatchWindow]]
@@ -168,7 +177,7 @@ def _own_summary(run: StoredRun, recent: tuple[list[BatchRecord], list[BatchWind
     """A rank's summary from its own run in this history (its ``recent`` rows and windows)."""
     return summary_from_batches(
         run.label or "loader", _place(run), run.host or "", run.pid or 0, run.status,
-        (run.ended_at or run.heartbeat_at or run.started_at) - run.started_at, *recent)
+        _ended_at(run) - run.started_at, *recent)
 
 
 def request_tune(store: RunStore, run: StoredRun) -> list[int]:

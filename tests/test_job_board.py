@@ -6,8 +6,10 @@ import sqlite3
 from dataloader_tuner import RunStore, protocol
 from dataloader_tuner.run.live import LiveRun
 from dataloader_tuner.dashboard import job_board
+from dataloader_tuner.analyse.ranks import RankSummary
 
 from .records import make_batches
+from .test_rank_view import report
 
 
 def _rank(rank: int, job: str = "job-1", world: int = 2) -> dict:
@@ -147,21 +149,23 @@ def test_the_page_opens_on_the_newest_job_s_first_loader(tmp_path):
     assert job_board.read_board(store).shown_first() == other
 
 
+def _two_ranks_ended(store: RunStore) -> tuple[list[int], RankSummary]:
+    """Ranks 0 and 1 of one job, each run ended here with its 40 batches, and rank 0's own
+    final report as it would gather it."""
+    runs = [_watched(store, "train", _rank(rank)) for rank in (0, 1)]
+    for run_id in runs:
+        store.finish_run(run_id, "ok", LiveRun.stored(store, run_id).result("ok"), None)
+    return runs, report(0, status="ok", batches=40, world_size=2, rate=800.0,
+                        wait=LiveRun.stored(store, runs[0]).result("ok").consumer_idle_frac)
+
+
 def test_rank_0_s_last_view_takes_a_rank_s_final_figures_from_its_own_run_here(tmp_path):
     """Ray Train ends every rank at once: rank 0 last heard rank 1 at 20 of its 40 batches,
     starved. Rank 1's own run in this history ended (NOTE [ Runs ended without a word ]):
     its final figures replace that report, and no rank is named from the partial one. A rank
     whose run is not here (another node) keeps its last report, and is not compared."""
-    from dataloader_tuner.analyse.ranks import RankSummary
-
-    from .test_rank_view import report
-
     store = RunStore(str(tmp_path / "runs.sqlite"))
-    runs = [_watched(store, "train", _rank(rank)) for rank in (0, 1)]
-    for run_id in runs:
-        store.finish_run(run_id, "ok", LiveRun.stored(store, run_id).result("ok"), None)
-    rank0 = report(0, status="ok", batches=40, world_size=2, rate=800.0,
-                   wait=LiveRun.stored(store, runs[0]).result("ok").consumer_idle_frac)
+    runs, rank0 = _two_ranks_ended(store)
     partial = report(1, status="running", batches=20, world_size=2, rate=400.0, wait=0.6)
     store.record_rank_reports(runs[0], [(100.0, rank0), (99.0, partial)])
     board = job_board.read_board(store)
@@ -183,3 +187,17 @@ def test_rank_0_s_last_view_takes_a_rank_s_final_figures_from_its_own_run_here(t
     assert "no final report reached it" in shown[1].note
     assert job.view.straggler is None  # (the partial report, compared: "starved")
     assert isinstance(shown[1].summary, RankSummary)
+
+
+def test_a_rank_whose_reports_never_reached_rank_0_is_shown_from_its_own_run_here(tmp_path):
+    """A Ray Train job shorter than the first report's 2 s: rank 0 gathered its own final
+    report only, and Ray ended rank 1 before any of its reports reached rank 0 (CI: the job's
+    view showed one rank of two). Rank 1's run in this history ended with its 40 batches: the
+    view shows it so."""
+    store = RunStore(str(tmp_path / "runs.sqlite"))
+    runs, rank0 = _two_ranks_ended(store)
+    store.record_rank_reports(runs[0], [(100.0, rank0)])
+    (job,) = job_board.job_views(store, job_board.read_board(store))
+    assert "Gathered by rank 0" in job.source
+    assert [(state.summary.rank, state.state, state.summary.batches)
+            for state in job.view.ranks] == [(0, "finished", 40), (1, "finished", 40)]
