@@ -133,7 +133,7 @@ def _gathered(store: RunStore, ranks: list[StoredRun], now: float
             continue
         collecting = gatherer.status == "running"
         if not collecting:
-            latest = _finals_from_runs(store, latest, ranks)
+            latest = _finals_from_runs(store, latest, ranks, gatherer)
         # Once rank 0 has stopped: the job as it last saw it (it gathers after its own end).
         seen_at = now if collecting else max(
             [gatherer.ended_at or gatherer.heartbeat_at or 0.0] + [at for at, _ in latest])
@@ -148,12 +148,19 @@ def _gathered(store: RunStore, ranks: list[StoredRun], now: float
 
 
 def _finals_from_runs(store: RunStore, latest: list[tuple[float, RankSummary]],
-                      ranks: list[StoredRun]) -> list[tuple[float, RankSummary]]:
+                      ranks: list[StoredRun], gatherer: StoredRun
+                      ) -> list[tuple[float, RankSummary]]:
     """Rank 0's last view, a rank's report that was not its final one replaced by its own run
     in this history, where that run has ended (NOTE [ Runs ended without a word ]: Ray Train
     ends every rank at once, before their final reports reach rank 0); a rank none of whose
-    reports reached rank 0 (a job shorter than the first report's 2 s) added from it so."""
-    ended = {_place(run)["rank"]: run for run in ranks if run.status != "running"}
+    reports reached rank 0 (a job shorter than the first report's 2 s) added from it so. Its
+    run: the newest of that rank that ran beside ``gatherer`` (a job restarted under one id
+    has older runs of each rank)."""
+    ended: dict[int, StoredRun] = {}
+    for run in ranks:  # (newest first)
+        if (run.status != "running" and _ended_at(run) >= gatherer.started_at
+                and _place(run)["world_size"] == _place(gatherer)["world_size"]):
+            ended.setdefault(_place(run)["rank"], run)
     heard = {summary.rank for _, summary in latest}
     partial = [summary.rank for _, summary in latest
                if summary.status == "running" and summary.rank in ended]
@@ -163,9 +170,11 @@ def _finals_from_runs(store: RunStore, latest: list[tuple[float, RankSummary]],
     recent = _recent(store, [ended[rank].id for rank in partial + unheard], RANK_WINDOW_BATCHES)
     finals = {rank: _own_summary(ended[rank], recent[ended[rank].id])
               for rank in partial + unheard}
-    # (a report replaced keeps when rank 0 heard it: the view's end and the others' states stay)
+    # Each as of the end of rank 0's view: the view's end and the other ranks' states stay
+    # (one it never heard, ended later than it, would move that end and call them lost).
+    end = max(at for at, _ in latest)
     return ([(at, finals.get(summary.rank, summary)) for at, summary in latest]
-            + [(_ended_at(ended[rank]), finals[rank]) for rank in unheard])
+            + [(end, finals[rank]) for rank in unheard])
 
 
 def _ended_at(run: StoredRun) -> float:

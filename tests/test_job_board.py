@@ -193,8 +193,10 @@ def test_a_rank_whose_reports_never_reached_rank_0_is_shown_from_its_own_run_her
     """A Ray Train job shorter than the first report's 2 s: rank 0 gathered its own final
     report only, and Ray ended rank 1 before any of its reports reached rank 0 (CI: the job's
     view showed one rank of two). Rank 1's run in this history ended with its 40 batches: the
-    view shows it so."""
+    view shows it so, not an earlier attempt's run of rank 1 under the same job id."""
     store = RunStore(str(tmp_path / "runs.sqlite"))
+    earlier = _watched(store, "train", _rank(1), batches=10)
+    store.finish_run(earlier, "error", LiveRun.stored(store, earlier).result("error"), None)
     runs, rank0 = _two_ranks_ended(store)
     store.record_rank_reports(runs[0], [(100.0, rank0)])
     (job,) = job_board.job_views(store, job_board.read_board(store))

@@ -118,6 +118,12 @@ def test_a_rank_that_outpaces_the_others_is_not_named_starved_for_its_short_step
                                                                  step=6.2)]
     rank, why = slowest_rank(ranks)
     assert rank == 1 and "steps are slower" in why, why
+    assert "like theirs" not in why  # (10% against 23%)
+    # Of the ranks that keep pace, the one that waits most: not passed over for the fast one
+    ranks = [report(0, rate=3000.0, wait=0.50), report(1, rate=1000.0, wait=0.45),
+             report(2, rate=2000.0, wait=0.05)]
+    rank, why = slowest_rank(ranks)
+    assert rank == 1 and "starved" in why and "45%" in why, why
 
 
 def test_a_starved_rank_on_a_saturated_node_is_blamed_on_the_node_s_cpus():

@@ -278,13 +278,13 @@ def slowest_rank(summaries: Sequence[RankSummary],
 
     median = statistics.median(rate(s) for s in rated)
     waiting = [s for s in rated if s.input_wait_frac is not None]
-    if len(waiting) >= 2:
-        starved = max(waiting, key=wait)
+    # (a rank that outpaces the others holds no one back, whatever it waits: ranks in step at
+    # their collectives share one pace; a short step's fetch is a larger part of it)
+    keeping_pace = [s for s in waiting if rate(s) < (1 + SLOWER_THAN_MEDIAN) * median]
+    if len(waiting) >= 2 and keeping_pace:
+        starved = max(keeping_pace, key=wait)
         typical = statistics.median(wait(s) for s in waiting if s is not starved)
-        # (a rank that outpaces the others holds no one back, whatever it waits: ranks in step
-        # at their collectives share one pace; a short step's fetch is a larger part of it)
-        if (wait(starved) > typical + STARVED_MARGIN
-                and rate(starved) < (1 + SLOWER_THAN_MEDIAN) * median):
+        if wait(starved) > typical + STARVED_MARGIN:
             return starved.rank, (
                 f"rank {starved.rank} is starved for data: it waits for batches "
                 f"{starved.input_wait_frac:.0%} of its time against {typical:.0%} on the other "
@@ -297,9 +297,12 @@ def slowest_rank(summaries: Sequence[RankSummary],
     pace = f"{slowest.samples_per_s:.0f} samples/s against a median of {median:.0f}"
     steps = [s.step_ms for s in rated if s is not slowest and s.step_ms is not None]
     if slowest.step_ms is not None and steps:
+        others = [wait(s) for s in waiting if s is not slowest]
+        alike = (slowest in waiting and others
+                 and abs(wait(slowest) - statistics.median(others)) <= STARVED_MARGIN)
         return slowest.rank, (f"rank {slowest.rank}'s steps are slower: {slowest.step_ms:.1f} ms "
                               f"against {statistics.median(steps):.1f} ms on the other ranks "
-                              f"({pace}); its input wait is like theirs.")
+                              f"({pace})" + ("; its input wait is like theirs." if alike else "."))
     return slowest.rank, f"rank {slowest.rank} is the slowest ({pace})."
 
 

@@ -319,7 +319,11 @@ def _signal_main_thread(signum: int) -> None:
     another thread (this one, the watchdog's): Python's handler then waits for the main thread's
     next bytecode, and a main thread blocked in a lock's wait (a dataset's ``Event.wait()``)
     sleeps on. 1 hang in 12 was so reported only at the parent's SIGTERM, 40 s later."""
-    signal.pthread_kill(threading.main_thread().ident or 0, signum)
+    main = threading.main_thread().ident
+    if main is None:  # (not started: never so in a running child)
+        os.kill(os.getpid(), signum)
+    else:
+        signal.pthread_kill(main, signum)
 
 
 def calm_signals() -> None:
