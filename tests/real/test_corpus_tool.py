@@ -21,7 +21,10 @@ from tests.real import plain_loop
 
 pytestmark = pytest.mark.slow
 CODES = ("worker_memory_growth", "skewed_labels")
-SECONDS = {"copy_on_read_leak": 20.0, "copy_on_read_fixed": 12.0, "memmap_store": 12.0,
+# (copy_on_read_leak's workers, 350 MB each, are read every ~3.5 s in turn within the budget
+# for reading memory, resources.py: 20 s gave each exactly the 5 reads growth is judged on
+# here, one fewer in CI)
+SECONDS = {"copy_on_read_leak": 30.0, "copy_on_read_fixed": 12.0, "memmap_store": 12.0,
            "imagenet_like": 12.0, "audio_mel": 10.0, "cpu_mlp": 6.0}
 
 
