@@ -341,6 +341,27 @@ def test_resource_sampler_reads_worker_private_memory_every_few_seconds(allocato
     assert after["uss_mb"] - before["uss_mb"] > 45 and after["dirty_mb"] - before["dirty_mb"] > 45
 
 
+@pytest.mark.parametrize("share", [ResourceSampler.USS_MAX_CPU_SHARE,
+                                   ResourceSampler.ENGINE_USS_CPU_SHARE])
+def test_the_next_memory_read_waits_for_its_cost_over_the_share_given(allocator, monkeypatch,
+                                                                       share):
+    """A watched job's reads keep within 1% of a core; the engine's own profile, a process of
+    ours, may take more, so a default profile reads big workers often enough to judge."""
+    def walk(pid):
+        started = time.thread_time()
+        while time.thread_time() - started < 0.004:  # 4 ms of our CPU, as a walk costs
+            pass
+        return {"uss_mb": 1.0, "pss_mb": 1.0, "dirty_mb": 1.0}
+    monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk))
+    monkeypatch.setattr(ResourceSampler, "USS_MIN_AGE_S", 0.0)
+    sampler = ResourceSampler({allocator.pid: 0}, share)
+    before = time.monotonic()  # (the read is at or after it: a preemption cannot shorten this)
+    assert _row(sampler.sample(0.0), allocator.pid)["dirty_mb"] == 1.0
+    pause = sampler.uss_gate - before
+    # (a loaded VM's CPU clock also counts what was stolen from it: up to ~1.3x, CI)
+    assert 0.004 / share * 0.8 <= pause <= 0.004 / share * 1.6, pause
+
+
 @pytest.mark.slow  # real workers read in turns
 def test_workers_private_memory_reads_share_one_cpu_budget_in_turns(monkeypatch):
     """Each read walks a worker's page tables (6-12 ms on a Lightning job's workers): one

@@ -68,14 +68,21 @@ class ResourceSampler:
     # Reading /proc/PID/smaps_rollup walks the page tables: milliseconds on a big process (6-12
     # ms for a worker of a Lightning job: 2-3% of a core where each worker was read on sight).
     USS_EVERY_S = 2.0  # so each worker's is read this often at most, one worker a sample,
-    USS_MAX_CPU_SHARE = 0.01  # all workers' together within 1% of a core, in turns;
+    USS_MAX_CPU_SHARE = 0.01  # all workers' together within 1% of a core, in turns, in a
+    # watched job (the user's process). The engine's own profile runs in a process of ours and
+    # may spend more: at 1%, 350 MB workers (15-20 ms a read) were read every ~3.5 s each, too
+    # few reads in a default 15 s profile to judge a copy-on-read leak by (memory_growth.py)
+    ENGINE_USS_CPU_SHARE = 0.05
     USS_MIN_AGE_S = 2.0  # a worker is first read this long after it was first seen: one that
     # ends sooner (an epoch's workers restarting) has no growth to judge (analyse/pitfalls.py
     # counts a worker's warm-up from its first row, read or not)
     PRIVATE_KEYS = ("uss_mb", "pss_mb", "dirty_mb")
 
-    def __init__(self, worker_ids: dict[int, int]) -> None:
+    def __init__(self, worker_ids: dict[int, int], uss_cpu_share: float = USS_MAX_CPU_SHARE
+                 ) -> None:
+        """``uss_cpu_share``: of a core, what reading the workers' private memory may take."""
         self.me = psutil.Process()
+        self.uss_cpu_share = uss_cpu_share
         self.worker_ids = worker_ids  # pid -> DataLoader worker id, filled as batches arrive
         self.known: dict[int, psutil.Process] = {self.me.pid: self.me}
         self.uss_due: dict[int, float] = {}  # pid -> when its next USS reading is due
@@ -194,7 +201,7 @@ class ResourceSampler:
         found = self._smaps_rollup(pid) or self._psutil_private(proc)
         cost = time.thread_time() - start
         self.uss_due[pid] = now + self.USS_EVERY_S
-        self.uss_gate = now + cost / self.USS_MAX_CPU_SHARE
+        self.uss_gate = now + cost / self.uss_cpu_share
         return found
 
     @staticmethod

@@ -52,16 +52,18 @@ class Wakes:
 
 class Recorder:
     def __init__(self, sink: Sink, t0: float, gaps: GapEvents | None = None,
-                 own_workers_only: bool = False, keep_recent: bool = False,
+                 in_job: bool = False, keep_recent: bool = False,
                  windows_after: int | None = None) -> None:
-        """``own_workers_only``: resource samples keep the main process and the workers this
-        loader's batches came from (a training job's other children belong to other runs);
+        """``in_job``: this process is a user's training job, not the engine's own: resource
+        samples keep the main process and the workers this loader's batches came from (the
+        job's other children belong to other runs), and reading the workers' private memory
+        keeps to a watched job's share of a core (resources.py);
         ``keep_recent``: the last RECENT_ROWS rows written stay in ``recent`` (a rank's
         report to its job is figured from them); ``windows_after``: fast batches numbered
         from this on are written in windows (NOTE [ Windows for fast loaders ]; None: every
         row as it is)."""
         self.sink, self.t0 = sink, t0
-        self.own_workers_only = own_workers_only
+        self.in_job = in_job
         self.taken: list[TakenBatch] = []  # appended by the measuring thread, taken by flush
         # ...or, for the engine's own loop, its batches in columns (record/columns.py)
         self.columns: BatchColumns | None = None
@@ -145,7 +147,7 @@ class Recorder:
             if not self.streaming:
                 continue
             if self._sampler is None:
-                self._sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
+                self._sampler = self._new_sampler()
             flushes += 1
             self.flush(sample=flushes % RESOURCES_EVERY == 0, last=everything)
 
@@ -223,11 +225,16 @@ class Recorder:
         held = self.windowed.pending() if self.windowed is not None else 0
         return len(self.taken) + held + (len(self.columns) if self.columns is not None else 0)
 
+    def _new_sampler(self) -> ResourceSampler:
+        share = (ResourceSampler.USS_MAX_CPU_SHARE if self.in_job
+                 else ResourceSampler.ENGINE_USS_CPU_SHARE)
+        return ResourceSampler(self.worker_ids, share)  # (primes the CPU counters)
+
     def _resources(self) -> protocol.Resources:
         if self._sampler is None:
-            self._sampler = ResourceSampler(self.worker_ids)  # primes the CPU counters
+            self._sampler = self._new_sampler()
         sample = self._sampler.sample(time.monotonic() - self.t0)
-        if not self.own_workers_only:
+        if not self.in_job:
             return sample
         mine = [p for p in sample.procs if p["role"] == "main" or p["pid"] in self.worker_ids]
         return replace(sample, procs=mine)

@@ -143,7 +143,7 @@ class WatchedLoader:
         sampler.start_in_job()  # ...and this process, inside the loader's next()
         # (fast batches written in windows: NOTE [ Windows for fast loaders ])
         self.recorder = Recorder(self.history, t0, gaps=StepGaps.create(),
-                                 own_workers_only=True, keep_recent=True,
+                                 in_job=True, keep_recent=True,
                                  windows_after=self.config.warmup_batches)
         self.loop = TimedLoop(self.recorder.ledger, self.recorder.taken.append, ahead,
                               ran_out=self._ran_out)
