@@ -403,9 +403,10 @@ def test_in_place_from_no_workers_reaches_the_count_its_wait_predicts(db_path, t
     # 2-4 workers fill the 2 cores alike: which of them wins a turn is the machine's noise
     # here (a count's own plain epochs spread ±13%; its median over three turns moved 5-20%
     # between runs, 2 workers' 0.83-1.0 of 3's), so any of them is right, within that
-    # spread of the best. Stopping at 0 or 1 reads 0.5-0.74 of it.
+    # spread of the best. Stopping at 0 or 1 reads 0.5-0.74 of it: the bound lies between
+    # (0.85 lay inside the right counts' spread).
     best = max(medians.values())
-    assert chosen >= 2 and medians[chosen] >= 0.85 * best, (chosen, plain)
+    assert chosen >= 2 and medians[chosen] >= 0.78 * best, (chosen, plain)
 
 
 def epoch_rate(dataset, batch_size: int, workers: int, step_s: float) -> float:
