@@ -322,6 +322,19 @@ def _row(event, pid):
     return next(p for p in event.procs if p["pid"] == pid)
 
 
+def walk_costing(cpu_s: float, walks: list[int] | None = None):
+    """A stand-in for reading a worker's smaps_rollup that spends ``cpu_s`` of our CPU, as a
+    walk of its page tables does, noting each pid read in ``walks``."""
+    def walk(pid):
+        if walks is not None:
+            walks.append(pid)
+        started = time.thread_time()
+        while time.thread_time() - started < cpu_s:
+            pass
+        return {"uss_mb": 1.0, "pss_mb": 1.0, "dirty_mb": 1.0}
+    return walk
+
+
 def test_resource_sampler_reads_worker_private_memory_every_few_seconds(allocator,
                                                                           monkeypatch):
     monkeypatch.setattr(ResourceSampler, "USS_MIN_AGE_S", 0.0)  # the allocator is new
@@ -347,12 +360,7 @@ def test_the_next_memory_read_waits_for_its_cost_over_the_share_given(allocator,
                                                                        share):
     """A watched job's reads keep within 1% of a core; the engine's own profile, a process of
     ours, may take more, so a default profile reads big workers often enough to judge."""
-    def walk(pid):
-        started = time.thread_time()
-        while time.thread_time() - started < 0.004:  # 4 ms of our CPU, as a walk costs
-            pass
-        return {"uss_mb": 1.0, "pss_mb": 1.0, "dirty_mb": 1.0}
-    monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk))
+    monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk_costing(0.004)))
     monkeypatch.setattr(ResourceSampler, "USS_MIN_AGE_S", 0.0)
     sampler = ResourceSampler({allocator.pid: 0}, share)
     before = time.monotonic()  # (the read is at or after it: a preemption cannot shorten this)
@@ -369,14 +377,7 @@ def test_workers_private_memory_reads_share_one_cpu_budget_in_turns(monkeypatch)
     eight workers each get their turn; none before USS_MIN_AGE_S after it was first seen (an
     epoch's workers, restarting), and never a child that is not one of the loader's workers."""
     walks: list[int] = []
-
-    def walk(pid):
-        walks.append(pid)
-        started = time.thread_time()
-        while time.thread_time() - started < 0.002:  # 2 ms of our CPU, as a walk costs
-            pass
-        return {"uss_mb": 1.0, "pss_mb": 1.0, "dirty_mb": 1.0}
-    monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk))
+    monkeypatch.setattr(ResourceSampler, "_smaps_rollup", staticmethod(walk_costing(0.002, walks)))
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(9)]
     try:
         workers = {p.pid: i for i, p in enumerate(sleepers[:8])}  # the 9th: not a worker
